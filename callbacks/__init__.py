@@ -1,0 +1,1 @@
+"""Keras callbacks of keras-elastic, importable as `keras_elastic.callbacks`."""

@@ -1,0 +1,71 @@
+"""keras-elastic: elastic, fault-tolerant parameter-server training for Keras 3.
+
+Turn a Keras training script into an elastic job with three changes:
+
+```python
+import keras_elastic as ke
+
+train = ke.ElasticDataset("data/train-*.tfrecord", dataset_fn=parse,
+                          batch_size=128)
+model = ke.wrap(model)            # or ke.Model(...) / ke.Sequential([...])
+model.fit(train, epochs=3)
+```
+
+Run the script as it is (an embedded master and parameter server start in the
+process, over gRPC on 127.0.0.1), or as a multi-process job that survives the
+loss of workers: `keras-elastic run --num_workers 2 --num_ps 1 -- python
+train.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+from keras_elastic._backend import check_tensorflow_backend
+
+check_tensorflow_backend()
+
+
+def _register_callbacks_package() -> None:
+    """Makes `keras_elastic.callbacks` importable from a source tree.
+
+    An installed package maps `keras_elastic.callbacks` to the top-level
+    `callbacks/` folder (see setup.py). Where the package is used from a source
+    checkout without installing (Bazel, `PYTHONPATH=.`), load it from there.
+    """
+    name = "keras_elastic.callbacks"
+    if name in sys.modules or importlib.util.find_spec(name) is not None:
+        return
+    init = os.path.join(os.path.dirname(os.path.dirname(__file__)), "callbacks",
+                        "__init__.py")
+    if not os.path.exists(init):  # pragma: no cover
+        return
+    spec = importlib.util.spec_from_file_location(
+        name, init, submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+_register_callbacks_package()
+
+from keras_elastic.dataset import ElasticDataset  # noqa: E402
+from keras_elastic.model import Model, Sequential, wrap  # noqa: E402
+
+__version__ = "0.1.0"
+
+_LAZY = ("batching", "callbacks", "checkpoint", "data", "launcher", "master", "ps",
+         "worker")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return importlib.import_module(f"keras_elastic.{name}")
+    raise AttributeError(f"module 'keras_elastic' has no attribute {name!r}")
+
+
+__all__ = ["ElasticDataset", "Model", "Sequential", "wrap", "batching", "callbacks",
+           "checkpoint", "__version__"]

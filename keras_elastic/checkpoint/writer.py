@@ -1,0 +1,371 @@
+"""Writes validated, sharded checkpoints of trackables, atomically.
+
+This is the one place that writes checkpoints: `ShardedModelCheckpoint` uses
+it for a Keras model and its optimizer, and a parameter server can use it for
+its share of the variables (`save_trackables(dir, "ps-0", {"vars": module})`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+import tensorflow as tf
+from absl import logging
+
+from keras_elastic.checkpoint import layout
+from keras_elastic.checkpoint.errors import CheckpointError
+from keras_elastic.checkpoint.manifest import RESERVED_KEYS, SaveInfo, write_manifest
+from keras_elastic.checkpoint.validation import (
+    ValidatingShardingCallback,
+    check_sharding_callback,
+)
+
+DEFAULT_PREFIX = "ckpt"
+_FIELDS_FROM_EXTRA = ("epoch", "batch", "step")
+
+
+def _shard_files(prefix: str) -> list[str]:
+    pattern = re.compile(re.escape(os.path.basename(prefix))
+                         + r"\.data-(\d{5})-of-(\d{5})$")
+    files = [f for f in glob.glob(glob.escape(prefix) + ".data-*-of-*")
+             if pattern.search(os.path.basename(f))]
+    return sorted(files)
+
+
+def _split_extra(extra: Mapping[str, Any] | None) -> tuple[dict, dict]:
+    """Splits `extra_manifest` into SaveInfo fields and free-form extras."""
+    fields: dict[str, Any] = {}
+    free: dict[str, Any] = {}
+    for key, value in (extra or {}).items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"extra_manifest key {key!r} is not a string")
+        if key in _FIELDS_FROM_EXTRA:
+            if value is not None and not isinstance(value, int):
+                raise CheckpointError(
+                    f"extra_manifest[{key!r}] must be an int or None, got "
+                    f"{type(value).__name__} {value!r}")
+            fields[key] = value
+            continue
+        if key in RESERVED_KEYS:
+            raise CheckpointError(
+                f"extra_manifest key {key!r} is reserved by the checkpoint "
+                f"manifest (reserved: {sorted(RESERVED_KEYS)})")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(
+                f"extra_manifest[{key!r}] = {value!r} cannot be stored as "
+                f"JSON: {e}") from e
+        free[key] = value
+    return fields, free
+
+
+@dataclasses.dataclass
+class _Pending:
+    name: str
+    temp_dir: str
+    sequence: int
+    created: float
+    start: float
+    fields: dict
+    free: dict
+    callback: ValidatingShardingCallback
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    info: SaveInfo | None = None
+    error: BaseException | None = None
+
+
+class CheckpointWriter:
+    """Writes checkpoints of a fixed set of trackables into one directory.
+
+    Each `save(name)` runs the sharding callback through
+    `ValidatingShardingCallback` (a broken callback raises
+    `ShardingCallbackError` before any data is written), writes
+    `tf.train.Checkpoint(**trackables)` into a hidden temporary directory,
+    adds `manifest.json` last and renames the directory to `directory/name`.
+    A crash at any point leaves the previous checkpoints as they were.
+
+    Args:
+        directory: The checkpoints directory (created if missing).
+        trackables: Objects to save, by name, as for `tf.train.Checkpoint`:
+            e.g. `{"model": model, "optimizer": model.optimizer}`.
+        sharding_callback: A `tf.train.experimental.ShardingCallback`
+            instance; default `tf.train.experimental.ShardByTaskPolicy()`.
+        max_to_keep: Keep at most this many checkpoints in `directory`
+            (oldest deleted first); `None` keeps all.
+        async_save: Write in TensorFlow's background thread
+            (`CheckpointOptions(enable_async=True)`): `save` returns once the
+            values are copied, and returns `None`; `wait()` returns the
+            `SaveInfo`. Every save of this writer is then asynchronous (never
+            mixed with synchronous ones on the same `tf.train.Checkpoint`).
+            The callback then sees TensorFlow's CPU copies of the variables
+            as `ShardableTensor.trackable`.
+        prefix: TensorFlow's file prefix inside each checkpoint directory.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_elastic.checkpoint import CheckpointWriter
+
+    v = tf.Variable(tf.range(10.0))
+    writer = CheckpointWriter(
+        "/tmp/writer-demo", {"v": v},
+        tf.train.experimental.MaxShardSizePolicy(max_shard_size=16),
+        max_to_keep=2)
+    info = writer.save("step-1", {"step": 1})
+    print(info.num_shards, info.shard_sizes)
+    ```
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        trackables: Mapping[str, Any],
+        sharding_callback: tf.train.experimental.ShardingCallback | None = None,
+        *,
+        max_to_keep: int | None = None,
+        async_save: bool = False,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        if not isinstance(trackables, Mapping) or not trackables:
+            raise CheckpointError(
+                "trackables must be a non-empty dict {name: trackable}, got "
+                f"{trackables!r}")
+        for key, value in trackables.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                raise CheckpointError(
+                    f"trackable name {key!r} must be a Python identifier")
+            if value is None:
+                raise CheckpointError(f"trackable {key!r} is None")
+        if max_to_keep is not None and (
+                not isinstance(max_to_keep, int) or max_to_keep < 1):
+            raise CheckpointError(
+                f"max_to_keep must be a positive int or None, got {max_to_keep!r}")
+        layout.check_name(prefix)
+        self._directory = os.path.abspath(directory)
+        self._names = list(trackables)
+        self._callback = check_sharding_callback(
+            sharding_callback or tf.train.experimental.ShardByTaskPolicy())
+        self._max_to_keep = max_to_keep
+        self._async = bool(async_save)
+        self._prefix = prefix
+        self._checkpoint = tf.train.Checkpoint(**trackables)
+        self._pending: _Pending | None = None
+        self._last_info: SaveInfo | None = None
+        self._last_sequence = 0
+        os.makedirs(self._directory, exist_ok=True)
+        layout.remove_stale(self._directory)
+
+    @property
+    def directory(self) -> str:
+        """The checkpoints directory (absolute)."""
+        return self._directory
+
+    @property
+    def sharding_callback(self) -> tf.train.experimental.ShardingCallback:
+        """The user's sharding callback (unwrapped)."""
+        return self._callback
+
+    @property
+    def async_save(self) -> bool:
+        """Whether saves are written by TensorFlow's background thread."""
+        return self._async
+
+    @property
+    def last_save_info(self) -> SaveInfo | None:
+        """The `SaveInfo` of the last completed save of this writer."""
+        return self._last_info
+
+    def save(self, name: str,
+             extra_manifest: Mapping[str, Any] | None = None) -> SaveInfo | None:
+        """Writes one checkpoint named `name`, replacing one of that name.
+
+        Args:
+            name: Directory name of the checkpoint inside `directory`.
+            extra_manifest: Further manifest fields. `epoch`, `batch` and
+                `step` (ints) fill the `SaveInfo` fields of those names; any
+                other JSON-serializable entry lands in `SaveInfo.extra`.
+
+        Returns:
+            The `SaveInfo` of the new checkpoint, or `None` if `async_save`
+            (see `wait()`).
+
+        Raises:
+            ShardingCallbackError: If the sharding callback's shards break a
+                sharding rule (for an asynchronous save: from the next
+                `save()` or `wait()`).
+            CheckpointError: If `name` or `extra_manifest` is invalid.
+        """
+        layout.check_name(name)
+        fields, free = _split_extra(extra_manifest)
+        self.wait()
+        sequence = max(layout.next_sequence(self._directory),
+                       self._last_sequence + 1)
+        self._last_sequence = sequence
+        temp_dir = layout.temp_dir_for(self._directory, name)
+        os.makedirs(temp_dir)
+        pending = _Pending(
+            name=name, temp_dir=temp_dir, sequence=sequence, created=time.time(),
+            start=time.perf_counter(), fields=fields, free=free,
+            callback=ValidatingShardingCallback(
+                self._callback, fallback_on_error=self._async))
+
+        def finish_in_background(save_path: str) -> None:
+            del save_path
+            self._finish(pending)
+
+        options = tf.train.CheckpointOptions(
+            experimental_sharding_callback=pending.callback,
+            enable_async=self._async,
+            experimental_write_callbacks=(
+                [finish_in_background] if self._async else None))
+        try:
+            self._checkpoint.write(os.path.join(temp_dir, self._prefix),
+                                   options=options)
+        except BaseException:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        if self._async:
+            self._pending = pending
+            return None
+        self._finish(pending)
+        if pending.error is not None:
+            raise pending.error
+        return pending.info
+
+    def wait(self) -> SaveInfo | None:
+        """Waits for an asynchronous save to finish.
+
+        Returns:
+            The `SaveInfo` of the last completed save (or `None`).
+
+        Raises:
+            ShardingCallbackError: If the pending save's callback broke a rule
+                (nothing was committed).
+            CheckpointError: If TensorFlow failed to write it.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return self._last_info
+        self._checkpoint.sync()
+        if not pending.done.is_set():
+            shutil.rmtree(pending.temp_dir, ignore_errors=True)
+            raise CheckpointError(
+                f"Asynchronous save of checkpoint {pending.name!r} in "
+                f"{self._directory} failed while TensorFlow wrote it (see the "
+                "log; TensorFlow re-raises its error on the next save). "
+                "Nothing was committed.")
+        if pending.error is not None:
+            raise pending.error
+        return self._last_info
+
+    def _finish(self, pending: _Pending) -> None:
+        """Completes a written save: manifest, rename, prune. Never raises."""
+        try:
+            if pending.callback.error is not None:
+                raise pending.callback.error
+            prefix = os.path.join(pending.temp_dir, self._prefix)
+            files = _shard_files(prefix)
+            if not os.path.exists(prefix + ".index") or not files:
+                raise CheckpointError(
+                    f"TensorFlow wrote no checkpoint files under {prefix}")
+            layout_ = pending.callback.layout
+            info = SaveInfo(
+                path=os.path.join(self._directory, pending.name),
+                name=pending.name,
+                sequence=pending.sequence,
+                created=pending.created,
+                prefix=self._prefix,
+                trackables=list(self._names),
+                description=pending.callback.description,
+                callback_class=(f"{type(self._callback).__module__}."
+                                f"{type(self._callback).__qualname__}"),
+                latency_s=pending.callback.callback_seconds,
+                validation_s=pending.callback.validation_seconds,
+                write_s=0.0,
+                num_shards=len(files),
+                shard_sizes=[os.path.getsize(f) for f in files],
+                shard_tensors=[[k if not s else f"{k}[{s}]" for k, s in shard]
+                               for shard in layout_],
+                async_save=self._async,
+                extra=dict(pending.free),
+                **pending.fields,
+            )
+            info.write_s = time.perf_counter() - pending.start
+            write_manifest(pending.temp_dir, info)
+            layout.commit(pending.temp_dir, info.path)
+            pending.info = info
+            self._last_info = info
+            logging.info(
+                "Saved checkpoint %s: %d shards of %s bytes (total %d); sharding "
+                "callback %r took %.3f ms, validation %.3f ms; save took %.3f s",
+                info.path, info.num_shards, info.shard_sizes,
+                sum(info.shard_sizes), info.description, info.latency_s * 1e3,
+                info.validation_s * 1e3, info.write_s)
+            layout.prune(self._directory, self._max_to_keep)
+        except BaseException as e:  # Kept for save()/wait(); see docstring.
+            if pending.info is None:
+                shutil.rmtree(pending.temp_dir, ignore_errors=True)
+                logging.error("Checkpoint %s was not saved: %s", pending.name, e)
+            pending.error = e
+        finally:
+            pending.done.set()
+
+
+def save_trackables(
+    directory: str,
+    name: str,
+    trackables: Mapping[str, Any],
+    sharding_callback: tf.train.experimental.ShardingCallback | None = None,
+    extra_manifest: Mapping[str, Any] | None = None,
+    *,
+    max_to_keep: int | None = None,
+) -> SaveInfo:
+    """Writes one validated, sharded checkpoint of `trackables`, atomically.
+
+    The checkpoint appears as `directory/name` (with `manifest.json`) only
+    once it is completely written; a checkpoint of the same name is replaced.
+
+    Args:
+        directory: The checkpoints directory.
+        name: The new checkpoint's directory name.
+        trackables: `{name: trackable}` as for `tf.train.Checkpoint`.
+        sharding_callback: A `tf.train.experimental.ShardingCallback`
+            instance; default `ShardByTaskPolicy()`.
+        extra_manifest: Further manifest fields (`epoch`, `batch`, `step`
+            and any JSON-serializable extras).
+        max_to_keep: Prune `directory` to this many checkpoints afterwards.
+
+    Returns:
+        The new checkpoint's `SaveInfo`.
+
+    Raises:
+        ShardingCallbackError: If the callback's shards break a sharding rule;
+            nothing is written then.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import keras_elastic as ke
+
+    module = tf.Module()
+    module.w = tf.Variable(tf.ones([4, 4]))
+    info = ke.checkpoint.save_trackables(
+        "/tmp/ps-ckpts", "ps-0", {"vars": module}, extra_manifest={"step": 7})
+    print(info.path, info.step)
+    ```
+    """
+    writer = CheckpointWriter(directory, trackables, sharding_callback,
+                              max_to_keep=max_to_keep)
+    return cast(SaveInfo, writer.save(name, extra_manifest))

@@ -1,0 +1,1 @@
+"""Pieces shared by every service: tensor codec, gRPC helpers, timers."""

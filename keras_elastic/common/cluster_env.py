@@ -1,0 +1,51 @@
+"""Environment variables through which the launcher describes the cluster.
+
+Example:
+
+>>> os.environ.update(to_env("127.0.0.1:5000", ["127.0.0.1:5001"], 3))  # doctest: +SKIP
+>>> read().worker_id                                                   # doctest: +SKIP
+3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+MASTER = "KERAS_ELASTIC_MASTER"
+PS = "KERAS_ELASTIC_PS"
+WORKER_ID = "KERAS_ELASTIC_WORKER_ID"
+JOB_DIR = "KERAS_ELASTIC_JOB_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterEnv:
+    master_address: str
+    ps_addresses: list[str]
+    worker_id: int
+    job_dir: str | None = None
+
+
+def read() -> ClusterEnv | None:
+    """The cluster from the environment, or None when not launched."""
+    master = os.environ.get(MASTER)
+    if not master:
+        return None
+    ps = [a for a in os.environ.get(PS, "").split(",") if a]
+    if not ps:
+        raise ValueError(f"{MASTER} is set but {PS} is empty: the launcher must name "
+                         "at least one parameter server")
+    raw_id = os.environ.get(WORKER_ID, "-1")
+    try:
+        worker_id = int(raw_id)
+    except ValueError:
+        raise ValueError(f"{WORKER_ID}={raw_id!r} is not an integer") from None
+    return ClusterEnv(master, ps, worker_id, os.environ.get(JOB_DIR))
+
+
+def to_env(master: str, ps: list[str], worker_id: int,
+           job_dir: str | None = None) -> dict[str, str]:
+    env = {MASTER: master, PS: ",".join(ps), WORKER_ID: str(worker_id)}
+    if job_dir:
+        env[JOB_DIR] = job_dir
+    return env

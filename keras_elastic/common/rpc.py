@@ -1,0 +1,43 @@
+"""gRPC servers and channels with the project's settings."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
+
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def make_server(max_workers: int = 32) -> grpc.Server:
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                       options=_OPTIONS)
+
+
+def bind(server: grpc.Server, host: str = "127.0.0.1", port: int = 0) -> str:
+    """Binds `server` to `host:port` (0: any free port); returns the address."""
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind a gRPC server to {host}:{port}")
+    return f"{host}:{bound}"
+
+
+def make_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=_OPTIONS)
+
+
+def wait_ready(channel: grpc.Channel, address: str, what: str,
+               timeout: float = 30.0) -> None:
+    """Blocks until `channel` connects; raises ConnectionError naming `address`."""
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError as e:
+        raise ConnectionError(
+            f"cannot reach the {what} at {address} within {timeout:.0f} s: is it "
+            "running, and is the address right?") from e

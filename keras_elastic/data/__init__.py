@@ -1,0 +1,14 @@
+"""Data sources the master cuts into tasks and workers read task by task.
+
+A source has named shards with a known number of records each; a task is a
+record range `[start, end)` of one shard. `TFRecordSource` reads TFRecord files
+through a cached record-offset index (a task seeks to its first record);
+`ArraySource` serves in-memory NumPy arrays (every worker builds the same
+arrays).
+"""
+
+from keras_elastic.data.arrays import ArraySource
+from keras_elastic.data.source import DataSource, as_source
+from keras_elastic.data.tfrecord import TFRecordSource
+
+__all__ = ["ArraySource", "DataSource", "TFRecordSource", "as_source"]

@@ -1,0 +1,227 @@
+"""`ElasticDataset`: data that the master hands out, task by task.
+
+The worker's pipeline (seed 000, "a shared dataset"):
+
+```
+master task -> records of the task (seek, no scan) -> dataset_fn(records, mode)
+            -> tag each element with the task's seq -> batch -> prefetch
+```
+
+Example:
+
+```python
+def parse(records, mode):
+    spec = {"x": tf.io.FixedLenFeature([64], tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.int64)}
+    return records.map(lambda r: tf.io.parse_single_example(r, spec)).map(
+        lambda e: (e["x"], e["y"]))
+
+train = ke.ElasticDataset("data/train-*.tfrecord", dataset_fn=parse,
+                          batch_size=64, minibatches_per_task=16)
+model.fit(train, epochs=3)      # model is a ke.Model / ke.wrap(...) model
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from keras_elastic.data.source import DataSource, as_source
+from keras_elastic.proto import master_pb2
+
+MODES = ("training", "evaluation", "prediction")
+
+
+class ElasticDataset:
+    """A dataset whose records are handed out by the master in tasks.
+
+    Args:
+        data: TFRecord file pattern(s) (a string or a list), a nest of NumPy
+            arrays (every worker must build the same arrays), or a
+            `keras_elastic.data.DataSource`.
+        dataset_fn: `dataset_fn(records, mode)` (or `dataset_fn(records)`) maps
+            a `tf.data.Dataset` of one task's raw records (scalar strings for
+            TFRecord; array rows for arrays) to *unbatched* elements: `(x, y)`
+            or `(x, y, sample_weight)` for training and evaluation, `x` (or
+            `(x,)`) for prediction. It may filter or expand records. None:
+            records are the elements.
+        batch_size: elements per batch.
+        minibatches_per_task: a task is `batch_size * minibatches_per_task`
+            records (ElasticDL's `num_minibatches_per_task`).
+        mode: "training", "evaluation" or "prediction".
+        name: the dataset's name in the job (default: the mode); two datasets
+            of one job need different names.
+        shuffle: shuffle the order of tasks each epoch (the master does) and
+            the records within each task (the worker does), with `seed`.
+        batching: how elements are batched: None (like `Dataset.batch`), a
+            `keras_elastic.batching` components nest (one reducer per
+            component of the element), or a callable `dataset -> dataset`.
+        drop_remainder: drop a last partial batch.
+        prefetch: batches to prefetch (default: autotune).
+        index_dir: where TFRecord offset indexes are cached.
+        output_dir: prediction mode: where `predict` writes outputs.
+    """
+
+    def __init__(self, data: Any, dataset_fn: Callable | None = None,
+                 batch_size: int = 32, minibatches_per_task: int = 32,
+                 mode: str = "training", name: str | None = None,
+                 shuffle: bool = False, seed: int = 0, batching: Any = None,
+                 drop_remainder: bool = False, prefetch: int | None = None,
+                 index_dir: str | None = None, output_dir: str | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"ElasticDataset: mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"ElasticDataset: batch_size must be a positive integer, "
+                             f"got {batch_size!r}")
+        if not isinstance(minibatches_per_task, int) or minibatches_per_task <= 0:
+            raise ValueError("ElasticDataset: minibatches_per_task must be a positive "
+                             f"integer, got {minibatches_per_task!r}")
+        if dataset_fn is not None and not callable(dataset_fn):
+            raise TypeError(f"ElasticDataset: dataset_fn must be callable, got "
+                            f"{type(dataset_fn).__name__}")
+        self.source: DataSource = as_source(data, index_dir=index_dir)
+        self.dataset_fn = dataset_fn
+        self.batch_size = batch_size
+        self.minibatches_per_task = minibatches_per_task
+        self.mode = mode
+        self.name = name or mode
+        self.shuffle = shuffle
+        self.seed = seed
+        self.batching = batching
+        self.drop_remainder = drop_remainder
+        self.prefetch = prefetch
+        self.output_dir = output_dir
+        self._element_spec = None
+
+    @property
+    def records_per_task(self) -> int:
+        return self.batch_size * self.minibatches_per_task
+
+    def registration(self, num_epochs: int) -> master_pb2.RegisterDatasetRequest:
+        """What the master needs to cut this dataset into tasks."""
+        return master_pb2.RegisterDatasetRequest(
+            dataset=self.name, mode=self.mode,
+            shards=[master_pb2.Shard(name=s, num_records=n)
+                    for s, n in self.source.shards()],
+            records_per_task=self.records_per_task, num_epochs=num_epochs,
+            shuffle=self.shuffle, seed=self.seed)
+
+    # -- the user's dataset_fn --------------------------------------------
+    def _apply_dataset_fn(self, records: tf.data.Dataset) -> tf.data.Dataset:
+        if self.dataset_fn is None:
+            return records
+        fn = self.dataset_fn
+        try:
+            params = inspect.signature(fn).parameters
+            takes_mode = len(params) >= 2 or any(
+                p.kind == p.VAR_POSITIONAL for p in params.values())
+        except (TypeError, ValueError):
+            takes_mode = True
+        out = fn(records, self.mode) if takes_mode else fn(records)
+        if not isinstance(out, tf.data.Dataset):
+            raise TypeError(
+                f"dataset_fn {_fn_name(fn)} must return a tf.data.Dataset of "
+                f"unbatched elements, but returned {type(out).__name__}.")
+        return out
+
+    def _check_structure(self, spec: Any) -> None:
+        fn = _fn_name(self.dataset_fn) if self.dataset_fn else "(no dataset_fn)"
+        if self.mode in ("training", "evaluation"):
+            if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+                raise ValueError(
+                    f"dataset_fn {fn} returned elements of structure {spec}; in "
+                    f"{self.mode} mode each element must be a tuple (features, "
+                    "labels) or (features, labels, sample_weight).")
+        for leaf in tf.nest.flatten(spec):
+            if not isinstance(leaf, (tf.TensorSpec, tf.SparseTensorSpec,
+                                     tf.RaggedTensorSpec)):
+                raise ValueError(f"dataset_fn {fn} returned elements with a component "
+                                 f"of type {leaf}; expected tensors.")
+
+    @property
+    def element_spec(self) -> Any:
+        """Spec of one unbatched element, as `dataset_fn` produces it."""
+        if self._element_spec is None:
+            records = tf.data.Dataset.from_tensor_slices(
+                tf.nest.map_structure(
+                    lambda s: tf.zeros([0] + list(s.shape), s.dtype),
+                    self.source.record_spec))
+            spec = self._apply_dataset_fn(records).element_spec
+            self._check_structure(spec)
+            self._element_spec = spec
+        return self._element_spec
+
+    @property
+    def batched_spec(self) -> Any:
+        """Spec of one batch as the model sees it (without the task tag)."""
+        return self.build(_no_tasks).element_spec[1]
+
+    def build(self, generator: Callable) -> tf.data.Dataset:
+        """The tagged, batched pipeline over `generator` (yields `(seq, records)`).
+
+        Batches are `(seq_vector, user_batch)`.
+        """
+        self.element_spec  # validate dataset_fn before anything runs  # noqa: B018
+        tasks = tf.data.Dataset.from_generator(
+            generator, output_signature=(tf.TensorSpec([], tf.int64),
+                                         self.source.batched_spec()))
+
+        def per_task(seq, records):
+            elements = self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
+            return elements.map(lambda *e: (seq, e[0] if len(e) == 1 else e))
+
+        elements = tasks.flat_map(per_task)
+        if self.batching is None:
+            batched = elements.batch(self.batch_size, drop_remainder=self.drop_remainder)
+        else:
+            batched = self._batch_tagged(elements)
+        return batched.prefetch(self.prefetch or tf.data.AUTOTUNE)
+
+    def _batch_tagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
+        if callable(self.batching) and not _is_components_spec(self.batching):
+            # A custom batching function sees user elements; the tag is batched
+            # alongside by zipping the same windows.
+            raise TypeError(
+                "ElasticDataset(batching=...) takes a keras_elastic.batching "
+                "components nest (reducers per component), not a function, so that "
+                "the task tag can be batched with each element.")
+        from keras_elastic import batching as ke_batching
+
+        return ke_batching.batch(
+            elements, self.batch_size,
+            components=(ke_batching.dense(), self.batching),
+            drop_remainder=self.drop_remainder)
+
+    def describe(self) -> str:
+        return (f"ElasticDataset '{self.name}' ({self.mode}): {self.source.describe()}, "
+                f"batch_size={self.batch_size}, {self.records_per_task} records per "
+                "task")
+
+    def fingerprint(self) -> str:
+        text = repr((self.name, self.mode, self.source.shards(), self.records_per_task))
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _no_tasks():
+    return iter(())
+
+
+def _fn_name(fn: Callable) -> str:
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"'{module}.{name}'" if module else f"'{name}'"
+
+
+def _is_components_spec(batching: Any) -> bool:
+    """A reducer (or nest of reducers) rather than a dataset function."""
+    try:
+        from keras_elastic.batching import is_reducer
+    except ImportError:  # pragma: no cover
+        return False
+    leaves = tf.nest.flatten(batching, expand_composites=False)
+    return bool(leaves) and all(is_reducer(x) or x is None for x in leaves)

@@ -1,0 +1,135 @@
+"""The worker's (and launcher's) view of the master.
+
+Example:
+
+>>> client = MasterClient("127.0.0.1:40123", worker_id=0)  # doctest: +SKIP
+>>> client.register_worker()                                # doctest: +SKIP
+>>> task = client.get_task("training", epoch=0)             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+
+import grpc
+from absl import logging
+
+from keras_elastic.common import rpc
+from keras_elastic.proto import master_pb2, master_pb2_grpc
+
+
+class JobFailedError(RuntimeError):
+    """The master failed the job (for example a task failed too often)."""
+
+
+class MasterClient:
+    """Calls the master; turns gRPC failures into errors naming the master."""
+
+    def __init__(self, address: str, worker_id: int = -1,
+                 connect_timeout: float = 60.0) -> None:
+        self.address = address
+        self.worker_id = worker_id
+        self._channel = rpc.make_channel(address)
+        rpc.wait_ready(self._channel, address, "master", connect_timeout)
+        self._stub = master_pb2_grpc.MasterStub(self._channel)
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+
+    def _call(self, method: str, request, timeout: float | None = 60.0):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as e:
+            code = e.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ConnectionError(
+                    f"master at {self.address} did not answer {method}: "
+                    f"{e.details()}") from None
+            if code in (grpc.StatusCode.INVALID_ARGUMENT,
+                        grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                raise ValueError(e.details()) from None
+            raise
+
+    # -- workers ----------------------------------------------------------
+    def register_worker(self, reason: str = "") -> int:
+        response = self._call("RegisterWorker", master_pb2.WorkerRequest(
+            worker_id=self.worker_id, reason=reason))
+        if not response.accepted:
+            raise JobFailedError(f"the master at {self.address} refused worker "
+                                 f"{response.worker_id}: {response.error}")
+        self.worker_id = response.worker_id
+        return self.worker_id
+
+    def start_heartbeats(self, interval: float = 2.0,
+                         timings: Callable[[], dict[str, float]] | None = None) -> None:
+        """Sends heartbeats (with cumulative phase timings) from a daemon thread."""
+        if self._heartbeat_thread is not None:
+            return
+
+        def beat() -> None:
+            while not self._heartbeat_stop.wait(interval):
+                try:
+                    self._stub.Heartbeat(master_pb2.WorkerRequest(
+                        worker_id=self.worker_id,
+                        timings=timings() if timings else {}), timeout=interval * 5)
+                except grpc.RpcError as e:
+                    logging.log_every_n_seconds(
+                        logging.WARNING, "heartbeat to master %s failed: %s", 30,
+                        self.address, e.details())
+
+        self._heartbeat_thread = threading.Thread(target=beat, daemon=True,
+                                                  name="ke-heartbeat")
+        self._heartbeat_thread.start()
+
+    def worker_exited(self, timings: dict[str, float] | None = None) -> None:
+        self._heartbeat_stop.set()
+        try:
+            self._stub.WorkerExited(master_pb2.WorkerRequest(
+                worker_id=self.worker_id, timings=timings or {}), timeout=10)
+        except grpc.RpcError:
+            pass  # the master may already be gone at the end of a job
+
+    def report_worker_dead(self, worker_id: int, reason: str) -> None:
+        self._call("ReportWorkerDead", master_pb2.WorkerRequest(
+            worker_id=worker_id, reason=reason))
+
+    # -- data -------------------------------------------------------------
+    def register_dataset(self, request: master_pb2.RegisterDatasetRequest
+                         ) -> master_pb2.RegisterDatasetResponse:
+        request.worker_id = self.worker_id
+        return self._call("RegisterDataset", request)
+
+    def get_task(self, dataset: str, epoch: int,
+                 stop: threading.Event | None = None) -> master_pb2.Task | None:
+        """Returns the next task, or None at the end of this worker's epoch.
+
+        Blocks (long-polling the master) while the master says to wait.
+        """
+        while True:
+            if stop is not None and stop.is_set():
+                return None
+            response = self._call("GetTask", master_pb2.GetTaskRequest(
+                worker_id=self.worker_id, dataset=dataset, epoch=epoch))
+            kind = response.kind
+            if kind == master_pb2.GetTaskResponse.TASK:
+                return response.task
+            if kind == master_pb2.GetTaskResponse.END_OF_EPOCH:
+                return None
+            if kind == master_pb2.GetTaskResponse.JOB_FAILED:
+                raise JobFailedError(response.error)
+
+    def report_tasks(self, dataset: str, task_ids: list[int], success: bool = True,
+                     error: str = "", metric_states=None) -> None:
+        self._call("ReportTask", master_pb2.ReportTaskRequest(
+            worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
+            success=success, error=error, metric_states=metric_states or []))
+
+    def status(self, include_ledger: bool = False, timeout: float = 10.0) -> dict:
+        response = self._call("GetStatus", master_pb2.StatusRequest(
+            include_ledger=include_ledger), timeout=timeout)
+        return json.loads(response.json)
+
+    def close(self) -> None:
+        self._heartbeat_stop.set()
+        self._channel.close()

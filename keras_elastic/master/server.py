@@ -1,0 +1,82 @@
+"""Runs the master service, in this process or as its own process.
+
+Example (in-process, as the embedded cluster does):
+
+>>> server = MasterServer()
+>>> server.address          # doctest: +SKIP
+'127.0.0.1:40123'
+>>> server.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+from absl import flags, logging
+
+from keras_elastic.common import rpc
+from keras_elastic.master.servicer import MasterServicer
+from keras_elastic.proto import master_pb2_grpc
+
+
+class MasterServer:
+    """A gRPC server holding a `MasterServicer`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
+                 max_workers: int = 0) -> None:
+        self.servicer = MasterServicer(heartbeat_timeout=heartbeat_timeout,
+                                       max_task_retries=max_task_retries,
+                                       max_workers=max_workers)
+        self._server = rpc.make_server(max_workers=64)
+        master_pb2_grpc.add_MasterServicer_to_server(self.servicer, self._server)
+        self.address = rpc.bind(self._server, host, port)
+        self._server.start()
+
+    def stop(self, grace: float | None = None) -> None:
+        self.servicer.stop()
+        self._server.stop(grace)
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+
+def write_ready_file(path: str, info: dict) -> None:
+    """Writes `info` as JSON to `path` atomically (the launcher polls for it)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
+    flags.DEFINE_integer("port", 0, "Port to bind; 0 picks a free one.")
+    flags.DEFINE_string("ready_file", None,
+                        "Write {'address': ...} here once serving.")
+    flags.DEFINE_float("heartbeat_timeout", 30.0,
+                       "Seconds of silence after which a worker is presumed lost.")
+    flags.DEFINE_integer("max_task_retries", 3,
+                         "Failures of one task that fail the job.")
+    flags.DEFINE_integer("max_workers", 0, "Most workers at once (0: no limit).")
+
+
+def main(argv) -> None:
+    del argv
+    server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
+                          FLAGS.max_task_retries, FLAGS.max_workers)
+    logging.info("master serving at %s", server.address)
+    if FLAGS.ready_file:
+        write_ready_file(FLAGS.ready_file, {"address": server.address,
+                                            "pid": os.getpid()})
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    server.stop(grace=1.0)

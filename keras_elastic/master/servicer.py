@@ -1,0 +1,262 @@
+"""The master's gRPC service: workers, datasets, tasks, liveness, status."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import grpc
+from absl import logging
+
+from keras_elastic.master.task_queue import (
+    END_OF_EPOCH,
+    WAIT,
+    DatasetSpec,
+    DatasetTasks,
+)
+from keras_elastic.proto import master_pb2, master_pb2_grpc
+
+# How long one GetTask call may block before answering WAIT (the client asks
+# again at once): keeps threads free and lets a dead client be noticed.
+LONG_POLL_SECONDS = 2.0
+
+
+class MasterServicer(master_pb2_grpc.MasterServicer):
+    """All job state, under one lock; waiting requests sleep on a condition."""
+
+    def __init__(self, heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
+                 max_workers: int = 0) -> None:
+        self._cond = threading.Condition()
+        self._datasets: dict[str, DatasetTasks] = {}
+        self._workers: dict[int, dict] = {}
+        self._waiting: dict[str, dict[int, int]] = {}  # dataset -> worker -> epoch
+        self._heartbeat_timeout = heartbeat_timeout
+        self._max_task_retries = max_task_retries
+        self._max_workers = max_workers
+        self._error: str | None = None
+        self._next_worker_id = 0
+        self._lost = 0
+        self._started = time.time()
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch_heartbeats, daemon=True,
+                                         name="master-heartbeats")
+        self._monitor.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- workers ----------------------------------------------------------
+    def _alive(self) -> list[int]:
+        return [w for w, s in self._workers.items() if s["state"] == "alive"]
+
+    def RegisterWorker(self, request, context):
+        with self._cond:
+            if self._error:
+                return master_pb2.WorkerResponse(accepted=False, error=self._error)
+            worker_id = request.worker_id
+            if worker_id < 0:
+                worker_id = max([self._next_worker_id - 1, *self._workers]) + 1
+            self._next_worker_id = max(self._next_worker_id, worker_id + 1)
+            if self._max_workers and worker_id not in self._alive() and len(
+                    self._alive()) >= self._max_workers:
+                return master_pb2.WorkerResponse(
+                    accepted=False, worker_id=worker_id,
+                    error=f"the job already has its maximum of {self._max_workers} "
+                          "workers")
+            previous = self._workers.get(worker_id)
+            if previous and previous["state"] == "alive":
+                # The same id registering again: its earlier process is gone.
+                self._lose(worker_id, "re-registered")
+            self._workers[worker_id] = {"state": "alive", "last_seen": time.time(),
+                                        "timings": {}, "joined": time.time()}
+            logging.info("worker %d registered (%s)", worker_id, request.reason or "-")
+            self._cond.notify_all()
+            return master_pb2.WorkerResponse(accepted=True, worker_id=worker_id)
+
+    def Heartbeat(self, request, context):
+        with self._cond:
+            worker = self._workers.get(request.worker_id)
+            if worker is None or worker["state"] != "alive":
+                return master_pb2.WorkerResponse(
+                    accepted=False, error=f"worker {request.worker_id} is not part of "
+                    "the job (presumed lost); restart it to rejoin")
+            worker["last_seen"] = time.time()
+            if request.timings:
+                worker["timings"] = dict(request.timings)
+            return master_pb2.WorkerResponse(accepted=True, error=self._error or "")
+
+    def WorkerExited(self, request, context):
+        with self._cond:
+            worker = self._workers.get(request.worker_id)
+            if worker is not None and worker["state"] == "alive":
+                if request.timings:
+                    worker["timings"] = dict(request.timings)
+                worker["state"] = "exited"
+                for ds in self._datasets.values():
+                    ds.requeue_worker(request.worker_id)
+                self._forget_waiting(request.worker_id)
+                self._cond.notify_all()
+            return master_pb2.WorkerResponse(accepted=True)
+
+    def ReportWorkerDead(self, request, context):
+        with self._cond:
+            self._lose(request.worker_id, request.reason or "reported dead")
+            return master_pb2.WorkerResponse(accepted=True)
+
+    def _lose(self, worker_id: int, reason: str) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is None or worker["state"] != "alive":
+            return
+        worker["state"] = "lost"
+        self._lost += 1
+        requeued = sum(ds.requeue_worker(worker_id) for ds in self._datasets.values())
+        self._forget_waiting(worker_id)
+        logging.warning("worker %d lost (%s): %d task(s) requeued", worker_id, reason,
+                        requeued)
+        self._cond.notify_all()
+
+    def _forget_waiting(self, worker_id: int) -> None:
+        for waiting in self._waiting.values():
+            waiting.pop(worker_id, None)
+
+    def _watch_heartbeats(self) -> None:
+        while not self._stop.wait(min(1.0, self._heartbeat_timeout / 4)):
+            now = time.time()
+            with self._cond:
+                for worker_id in self._alive():
+                    silent = now - self._workers[worker_id]["last_seen"]
+                    if silent > self._heartbeat_timeout:
+                        self._lose(worker_id, f"no heartbeat for {silent:.0f} s")
+
+    def _touch(self, worker_id: int) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None and worker["state"] == "alive":
+            worker["last_seen"] = time.time()
+
+    # -- datasets and tasks ----------------------------------------------
+    def RegisterDataset(self, request, context):
+        spec = DatasetSpec(
+            name=request.dataset, mode=request.mode,
+            shards=tuple((s.name, s.num_records) for s in request.shards),
+            records_per_task=request.records_per_task, num_epochs=request.num_epochs,
+            shuffle=request.shuffle, seed=request.seed)
+        with self._cond:
+            existing = self._datasets.get(spec.name)
+            if existing is None:
+                try:
+                    existing = DatasetTasks(spec, self._max_task_retries)
+                except ValueError as e:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                self._datasets[spec.name] = existing
+                self._waiting[spec.name] = {}
+                logging.info("dataset '%s' registered: %d tasks per epoch, %d epochs",
+                             spec.name, len(existing.tasks), spec.num_epochs)
+            else:
+                diff = existing.spec.mismatch(spec)
+                if diff:
+                    context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"dataset '{spec.name}' of worker {request.worker_id} differs "
+                        f"from the one registered in the job: {diff}. Every worker "
+                        "must build the same ElasticDataset (same data, batch_size, "
+                        "minibatches_per_task, epochs, shuffle and seed).")
+            return master_pb2.RegisterDatasetResponse(
+                epoch=existing.epoch, num_tasks_per_epoch=len(existing.tasks))
+
+    def GetTask(self, request, context):
+        deadline = time.time() + LONG_POLL_SECONDS
+        with self._cond:
+            ds = self._datasets.get(request.dataset)
+            if ds is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"dataset '{request.dataset}' is not registered")
+            waiting = self._waiting[request.dataset]
+            while True:
+                self._touch(request.worker_id)
+                error = self._error or ds.error
+                if error:
+                    waiting.pop(request.worker_id, None)
+                    return master_pb2.GetTaskResponse(
+                        kind=master_pb2.GetTaskResponse.JOB_FAILED, error=error)
+                worker = self._workers.get(request.worker_id)
+                if worker is None or worker["state"] != "alive":
+                    return master_pb2.GetTaskResponse(
+                        kind=master_pb2.GetTaskResponse.JOB_FAILED,
+                        error=f"worker {request.worker_id} is not part of the job "
+                              "(presumed lost); restart it to rejoin")
+                decision = ds.next_task(request.worker_id, request.epoch, waiting)
+                if decision == END_OF_EPOCH:
+                    waiting.pop(request.worker_id, None)
+                    self._cond.notify_all()  # other waiters may now end too
+                    return master_pb2.GetTaskResponse(
+                        kind=master_pb2.GetTaskResponse.END_OF_EPOCH)
+                if decision != WAIT:
+                    waiting.pop(request.worker_id, None)
+                    task, epoch, attempt = decision
+                    return master_pb2.GetTaskResponse(
+                        kind=master_pb2.GetTaskResponse.TASK,
+                        task=master_pb2.Task(
+                            task_id=task.task_id, epoch=epoch, shard=task.shard,
+                            start=task.start, end=task.end, attempt=attempt))
+                if waiting.get(request.worker_id) != request.epoch:
+                    waiting[request.worker_id] = request.epoch
+                    self._cond.notify_all()  # a holder may now be allowed to end
+                remaining = deadline - time.time()
+                if remaining <= 0 or self._stop.is_set() or not context.is_active():
+                    return master_pb2.GetTaskResponse(
+                        kind=master_pb2.GetTaskResponse.WAIT)
+                self._cond.wait(remaining)
+
+    def ReportTask(self, request, context):
+        with self._cond:
+            ds = self._datasets.get(request.dataset)
+            if ds is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"dataset '{request.dataset}' is not registered")
+            self._touch(request.worker_id)
+            if request.success:
+                ds.report_done(request.worker_id, list(request.task_ids))
+            else:
+                for task_id in request.task_ids:
+                    ds.report_failed(request.worker_id, task_id, request.error)
+                if ds.error:
+                    logging.error("%s", ds.error)
+            self._cond.notify_all()
+            return master_pb2.ReportTaskResponse()
+
+    # -- status -----------------------------------------------------------
+    def status(self, include_ledger: bool = False) -> dict:
+        with self._cond:
+            timings: dict[str, float] = {}
+            for worker in self._workers.values():
+                for phase, seconds in worker["timings"].items():
+                    timings[phase] = timings.get(phase, 0.0) + seconds
+            datasets = {}
+            for name, ds in self._datasets.items():
+                datasets[name] = ds.status()
+                if include_ledger:
+                    datasets[name]["ledger"] = list(ds.ledger)
+            errors = [self._error] + [ds.error for ds in self._datasets.values()]
+            error = next((e for e in errors if e), None)
+            return {
+                "uptime": time.time() - self._started,
+                "error": error,
+                "workers": {
+                    "alive": sorted(self._alive()),
+                    "lost": self._lost,
+                    "exited": sorted(w for w, s in self._workers.items()
+                                     if s["state"] == "exited"),
+                    "registered": len(self._workers),
+                },
+                "datasets": datasets,
+                "tasks_done": sum(len(ds.ledger) for ds in self._datasets.values()),
+                "requeued": sum(ds.requeued for ds in self._datasets.values()),
+                "timings": timings,
+            }
+
+    def GetStatus(self, request, context):
+        return master_pb2.StatusResponse(json=json.dumps(self.status(
+            include_ledger=request.include_ledger)))

@@ -1,0 +1,237 @@
+"""Tasks of one dataset: cut, handed out per epoch, requeued, accounted.
+
+Pure bookkeeping, no gRPC and no threads: `master/servicer.py` calls it under
+its lock. The rules:
+
+- A task is a record range `[start, end)` of one shard. Every epoch has the
+  same tasks (same ids); with `shuffle` their order changes per epoch.
+- Epoch barrier: a worker asks for tasks of epoch `e`. While `e` has tasks to
+  hand out it gets one. When none are left, the worker's stream for `e` ends
+  (END_OF_EPOCH) once every task still in flight belongs to a worker that is
+  itself waiting for more: nothing new can come in `e` except requeues, and
+  the held tasks only finish when their workers' streams end. Otherwise the
+  worker waits, so a task requeued from a lost worker goes to a worker still in
+  `e`. Epoch `e` is complete when all of its tasks are done; only then do tasks
+  of `e + 1` exist.
+- A task is done once; a report from a worker that no longer owns it (it was
+  presumed lost and the task went elsewhere) is ignored and counted.
+- A task that fails `max_task_retries` times fails the job with an error naming
+  the task, its shard, its records and the last cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import deque
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    task_id: int
+    shard: str
+    start: int
+    end: int
+
+    @property
+    def num_records(self) -> int:
+        return self.end - self.start
+
+    def describe(self) -> str:
+        return f"task {self.task_id} ({self.shard} records [{self.start}, {self.end}))"
+
+
+@dataclasses.dataclass
+class DatasetSpec:
+    """What a worker registers: identical on every worker of a job."""
+
+    name: str
+    mode: str
+    shards: tuple[tuple[str, int], ...]
+    records_per_task: int
+    num_epochs: int  # 0: unbounded
+    shuffle: bool = False
+    seed: int = 0
+
+    def mismatch(self, other: DatasetSpec) -> str | None:
+        """Describes how `other` differs from this spec, or None."""
+        for field in ("mode", "records_per_task", "num_epochs", "shuffle", "seed"):
+            mine, theirs = getattr(self, field), getattr(other, field)
+            if mine != theirs:
+                return f"{field} is {theirs!r} on this worker but {mine!r} in the job"
+        if self.shards != other.shards:
+            mine = dict(self.shards)
+            for shard, n in other.shards:
+                if mine.get(shard) != n:
+                    return (f"shard {shard} has {n} records on this worker but "
+                            f"{mine.get(shard)} in the job")
+            return (f"the job's dataset has {len(self.shards)} shards, this worker's "
+                    f"{len(other.shards)}")
+        return None
+
+
+def cut_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int) -> list[Task]:
+    """Cuts every shard into ranges of `records_per_task` records."""
+    if records_per_task <= 0:
+        raise ValueError(f"records_per_task must be positive, got {records_per_task}")
+    tasks = []
+    for shard, n in shards:
+        for start in range(0, n, records_per_task):
+            tasks.append(Task(len(tasks), shard, start, min(start + records_per_task, n)))
+    return tasks
+
+
+# Decisions of `next_task` other than a task.
+WAIT = "wait"
+END_OF_EPOCH = "end_of_epoch"
+
+
+@dataclasses.dataclass
+class _InFlight:
+    task: Task
+    epoch: int
+    worker: int
+    attempt: int
+
+
+class DatasetTasks:
+    """State of one registered dataset."""
+
+    def __init__(self, spec: DatasetSpec, max_task_retries: int = 3) -> None:
+        self.spec = spec
+        self.tasks = cut_tasks(spec.shards, spec.records_per_task)
+        if not self.tasks:
+            raise ValueError(f"dataset '{spec.name}' has no records")
+        self.max_task_retries = max_task_retries
+        self.epoch = 0
+        self.todo: deque[tuple[Task, int]] = deque()  # (task, attempt)
+        self.doing: dict[int, _InFlight] = {}  # task_id -> in flight (current epoch)
+        self.done: set[int] = set()
+        self.failures: dict[tuple[int, int], int] = {}  # (epoch, task_id) -> failures
+        self.ledger: list[dict] = []  # one entry per completed task
+        self.requeued = 0
+        self.late_reports = 0
+        self.error: str | None = None
+        self._start_epoch(0)
+
+    # -- epochs -----------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.spec.num_epochs > 0 and self.epoch >= self.spec.num_epochs
+
+    def _start_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.done = set()
+        self.doing = {}
+        order = list(self.tasks)
+        if self.spec.shuffle:
+            random.Random(self.spec.seed * 1_000_003 + epoch).shuffle(order)
+        self.todo = deque() if self.finished else deque((t, 0) for t in order)
+
+    def _maybe_complete_epoch(self) -> bool:
+        if not self.finished and not self.todo and not self.doing:
+            self._start_epoch(self.epoch + 1)
+            return True
+        return False
+
+    def restore_progress(self, epoch: int, done_task_ids: set[int]) -> None:
+        """Starts at `epoch` with `done_task_ids` already done (resume)."""
+        self._start_epoch(epoch)
+        self.done = set(done_task_ids)
+        self.todo = deque((t, a) for t, a in self.todo if t.task_id not in self.done)
+        self._maybe_complete_epoch()
+
+    # -- handing out ------------------------------------------------------
+    def next_task(self, worker: int, epoch: int, waiting: dict[int, int]
+                  ) -> tuple[Task, int, int] | str:
+        """Returns `(task, epoch, attempt)`, WAIT or END_OF_EPOCH.
+
+        `waiting` maps the workers now blocked in a request for this dataset to
+        the epoch they ask for (the caller maintains it).
+        """
+        if epoch < self.epoch or self.finished:
+            return END_OF_EPOCH
+        if epoch > self.epoch:
+            # The worker's stream for the current epoch ended early and the epoch
+            # is not complete: it may only take requeued tasks of that epoch.
+            if self.todo:
+                return self._hand_out(worker)
+            return WAIT
+        if self.todo:
+            return self._hand_out(worker)
+        if not self.doing:
+            # Cannot happen with the completion check on report; be safe.
+            self._maybe_complete_epoch()
+            return END_OF_EPOCH
+        holders = {f.worker for f in self.doing.values()}
+        if all(w == worker or waiting.get(w) == self.epoch for w in holders):
+            return END_OF_EPOCH
+        return WAIT
+
+    def _hand_out(self, worker: int) -> tuple[Task, int, int]:
+        task, attempt = self.todo.popleft()
+        self.doing[task.task_id] = _InFlight(task, self.epoch, worker, attempt)
+        return task, self.epoch, attempt
+
+    # -- reports ----------------------------------------------------------
+    def report_done(self, worker: int, task_ids: list[int]) -> list[int]:
+        """Marks tasks done; returns those accepted (owned by `worker`)."""
+        accepted = []
+        for task_id in task_ids:
+            flight = self.doing.get(task_id)
+            if flight is None or flight.worker != worker:
+                self.late_reports += 1
+                continue
+            del self.doing[task_id]
+            self.done.add(task_id)
+            self.ledger.append({
+                "epoch": flight.epoch, "task_id": task_id, "worker": worker,
+                "attempt": flight.attempt, "shard": flight.task.shard,
+                "start": flight.task.start, "end": flight.task.end})
+            accepted.append(task_id)
+        self._maybe_complete_epoch()
+        return accepted
+
+    def report_failed(self, worker: int, task_id: int, error: str) -> None:
+        flight = self.doing.get(task_id)
+        if flight is None or flight.worker != worker:
+            self.late_reports += 1
+            return
+        del self.doing[task_id]
+        key = (flight.epoch, task_id)
+        self.failures[key] = self.failures.get(key, 0) + 1
+        if self.failures[key] >= self.max_task_retries:
+            self.error = (
+                f"dataset '{self.spec.name}': {flight.task.describe()} of epoch "
+                f"{flight.epoch} failed {self.failures[key]} times; last error, on "
+                f"worker {worker}: {error}")
+            return
+        self.todo.appendleft((flight.task, flight.attempt + 1))
+        self.requeued += 1
+
+    def requeue_worker(self, worker: int) -> int:
+        """Puts the tasks of a lost worker back in front of the queue."""
+        lost = [f for f in self.doing.values() if f.worker == worker]
+        for flight in sorted(lost, key=lambda f: -f.task.task_id):
+            del self.doing[flight.task.task_id]
+            self.todo.appendleft((flight.task, flight.attempt + 1))
+        self.requeued += len(lost)
+        return len(lost)
+
+    # -- status -----------------------------------------------------------
+    def status(self) -> dict:
+        return {
+            "mode": self.spec.mode,
+            "epoch": self.epoch,
+            "num_epochs": self.spec.num_epochs,
+            "tasks_per_epoch": len(self.tasks),
+            "records_per_epoch": sum(n for _, n in self.spec.shards),
+            "todo": len(self.todo),
+            "doing": len(self.doing),
+            "done": len(self.done),
+            "tasks_done_total": len(self.ledger),
+            "requeued": self.requeued,
+            "late_reports": self.late_reports,
+            "finished": self.finished,
+            "done_task_ids": sorted(self.done),
+        }

@@ -1,0 +1,281 @@
+"""Keras models whose `fit` trains on the elastic cluster.
+
+`ke.Model` and `ke.Sequential` are drop-in replacements for `keras.Model` and
+`keras.Sequential`; `ke.wrap(model)` turns any built or unbuilt Keras model
+(functional, sequential, subclassed) into one. Given an `ElasticDataset` (or
+NumPy arrays, which become one), `fit`:
+
+1. registers the dataset with the master and starts at the epoch the job is in
+   (a worker joining a running job, or relaunched, continues there);
+2. builds the model from the dataset's spec (without consuming data) and
+   initializes the parameter servers with its variables and optimizer (the
+   first worker wins; everybody then loads the servers' values);
+3. runs Keras' own training loop over the task-fed dataset; the train step
+   computes gradients in the compiled graph and exchanges them with the
+   parameter servers, and a callback reports trained tasks to the master.
+
+Example:
+
+```python
+import keras
+import keras_elastic as ke
+
+inputs = keras.Input((64,))
+outputs = keras.layers.Dense(10, activation="softmax")(inputs)
+model = ke.Model(inputs, outputs)
+model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+model.fit(ke.ElasticDataset((x, y), batch_size=32), epochs=3)
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from keras_elastic.dataset import ElasticDataset
+from keras_elastic.worker.cluster import get_cluster
+from keras_elastic.worker.epoch_iterator import elastic_epochs
+from keras_elastic.worker.model_sync import ModelSync
+from keras_elastic.worker.task_reporter import TaskReporter
+from keras_elastic.worker.task_stream import TaskStream
+
+
+class _ElasticState:
+    """Per-model state kept out of Keras' attribute tracking."""
+
+    def __init__(self) -> None:
+        self.trained_seq = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                       name="ke_trained_seq")
+        self.sync: ModelSync | None = None
+        self.tagged = False          # the traced step expects (seq, batch)
+        self.traced_tagged = None    # what the cached train function expects
+        self.reporter: TaskReporter | None = None
+        self.jit_compile = False
+
+
+class ElasticTrainerMixin:
+    """Overrides `fit` and `train_step` of a Keras model class."""
+
+    @property
+    def _ke(self) -> _ElasticState:
+        state = self.__dict__.get("_ke_state")
+        if state is None:
+            state = _ElasticState()
+            object.__setattr__(self, "_ke_state", state)
+        return state
+
+    def compile(self, *args, jit_compile: Any = "auto", **kwargs) -> None:
+        super().compile(*args, jit_compile=jit_compile, **kwargs)
+        # The step calls the parameter servers through tf.py_function, which XLA
+        # cannot compile; gradients are computed in a separate compiled function
+        # that keeps the user's jit_compile choice.
+        self._ke.jit_compile = bool(self.jit_compile)
+        self.jit_compile = False
+
+    # -- the train step ---------------------------------------------------
+    def train_step(self, data):
+        state = self._ke
+        if not state.tagged:
+            return super().train_step(data)
+        seq, data = data
+        sync = state.sync
+        # Records when the batch is available (for the input-wait/compute split).
+        marker = tf.py_function(sync.mark_data, [seq], Tout=tf.int64)
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        with tf.control_dependencies([marker]):
+            x = tf.nest.map_structure(tf.identity, x)
+        with tf.GradientTape() as tape:
+            if self._call_has_training_arg:
+                y_pred = self(x, training=True)
+            else:
+                y_pred = self(x)
+            loss = self._compute_loss(x=x, y=y, y_pred=y_pred,
+                                      sample_weight=sample_weight, training=True)
+            self._loss_tracker.update_state(
+                loss, sample_weight=tf.shape(
+                    next(i for i in tf.nest.flatten(x) if i is not None))[0])
+            if self.optimizer is not None:
+                loss = self.optimizer.scale_loss(loss)
+        trainable = sync.trainable
+        grads = tape.gradient(loss, trainable)
+        pairs = [(k, g) for k, g in zip(sync.trainable_keys, grads) if g is not None]
+        sync.grad_keys = [k for k, _ in pairs]
+        inputs = [tf.convert_to_tensor(g) for _, g in pairs] + [
+            v.value for v in sync.non_trainable]
+        new_values = tf.py_function(sync.exchange, inputs,
+                                    Tout=[v.dtype for v in sync.variables])
+        for variable, value in zip(sync.variables, new_values):
+            value.set_shape(variable.shape)
+            variable.assign(value)
+        state.trained_seq.assign(tf.reduce_max(seq))
+        if self.optimizer is not None:
+            self.optimizer.iterations.assign_add(1)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # -- fit --------------------------------------------------------------
+    def _ke_as_dataset(self, x, y, batch_size, sample_weight, shuffle) -> Any:
+        if isinstance(x, ElasticDataset):
+            return x
+        arrays = (x, y) if sample_weight is None else (x, y, sample_weight)
+        leaves = tf.nest.flatten(arrays)
+        if x is not None and all(isinstance(a, np.ndarray) for a in leaves):
+            return ElasticDataset(arrays, batch_size=batch_size or 32,
+                                  name="fit_arrays", shuffle=bool(shuffle))
+        return None
+
+    def _ke_prepare(self, dataset: ElasticDataset) -> ModelSync:
+        """Builds the model from the dataset spec and syncs it with the PS."""
+        cluster = get_cluster()
+        state = self._ke
+        if self.optimizer is None:
+            raise ValueError("compile the model (with an optimizer) before fit: "
+                             "model.compile(optimizer=..., loss=...)")
+        unbuilt = not all(layer.built for layer in self._flatten_layers())
+        metrics_unbuilt = (self._compile_metrics is not None
+                           and not self._compile_metrics.built)
+        loss_unbuilt = self._compile_loss is not None and not self._compile_loss.built
+        if unbuilt or metrics_unbuilt or loss_unbuilt:
+            # Build from the spec: Keras would otherwise take a batch from the
+            # dataset, i.e. a task from the master, and drop it.
+            self._symbolic_build(data_batch=dataset.batched_spec)
+        if state.sync is None or state.sync.ps is not cluster.ps:
+            state.sync = ModelSync(self, cluster.ps, cluster.timer)
+            state.sync.initialize()
+        else:
+            state.sync.pull()
+        return state.sync
+
+    def _ke_set_tagged(self, tagged: bool) -> None:
+        state = self._ke
+        state.tagged = tagged
+        if state.traced_tagged is not None and state.traced_tagged != tagged:
+            self.train_function = None
+            self.make_train_function(force=True)
+        state.traced_tagged = tagged
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
+            callbacks=None, validation_split=0.0, validation_data=None, shuffle=True,
+            class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, **kwargs):
+        dataset = self._ke_as_dataset(x, y, batch_size, sample_weight, shuffle)
+        if dataset is None:
+            logging.warning(
+                "keras_elastic: fit() got %s, not an ElasticDataset or NumPy arrays: "
+                "training locally, without the cluster.", type(x).__name__)
+            self._ke_set_tagged(False)
+            return super().fit(
+                x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
+                callbacks=callbacks, validation_split=validation_split,
+                validation_data=validation_data, shuffle=shuffle,
+                class_weight=class_weight, sample_weight=sample_weight,
+                initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, **kwargs)
+        if dataset.mode != "training":
+            raise ValueError(f"fit() needs an ElasticDataset in 'training' mode; "
+                             f"'{dataset.name}' is in '{dataset.mode}' mode.")
+        if steps_per_epoch is not None:
+            raise ValueError("steps_per_epoch cannot be set with an ElasticDataset: an "
+                             "epoch is one pass over the data, decided by the master.")
+        if validation_split:
+            raise ValueError("validation_split is not supported with an "
+                             "ElasticDataset: pass validation_data instead.")
+        if class_weight is not None:
+            raise ValueError("class_weight is not supported with an ElasticDataset: "
+                             "return sample weights from dataset_fn instead.")
+        cluster = get_cluster()
+        registered = cluster.master.register_dataset(dataset.registration(epochs))
+        start_epoch = max(initial_epoch, registered.epoch)
+        sync = self._ke_prepare(dataset)
+        stream = TaskStream(cluster.master, dataset.name, dataset.source,
+                            cluster.timer, start_epoch=start_epoch,
+                            shuffle_records=dataset.shuffle, seed=dataset.seed)
+        tf_dataset = dataset.build(stream.generator)
+        reporter = TaskReporter(stream, self._ke.trained_seq, sync)
+        self._ke.reporter = reporter
+        self._ke_set_tagged(True)
+        if start_epoch >= epochs:
+            logging.info("keras_elastic: the job is already past epoch %d", epochs)
+        try:
+            with elastic_epochs():
+                history = super().fit(
+                    tf_dataset, epochs=epochs, verbose=verbose,
+                    callbacks=[reporter] + list(callbacks or []),
+                    validation_data=validation_data, initial_epoch=start_epoch,
+                    shuffle=False,
+                    **kwargs)
+        except tf.errors.OpError as e:
+            if stream.error is not None:
+                raise stream.error from None
+            raise e
+        finally:
+            stream.stop()
+            self._ke.reporter = None
+        sync.pull()  # the newest model, including other workers' last updates
+        return history
+
+
+class Model(ElasticTrainerMixin, keras.Model):
+    """A `keras.Model` that trains on the elastic cluster.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((8,))
+    model = ke.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(ke.ElasticDataset((x, y), batch_size=16), epochs=2)
+    ```
+    """
+
+
+class Sequential(ElasticTrainerMixin, keras.Sequential):
+    """A `keras.Sequential` that trains on the elastic cluster.
+
+    Example:
+
+    ```python
+    model = ke.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=16, epochs=2)   # arrays become an ElasticDataset
+    ```
+    """
+
+
+_WRAPPED: dict[type, type] = {}
+
+
+def wrap(model: keras.Model) -> keras.Model:
+    """Makes an existing Keras model train on the elastic cluster, in place.
+
+    Works for functional, sequential and subclassed models; the model keeps
+    its class (as a base), layers, weights and compile state.
+
+    Example:
+
+    ```python
+    model = keras.applications.MobileNetV3Small(weights=None)
+    model = ke.wrap(model)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    ```
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"ke.wrap expects a keras.Model, got {type(model).__name__}")
+    if isinstance(model, ElasticTrainerMixin):
+        return model
+    cls = type(model)
+    elastic_cls = _WRAPPED.get(cls)
+    if elastic_cls is None:
+        elastic_cls = type(f"Elastic{cls.__name__}", (ElasticTrainerMixin, cls),
+                           {"__module__": cls.__module__})
+        _WRAPPED[cls] = elastic_cls
+    model.__class__ = elastic_cls
+    if getattr(model, "compiled", False):
+        model._ke.jit_compile = bool(model.jit_compile)
+        model.jit_compile = False
+    return model

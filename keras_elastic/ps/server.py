@@ -1,0 +1,73 @@
+"""Runs a parameter server, in this process or as its own process.
+
+Example:
+
+>>> server = ParameterServer()
+>>> server.address      # doctest: +SKIP
+'127.0.0.1:40125'
+>>> server.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from absl import flags, logging
+
+from keras_elastic.common import rpc
+from keras_elastic.proto import ps_pb2_grpc
+from keras_elastic.ps.servicer import ParameterServerServicer
+from keras_elastic.ps.store import ParameterStore
+
+
+class ParameterServer:
+    """A gRPC server holding one `ParameterStore`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, ps_index: int = 0,
+                 num_ps: int = 1, grads_to_wait: int = 1,
+                 max_staleness: int = 0) -> None:
+        self.store = ParameterStore(grads_to_wait, max_staleness)
+        self.servicer = ParameterServerServicer(self.store, ps_index, num_ps)
+        self._server = rpc.make_server(max_workers=32)
+        ps_pb2_grpc.add_ParameterServerServicer_to_server(self.servicer, self._server)
+        self.address = rpc.bind(self._server, host, port)
+        self._server.start()
+
+    def stop(self, grace: float | None = None) -> None:
+        self._server.stop(grace)
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
+    flags.DEFINE_integer("port", 0, "Port to bind; 0 picks a free one.")
+    flags.DEFINE_integer("ps_index", 0, "Index of this parameter server.")
+    flags.DEFINE_integer("num_ps", 1, "Number of parameter servers in the job.")
+    flags.DEFINE_integer("grads_to_wait", 1,
+                         "Gradients averaged per update (1: asynchronous SGD).")
+    flags.DEFINE_integer("max_staleness", 0,
+                         "With grads_to_wait > 1, drop gradients older than this many "
+                         "versions (0: 4 x grads_to_wait).")
+    flags.DEFINE_string("ready_file", None, "Write {'address': ...} here once serving.")
+
+
+def main(argv) -> None:
+    del argv
+    from keras_elastic.master.server import write_ready_file
+
+    server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
+                             FLAGS.grads_to_wait, FLAGS.max_staleness)
+    logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
+                 server.address)
+    if FLAGS.ready_file:
+        write_ready_file(FLAGS.ready_file, {"address": server.address,
+                                            "pid": os.getpid()})
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    server.stop(grace=1.0)

@@ -1,0 +1,168 @@
+"""The variables one parameter server owns, and the optimizer that updates them.
+
+Pure TensorFlow/Keras, no gRPC: `ps/servicer.py` drives it. The store
+
+- is initialized once (the first worker's values win; later `init` calls only
+  check that they describe the same variables),
+- applies gradients with a real Keras optimizer built from the worker's config
+  (slot variables included), in a compiled function,
+- with `grads_to_wait=k > 1` averages k gradients per update and drops
+  gradients computed on a model more than `max_staleness` versions old,
+- counts a model version and remembers, per variable, the version that last
+  changed it, so `values_since(v)` returns only what changed after `v`.
+
+Example:
+
+>>> import numpy as np
+>>> store = ParameterStore()
+>>> store.init({"w": np.ones(2, "float32")}, {"w": True},
+...            {"class_name": "SGD", "config": {"learning_rate": 0.5}})
+True
+>>> store.push({"w": np.ones(2, "float32")}, {}, base_version=0)
+(True, 1)
+>>> store.values_since(0)["w"].tolist()
+[0.5, 0.5]
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class ParameterStore:
+    """Variables, optimizer and version of one parameter server."""
+
+    def __init__(self, grads_to_wait: int = 1, max_staleness: int = 0) -> None:
+        self.grads_to_wait = max(1, grads_to_wait)
+        self.max_staleness = max_staleness or 4 * self.grads_to_wait
+        self._lock = threading.RLock()
+        self.variables: dict[str, keras.Variable] = {}
+        self.trainable: dict[str, bool] = {}
+        self.updated_at: dict[str, int] = {}
+        self.optimizer: keras.optimizers.Optimizer | None = None
+        self.optimizer_config: dict | None = None
+        self.version = 0
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
+        self.pushes = 0
+        self.dropped = 0
+
+    @property
+    def initialized(self) -> bool:
+        return self.optimizer is not None
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    def specs(self) -> dict[str, tuple[str, tuple[int, ...], bool]]:
+        return {n: (v.dtype, tuple(v.shape), self.trainable[n])
+                for n, v in self.variables.items()}
+
+    def init(self, values: dict[str, np.ndarray], trainable: dict[str, bool],
+             optimizer_config: dict) -> bool:
+        """Creates the variables and optimizer; returns False if already done."""
+        with self._lock:
+            if self.initialized:
+                self._check_same(values, trainable)
+                return False
+            for name, value in values.items():
+                self.variables[name] = keras.Variable(
+                    value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
+                    trainable=trainable[name])
+                self.trainable[name] = trainable[name]
+                self.updated_at[name] = 0
+            try:
+                optimizer = keras.optimizers.deserialize(optimizer_config)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"the parameter server cannot build the optimizer "
+                                 f"from its config {optimizer_config!r}: {e}") from e
+            optimizer.build([v for n, v in self.variables.items() if self.trainable[n]])
+            self.optimizer = optimizer
+            self.optimizer_config = optimizer_config
+            return True
+
+    def _check_same(self, values: dict[str, np.ndarray],
+                    trainable: dict[str, bool]) -> None:
+        mine = self.specs()
+        theirs = {n: (str(np.dtype(v.dtype)), tuple(v.shape), trainable[n])
+                  for n, v in values.items()}
+        for name in sorted(set(mine) | set(theirs)):
+            if mine.get(name) != theirs.get(name):
+                raise ValueError(
+                    f"the parameter server already holds a different model: variable "
+                    f"'{name}' is {mine.get(name, 'absent')} there but "
+                    f"{theirs.get(name, 'absent')} in this worker's model "
+                    "(dtype, shape, trainable). Every worker must build the same model.")
+
+    def _apply_fn(self, names: tuple[str, ...]):
+        fn = self._apply_fns.get(names)
+        if fn is None:
+            variables = [self.variables[n] for n in names]
+
+            @tf.function
+            def apply(grads):
+                self.optimizer.apply(grads, variables)
+
+            fn = self._apply_fns[names] = apply
+        return fn
+
+    def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
+             base_version: int) -> tuple[bool, int]:
+        """Applies (or buffers) gradients, assigns non-trainable values.
+
+        Returns `(accepted, version)`.
+        """
+        with self._lock:
+            if not self.initialized:
+                raise RuntimeError("the parameter server has not been initialized: "
+                                   "a worker must call init before pushing")
+            unknown = sorted(set(grads) - set(self.variables)) + sorted(
+                set(assigns) - set(self.variables))
+            if unknown:
+                raise KeyError(f"this parameter server does not own {unknown}")
+            self.pushes += 1
+            for name, value in assigns.items():
+                self.variables[name].assign(value)
+                self.updated_at[name] = self.version + 1 if grads else self.version
+            if not grads:
+                return True, self.version
+            if self.grads_to_wait == 1:
+                self._apply(grads)
+                return True, self.version
+            if base_version < self.version - self.max_staleness:
+                self.dropped += 1
+                return False, self.version
+            self._pending.append(grads)
+            if len(self._pending) >= self.grads_to_wait:
+                names = sorted(set().union(*self._pending))
+                mean = {}
+                for n in names:
+                    parts = [g[n] for g in self._pending if n in g]
+                    mean[n] = np.sum(parts, axis=0) / len(self._pending)
+                self._pending = []
+                self._apply(mean)
+            return True, self.version
+
+    def _apply(self, grads: dict[str, np.ndarray]) -> None:
+        names = tuple(sorted(grads))
+        self._apply_fn(names)([tf.convert_to_tensor(grads[n]) for n in names])
+        self.version += 1
+        for n in names:
+            self.updated_at[n] = self.version
+
+    def values_since(self, version: int, names: list[str] | None = None
+                     ) -> dict[str, np.ndarray]:
+        """Current values of the variables changed after `version` (-1: all)."""
+        with self._lock:
+            selected = names or list(self.variables)
+            return {n: self.variables[n].numpy() for n in selected
+                    if version < 0 or self.updated_at[n] > version}
+
+    def optimizer_variables(self) -> list[keras.Variable]:
+        return list(self.optimizer.variables) if self.optimizer else []

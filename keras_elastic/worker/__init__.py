@@ -1,0 +1,12 @@
+"""The worker side: the cluster connection, the task-fed input stream, the link
+between a Keras model and the parameter servers.
+
+May import: keras_elastic.common, .data, .master (client), .ps (client).
+"""
+
+from keras_elastic.worker.cluster import Cluster, get_cluster, reset_cluster
+from keras_elastic.worker.model_sync import ModelSync, variable_keys
+from keras_elastic.worker.task_stream import TaskStream
+
+__all__ = ["Cluster", "ModelSync", "TaskStream", "get_cluster", "reset_cluster",
+           "variable_keys"]

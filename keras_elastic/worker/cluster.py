@@ -1,0 +1,103 @@
+"""The cluster a worker process belongs to: from the launcher, or embedded.
+
+The launcher passes the cluster through environment variables (names in
+`keras_elastic.common.cluster_env`). Without them, the first use starts an
+*embedded* cluster: a master and one parameter server inside this process,
+serving over real gRPC on 127.0.0.1, so a notebook or a laptop needs no setup.
+
+Example:
+
+>>> cluster = get_cluster()          # doctest: +SKIP
+>>> cluster.embedded, cluster.worker_id
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from absl import logging
+
+from keras_elastic.common import cluster_env
+from keras_elastic.common.timing import PhaseTimer
+from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.client import PSClient
+
+
+class Cluster:
+    """Clients of the master and the parameter servers, plus phase timers."""
+
+    def __init__(self, master_address: str, ps_addresses: list[str],
+                 worker_id: int = -1, embedded_servers: tuple = (),
+                 heartbeat_interval: float = 2.0) -> None:
+        self.master_address = master_address
+        self.ps_addresses = list(ps_addresses)
+        self._servers = embedded_servers
+        self.timer = PhaseTimer()
+        self.master = MasterClient(master_address, worker_id)
+        self.worker_id = self.master.register_worker(
+            reason=f"pid {os.getpid()}" + (" (embedded)" if self.embedded else ""))
+        self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id)
+        self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot)
+        self._closed = False
+
+    @property
+    def embedded(self) -> bool:
+        return bool(self._servers)
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.ps_addresses)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.embedded:  # an embedded master goes away with this process
+            self.master.worker_exited(self.timer.snapshot())
+        self.master.close()
+        self.ps.close()
+        for server in self._servers:
+            server.stop(0)
+
+
+_lock = threading.Lock()
+_cluster: Cluster | None = None
+
+
+def start_embedded_cluster() -> Cluster:
+    """Starts a master and one parameter server in this process."""
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.ps.server import ParameterServer
+
+    master = MasterServer()
+    ps = ParameterServer()
+    logging.info("keras_elastic: embedded cluster (master %s, PS %s)", master.address,
+                 ps.address)
+    return Cluster(master.address, [ps.address], worker_id=0,
+                   embedded_servers=(ps, master))
+
+
+def get_cluster() -> Cluster:
+    """The process-wide cluster, created on first use."""
+    global _cluster
+    with _lock:
+        if _cluster is None:
+            env = cluster_env.read()
+            if env is None:
+                _cluster = start_embedded_cluster()
+            else:
+                _cluster = Cluster(env.master_address, env.ps_addresses, env.worker_id)
+            atexit.register(_cluster.close)
+        return _cluster
+
+
+def reset_cluster() -> None:
+    """Closes the process-wide cluster (the next `get_cluster` makes a new one)."""
+    global _cluster
+    with _lock:
+        if _cluster is not None:
+            _cluster.close()
+            _cluster = None

@@ -1,0 +1,60 @@
+"""keras-elastic: elastic, fault-tolerant parameter-server training for Keras 3.
+
+`pip install -e .` (or `pip install .`) installs the library, its console
+script `keras-elastic`, and `keras_elastic.callbacks` (whose source lives in the
+top-level `callbacks/` folder). A GPU user installs `.[gpu]`, which asks for
+TensorFlow with its CUDA libraries; the plain `tensorflow` wheel runs on CPU.
+"""
+
+import os
+import subprocess
+import sys
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildWithProtos(build_py):
+    """Generates the gRPC modules before collecting the Python files."""
+
+    def run(self):
+        subprocess.check_call(
+            [sys.executable, "-c",
+             "import keras_elastic.proto as p; p.generate(force=True)"],
+            cwd=HERE,
+        )
+        super().run()
+
+
+packages = find_packages(include=["keras_elastic", "keras_elastic.*"])
+
+setup(
+    name="keras-elastic",
+    version="0.1.0",
+    description="Elastic, fault-tolerant parameter-server training for Keras 3",
+    long_description=open(os.path.join(HERE, "README.md")).read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=packages + ["keras_elastic.callbacks"],
+    package_dir={"keras_elastic.callbacks": "callbacks"},
+    package_data={"keras_elastic.proto": ["*.proto"]},
+    install_requires=[
+        "tensorflow>=2.16,<3",
+        "keras>=3.3,<4",
+        "grpcio>=1.60",
+        "grpcio-tools>=1.60",
+        "protobuf>=4.21",
+        "absl-py>=1.0",
+        "numpy>=1.24",
+    ],
+    extras_require={
+        "gpu": ["tensorflow[and-cuda]>=2.16,<3"],
+        "datasets": ["tensorflow-datasets>=4.9"],
+        "examples": ["scikit-learn>=1.2"],
+        "test": ["pytest>=7", "hypothesis>=6", "scikit-learn>=1.2", "ruff>=0.4"],
+    },
+    entry_points={"console_scripts": ["keras-elastic=keras_elastic.cli:run_main"]},
+    cmdclass={"build_py": BuildWithProtos},
+)

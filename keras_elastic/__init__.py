@@ -24,10 +24,6 @@ import importlib.util
 import os
 import sys
 
-from keras_elastic._backend import check_tensorflow_backend
-
-check_tensorflow_backend()
-
 
 def _register_callbacks_package() -> None:
     """Makes `keras_elastic.callbacks` importable from a source tree.
@@ -52,19 +48,30 @@ def _register_callbacks_package() -> None:
 
 _register_callbacks_package()
 
-from keras_elastic.dataset import ElasticDataset  # noqa: E402
-from keras_elastic.model import Model, Sequential, wrap  # noqa: E402
-
 __version__ = "0.1.0"
 
-_LAZY = ("batching", "callbacks", "checkpoint", "data", "launcher", "master", "ps",
-         "worker")
+# Imported on first use, so that the launcher and the master start without
+# TensorFlow.
+_LAZY_ATTRS = {
+    "ElasticDataset": "keras_elastic.dataset",
+    "Model": "keras_elastic.model",
+    "Sequential": "keras_elastic.model",
+    "wrap": "keras_elastic.model",
+}
+_LAZY_MODULES = ("batching", "callbacks", "checkpoint", "data", "launcher", "master",
+                 "ps", "worker")
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in _LAZY_ATTRS:
+        return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
+    if name in _LAZY_MODULES:
         return importlib.import_module(f"keras_elastic.{name}")
     raise AttributeError(f"module 'keras_elastic' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY_ATTRS) + list(_LAZY_MODULES))
 
 
 __all__ = ["ElasticDataset", "Model", "Sequential", "wrap", "batching", "callbacks",

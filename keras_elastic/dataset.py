@@ -31,8 +31,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.data.source import DataSource, as_source
 from keras_elastic.proto import master_pb2
+
+check_tensorflow_backend()
 
 MODES = ("training", "evaluation", "prediction")
 

@@ -39,12 +39,15 @@ import tensorflow as tf
 from absl import logging
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.epoch_iterator import elastic_epochs
 from keras_elastic.worker.model_sync import ModelSync
 from keras_elastic.worker.task_reporter import TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
+
+check_tensorflow_backend()
 
 
 class _ElasticState:

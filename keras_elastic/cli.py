@@ -1,0 +1,209 @@
+"""The `keras-elastic` command.
+
+```
+keras-elastic run    [flags] -- python train.py [args]   start a local job
+keras-elastic join   --job_dir DIR -- python train.py    add a worker to a job
+keras-elastic scale  --job_dir DIR --num_workers N       resize a running job
+keras-elastic status --job_dir DIR | --master ADDR       a job's progress
+keras-elastic train | evaluate | predict --model_def=module:function ...
+```
+
+Every subcommand takes absl flags; `keras-elastic SUBCOMMAND --help` lists
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from absl import flags, logging
+
+FLAGS = flags.FLAGS
+
+_SUBCOMMANDS: dict[str, tuple[Callable[[], None], Callable[[list[str]], int], str]] = {}
+
+
+def subcommand(name: str, help_text: str):
+    def register(pair):
+        define, main = pair
+        _SUBCOMMANDS[name] = (define, main, help_text)
+        return pair
+    return register
+
+
+class UsageError(Exception):
+    """A wrong flag or argument: printed without a traceback, exit code 2."""
+
+
+# -- run ------------------------------------------------------------------
+def _define_run() -> None:
+    flags.DEFINE_integer("num_workers", 1, "Workers to start.")
+    flags.DEFINE_integer("num_ps", 1, "Parameter servers to start.")
+    flags.DEFINE_integer("min_workers", 0, "Fewest workers (0: num_workers).")
+    flags.DEFINE_integer("max_workers", 0, "Most workers (0: num_workers).")
+    flags.DEFINE_integer("max_worker_restarts", 3,
+                         "Relaunches of dead workers before the job fails.")
+    flags.DEFINE_integer("grads_to_wait", 1,
+                         "Gradients averaged per update (1: asynchronous SGD).")
+    flags.DEFINE_float("heartbeat_timeout", 30.0,
+                       "Seconds without a heartbeat after which a worker is lost.")
+    flags.DEFINE_integer("max_task_retries", 3, "Failures of one task that fail the job.")
+    flags.DEFINE_float("progress_interval", 10.0, "Seconds between progress lines.")
+    flags.DEFINE_string("job_dir", None, "Logs, cluster.json, ledger and summary "
+                        "(default: a new temporary directory).")
+
+
+def _main_run(command: list[str]) -> int:
+    from keras_elastic.launcher import LaunchConfig, Launcher
+
+    config = LaunchConfig(
+        num_workers=FLAGS.num_workers, num_ps=FLAGS.num_ps,
+        min_workers=FLAGS.min_workers, max_workers=FLAGS.max_workers,
+        max_worker_restarts=FLAGS.max_worker_restarts, grads_to_wait=FLAGS.grads_to_wait,
+        heartbeat_timeout=FLAGS.heartbeat_timeout,
+        max_task_retries=FLAGS.max_task_retries,
+        progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir)
+    try:
+        launcher = Launcher(command, config)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return launcher.run()
+
+
+subcommand("run", "start master, parameter servers and workers on this machine")(
+    (_define_run, _main_run))
+
+
+# -- join / scale / status -----------------------------------------------
+def _read_cluster(job_dir: str) -> dict:
+    path = os.path.join(job_dir, "cluster.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist: is a job running with "
+                         f"--job_dir={job_dir}?") from None
+
+
+def _define_join() -> None:
+    flags.DEFINE_string("job_dir", None, "The running job's --job_dir.")
+
+
+def _main_join(command: list[str]) -> int:
+    from keras_elastic.common import cluster_env
+
+    if not FLAGS.job_dir:
+        raise UsageError("--job_dir is required: the directory of the running job")
+    if not command:
+        raise UsageError("no worker command: put it after `--`")
+    cluster = _read_cluster(FLAGS.job_dir)
+    env = dict(os.environ)
+    env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, FLAGS.job_dir))
+    return subprocess.call(command, env=env)
+
+
+subcommand("join", "run a worker that joins a running job")((_define_join, _main_join))
+
+
+def _define_scale() -> None:
+    flags.DEFINE_string("job_dir", None, "The running job's --job_dir.")
+    flags.DEFINE_integer("num_workers", None, "Workers the job should have.")
+
+
+def _main_scale(command: list[str]) -> int:
+    from keras_elastic.launcher.launcher import DESIRED_WORKERS_FILE
+
+    if not FLAGS.job_dir or FLAGS.num_workers is None:
+        raise UsageError("--job_dir and --num_workers are required")
+    _read_cluster(FLAGS.job_dir)
+    path = os.path.join(FLAGS.job_dir, DESIRED_WORKERS_FILE)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(FLAGS.num_workers))
+    os.replace(path + ".tmp", path)
+    print(f"asked the launcher for {FLAGS.num_workers} workers")
+    return 0
+
+
+subcommand("scale", "change the number of workers of a running job")(
+    (_define_scale, _main_scale))
+
+
+def _define_status() -> None:
+    flags.DEFINE_string("job_dir", None, "The running job's --job_dir.")
+    flags.DEFINE_string("master", None, "Or the master's address.")
+
+
+def _main_status(command: list[str]) -> int:
+    from keras_elastic.master.client import MasterClient
+
+    address = FLAGS.master or (
+        _read_cluster(FLAGS.job_dir)["master"] if FLAGS.job_dir else None)
+    if not address:
+        raise UsageError("give --job_dir or --master")
+    try:
+        status = MasterClient(address, connect_timeout=5).status()
+    except ConnectionError as e:
+        print(f"keras-elastic status: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=1))
+    return 0
+
+
+subcommand("status", "print a running job's progress")((_define_status, _main_status))
+
+
+# -- entry point ----------------------------------------------------------
+def _usage() -> str:
+    lines = ["usage: keras-elastic SUBCOMMAND [flags] [-- command ...]", ""]
+    lines += [f"  {name:9s} {help_text}" for name, (_, _, help_text) in
+              _SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Runs `keras-elastic` with `argv` (argv[0] is the program name)."""
+    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if len(argv) >= 2 else 2
+    name = argv[1]
+    if name not in _SUBCOMMANDS:
+        print(f"keras-elastic: unknown subcommand '{name}'\n\n{_usage()}",
+              file=sys.stderr)
+        return 2
+    define, run, _ = _SUBCOMMANDS[name]
+    define()
+    rest = argv[2:]
+    if "--" in rest:
+        split = rest.index("--")
+        flag_args, command = rest[:split], rest[split + 1:]
+    else:
+        flag_args, command = rest, []
+    try:
+        unparsed = FLAGS([f"keras-elastic {name}", *flag_args])
+    except flags.Error as e:
+        print(f"keras-elastic {name}: {e}", file=sys.stderr)
+        return 2
+    if len(unparsed) > 1:
+        print(f"keras-elastic {name}: unexpected arguments {unparsed[1:]}; put the "
+              "worker command after `--`", file=sys.stderr)
+        return 2
+    logging.use_absl_handler()
+    logging.set_verbosity(logging.INFO)
+    try:
+        return run(command)
+    except UsageError as e:
+        print(f"keras-elastic {name}: {e}", file=sys.stderr)
+        return 2
+
+
+def run_main() -> None:
+    """Console-script entry point."""
+    sys.exit(main(sys.argv))
+
+
+if __name__ == "__main__":
+    run_main()

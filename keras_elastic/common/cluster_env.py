@@ -16,6 +16,16 @@ MASTER = "KERAS_ELASTIC_MASTER"
 PS = "KERAS_ELASTIC_PS"
 WORKER_ID = "KERAS_ELASTIC_WORKER_ID"
 JOB_DIR = "KERAS_ELASTIC_JOB_DIR"
+CONNECT_TIMEOUT = "KERAS_ELASTIC_CONNECT_TIMEOUT"
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for the master and parameter servers to answer."""
+    raw = os.environ.get(CONNECT_TIMEOUT, "60")
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{CONNECT_TIMEOUT}={raw!r} is not a number of seconds") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,9 @@ MAX_MESSAGE_BYTES = 64 << 20
 def encode(name: str, array: np.ndarray,
            chunk_bytes: int = CHUNK_BYTES) -> Iterator[tensor_pb2.TensorChunk]:
     """Yields the chunks of one array."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (ascontiguousarray would make 0-d arrays 1-d)
+        array = np.ascontiguousarray(array)
     if array.dtype == object:
         raise TypeError(f"tensor '{name}': object arrays cannot be sent; "
                         "convert strings to bytes tensors first")

@@ -238,8 +238,9 @@ class Launcher:
                 if status["error"]:
                     self.error = f"the master failed the job: {status['error']}"
                     break
-                if not self.workers and self.finished_ok:
-                    break
+                if not self.workers and self.finished_ok and not status["workers"][
+                        "alive"]:
+                    break  # every worker is done, joined ones included
                 self._scale()
                 if time.time() - last_progress >= self.config.progress_interval:
                     last_progress = time.time()

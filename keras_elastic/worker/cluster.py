@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import sys
 import threading
 
 from absl import logging
@@ -36,10 +38,12 @@ class Cluster:
         self.ps_addresses = list(ps_addresses)
         self._servers = embedded_servers
         self.timer = PhaseTimer()
-        self.master = MasterClient(master_address, worker_id)
+        timeout = cluster_env.connect_timeout()
+        self.master = MasterClient(master_address, worker_id, connect_timeout=timeout)
         self.worker_id = self.master.register_worker(
             reason=f"pid {os.getpid()}" + (" (embedded)" if self.embedded else ""))
-        self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id)
+        self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id,
+                           connect_timeout=timeout)
         self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot)
         self._closed = False
 
@@ -90,8 +94,17 @@ def get_cluster() -> Cluster:
                 _cluster = start_embedded_cluster()
             else:
                 _cluster = Cluster(env.master_address, env.ps_addresses, env.worker_id)
+                _exit_on_sigterm()
             atexit.register(_cluster.close)
         return _cluster
+
+
+def _exit_on_sigterm() -> None:
+    """A launched worker stopped with SIGTERM (scaling down) exits cleanly, so
+    the master requeues its tasks at once instead of after a heartbeat timeout."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def reset_cluster() -> None:

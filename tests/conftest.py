@@ -1,0 +1,101 @@
+"""Shared fixtures: a clean embedded cluster per test, subprocess helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: the repo importable, TF quiet, no cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_ELASTIC_")}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(extra)
+    return env
+
+
+def launch(job_dir: str, script: str, *flags: str, script_args: tuple = (),
+           background: bool = False, timeout: float = 600):
+    """Runs `keras-elastic run FLAGS -- python SCRIPT` as a real process tree."""
+    argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job_dir}",
+            "--progress_interval=2", *flags, "--", sys.executable, script,
+            *script_args]
+    if background:
+        return subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def wait_for(predicate, timeout: float = 120.0, interval: float = 0.2, what: str = ""):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def job_status(job_dir: str) -> dict | None:
+    """The master's status of a running job, or None before it is up."""
+    from keras_elastic.master.client import MasterClient
+
+    try:
+        with open(os.path.join(job_dir, "cluster.json")) as f:
+            address = json.load(f)["master"]
+        client = MasterClient(address, connect_timeout=5)
+        try:
+            return client.status()
+        finally:
+            client.close()
+    except (OSError, ValueError, ConnectionError):
+        return None
+
+
+def read_ledger(job_dir: str) -> dict:
+    with open(os.path.join(job_dir, "ledger.json")) as f:
+        return json.load(f)
+
+
+def assert_exactly_once(entries: list[dict], num_epochs: int, tasks_per_epoch: int):
+    """Every task of every epoch appears exactly once in a ledger."""
+    seen: dict[tuple[int, int], int] = {}
+    for e in entries:
+        key = (e["epoch"], e["task_id"])
+        seen[key] = seen.get(key, 0) + 1
+    expected = {(ep, t) for ep in range(num_epochs) for t in range(tasks_per_epoch)}
+    assert set(seen) == expected, (
+        f"missing {sorted(expected - set(seen))[:10]}, "
+        f"unexpected {sorted(set(seen) - expected)[:10]}")
+    doubled = {k: n for k, n in seen.items() if n != 1}
+    assert not doubled, f"tasks done more than once: {doubled}"
+
+
+@pytest.fixture
+def embedded_cluster():
+    """A fresh embedded master + PS for this test, closed afterwards."""
+    from keras_elastic.worker import cluster as cluster_mod
+
+    for key in list(os.environ):
+        if key.startswith("KERAS_ELASTIC_") and key != "KERAS_ELASTIC_INDEX_DIR":
+            os.environ.pop(key)
+    cluster_mod.reset_cluster()
+    cluster = cluster_mod.get_cluster()
+    yield cluster
+    cluster_mod.reset_cluster()
+
+
+@pytest.fixture(autouse=True)
+def _index_dir(tmp_path, monkeypatch):
+    """TFRecord indexes go to the test's own folder, not ~/.cache."""
+    monkeypatch.setenv("KERAS_ELASTIC_INDEX_DIR", str(tmp_path / "index-cache"))

@@ -1,0 +1,121 @@
+"""The master's task bookkeeping: cutting, epochs, the barrier, requeues."""
+
+import pytest
+
+from keras_elastic.master.task_queue import (
+    END_OF_EPOCH,
+    WAIT,
+    DatasetSpec,
+    DatasetTasks,
+    cut_tasks,
+)
+
+
+def spec(num_records=10, per_task=4, epochs=2, **kw):
+    return DatasetSpec(name="train", mode="training", shards=(("a", num_records),),
+                       records_per_task=per_task, num_epochs=epochs, **kw)
+
+
+def test_cut_tasks_covers_every_record_once():
+    tasks = cut_tasks((("a", 10), ("b", 3)), 4)
+    assert [(t.shard, t.start, t.end) for t in tasks] == [
+        ("a", 0, 4), ("a", 4, 8), ("a", 8, 10), ("b", 0, 3)]
+    assert [t.task_id for t in tasks] == [0, 1, 2, 3]
+
+
+def test_cut_tasks_rejects_nonpositive_size():
+    with pytest.raises(ValueError, match="records_per_task must be positive"):
+        cut_tasks((("a", 10),), 0)
+
+
+def test_empty_dataset_is_an_error():
+    with pytest.raises(ValueError, match="dataset 'train' has no records"):
+        DatasetTasks(spec(num_records=0))
+
+
+def test_epochs_advance_only_when_every_task_is_done():
+    ds = DatasetTasks(spec())
+    t0, _, _ = ds.next_task(worker=0, epoch=0, waiting={})
+    t1, _, _ = ds.next_task(worker=1, epoch=0, waiting={})
+    t2, _, _ = ds.next_task(worker=0, epoch=0, waiting={})
+    # No tasks left; worker 1 holds one and is not waiting: worker 0 waits.
+    assert ds.next_task(worker=0, epoch=0, waiting={}) == WAIT
+    # Once every holder waits, streams end (their tasks finish in the pipeline).
+    assert ds.next_task(worker=0, epoch=0, waiting={1: 0}) == END_OF_EPOCH
+    ds.report_done(0, [t0.task_id, t2.task_id])
+    assert ds.epoch == 0
+    assert ds.next_task(worker=0, epoch=1, waiting={}) == WAIT  # barrier
+    ds.report_done(1, [t1.task_id])
+    assert ds.epoch == 1
+    assert ds.next_task(worker=0, epoch=1, waiting={})[1] == 1
+
+
+def test_requeued_task_of_lost_worker_goes_to_a_waiting_worker():
+    ds = DatasetTasks(spec(num_records=8))
+    a, _, _ = ds.next_task(0, 0, {})
+    b, _, _ = ds.next_task(1, 0, {})
+    assert ds.next_task(0, 0, {}) == WAIT
+    assert ds.requeue_worker(1) == 1
+    task, epoch, attempt = ds.next_task(0, 0, {})
+    assert (task, epoch, attempt) == (b, 0, 1)
+    ds.report_done(0, [a.task_id, b.task_id])
+    assert ds.epoch == 1 and ds.requeued == 1
+    assert [(e["task_id"], e["worker"]) for e in ds.ledger] == [(0, 0), (1, 0)]
+
+
+def test_report_from_worker_that_lost_the_task_is_ignored():
+    ds = DatasetTasks(spec(num_records=4))
+    task, _, _ = ds.next_task(0, 0, {})
+    ds.requeue_worker(0)
+    again, _, _ = ds.next_task(1, 0, {})
+    assert ds.report_done(0, [task.task_id]) == []  # late report from worker 0
+    assert ds.report_done(1, [again.task_id]) == [again.task_id]
+    assert ds.late_reports == 1 and len(ds.ledger) == 1
+
+
+def test_task_failing_too_often_fails_the_job_naming_task_file_and_cause():
+    ds = DatasetTasks(spec(num_records=4), max_task_retries=2)
+    task, _, _ = ds.next_task(0, 0, {})
+    ds.report_failed(0, task.task_id, "CorruptRecordError: bad crc")
+    assert ds.error is None
+    task, _, attempt = ds.next_task(0, 0, {})
+    assert attempt == 1
+    ds.report_failed(0, task.task_id, "CorruptRecordError: bad crc")
+    assert ds.error == ("dataset 'train': task 0 (a records [0, 4)) of epoch 0 failed 2 "
+                        "times; last error, on worker 0: CorruptRecordError: bad crc")
+
+
+def test_shuffle_changes_order_per_epoch_but_not_the_tasks():
+    ds = DatasetTasks(spec(num_records=40, per_task=4, epochs=3, shuffle=True, seed=7))
+    orders = []
+    for epoch in range(3):
+        order = []
+        while True:
+            got = ds.next_task(0, epoch, {})
+            if got in (WAIT, END_OF_EPOCH):
+                break
+            order.append(got[0].task_id)
+        ds.report_done(0, order)
+        orders.append(order)
+    assert all(sorted(o) == list(range(10)) for o in orders)
+    assert orders[0] != orders[1]
+    assert ds.finished
+
+
+def test_spec_mismatch_is_described():
+    a = spec()
+    assert a.mismatch(spec()) is None
+    assert a.mismatch(spec(per_task=5)) == (
+        "records_per_task is 5 on this worker but 4 in the job")
+    other = DatasetSpec("train", "training", (("a", 11),), 4, 2)
+    assert a.mismatch(other) == "shard a has 11 records on this worker but 10 in the job"
+
+
+def test_restore_progress_skips_done_tasks():
+    ds = DatasetTasks(spec(num_records=12, epochs=3))
+    ds.restore_progress(1, {0, 2})
+    assert ds.epoch == 1
+    got = ds.next_task(0, 1, {})
+    assert got[0].task_id == 1
+    ds.report_done(0, [1])
+    assert ds.epoch == 2

@@ -1,0 +1,109 @@
+"""ke.Model / ke.Sequential / ke.wrap training on an embedded cluster.
+
+The embedded cluster is real: a master and a parameter server serving gRPC on
+127.0.0.1 inside the test process.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tfrecord_data import dataset_fn, make_arrays, write_shards
+
+import keras_elastic as ke
+
+
+def functional(cls=keras.Model, seed=1):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    outputs = keras.layers.Dense(2, activation="softmax")(h)
+    model = cls(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_one_epoch_equals_plain_keras_fit_on_tfrecords(tmp_path, embedded_cluster):
+    x, y = make_arrays(512)
+    files = write_shards(str(tmp_path), x, y, num_shards=2)  # 256 records each
+    plain = functional()
+    plain.fit(tf.data.TFRecordDataset(files).map(
+        lambda r: dataset_fn(tf.data.Dataset.from_tensors(r), None).get_single_element()
+    ).batch(32), epochs=1, verbose=0)
+    elastic = functional(ke.Model)
+    elastic.fit(ke.ElasticDataset(files, dataset_fn=dataset_fn, batch_size=32,
+                                  minibatches_per_task=4), epochs=1, verbose=0)
+    for a, b in zip(plain.get_weights(), elastic.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    status = embedded_cluster.master.status()["datasets"]["training"]
+    assert status["tasks_done_total"] == 4 and status["finished"]
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.out = keras.layers.Dense(2, activation="softmax")
+
+    def call(self, x, training=False):
+        return self.out(self.hidden(x))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "subclassed", "wrapped_functional"])
+def test_every_kind_of_model_trains_and_matches_plain_keras(kind, embedded_cluster):
+    x, y = make_arrays(256)
+
+    def build(elastic: bool):
+        keras.utils.set_random_seed(3)
+        if kind == "sequential":
+            cls = ke.Sequential if elastic else keras.Sequential
+            model = cls([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                         keras.layers.Dense(2, activation="softmax")])
+        elif kind == "subclassed":
+            model = Subclassed()
+            model = ke.wrap(model) if elastic else model
+        else:
+            model = functional(seed=3)
+            model = ke.wrap(model) if elastic else model
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss="sparse_categorical_crossentropy")
+        return model
+
+    plain, elastic = build(False), build(True)
+    plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    # NumPy arrays become an ElasticDataset (shuffle=False keeps the order).
+    history = elastic.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    assert isinstance(elastic, ke.model.ElasticTrainerMixin)
+    assert len(history.history["loss"]) == 2
+    for a, b in zip(plain.get_weights(), elastic.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_dataset_fn_that_filters_keeps_task_accounting_exact(embedded_cluster):
+    x, y = make_arrays(300)
+
+    def keep_positive(records, mode):  # drops about half of the records
+        return records.filter(lambda xi, yi: yi > 0)
+
+    model = functional(ke.Model)
+    model.fit(ke.ElasticDataset((x, y), dataset_fn=keep_positive, batch_size=16,
+                                minibatches_per_task=3), epochs=2, verbose=0)
+    status = embedded_cluster.master.status(include_ledger=True)["datasets"]["training"]
+    per_epoch = [[e["task_id"] for e in status["ledger"] if e["epoch"] == ep]
+                 for ep in range(2)]
+    assert [sorted(p) for p in per_epoch] == [list(range(7))] * 2
+
+
+def test_keras_callbacks_and_history_work(embedded_cluster):
+    x, y = make_arrays(256)
+    seen = []
+    model = functional(ke.Model)
+    history = model.fit(
+        ke.ElasticDataset((x, y), batch_size=32, minibatches_per_task=2), epochs=3,
+        verbose=0, callbacks=[keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: seen.append((epoch, sorted(logs))))])
+    assert [e for e, _ in seen] == [0, 1, 2]
+    assert seen[0][1] == ["accuracy", "loss"]
+    assert history.history["loss"][-1] < history.history["loss"][0]

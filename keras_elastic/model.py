@@ -137,9 +137,6 @@ class ElasticTrainerMixin:
         """Builds the model from the dataset spec and syncs it with the PS."""
         cluster = get_cluster()
         state = self._ke
-        if self.optimizer is None:
-            raise ValueError("compile the model (with an optimizer) before fit: "
-                             "model.compile(optimizer=..., loss=...)")
         unbuilt = not all(layer.built for layer in self._flatten_layers())
         metrics_unbuilt = (self._compile_metrics is not None
                            and not self._compile_metrics.built)
@@ -179,6 +176,9 @@ class ElasticTrainerMixin:
                 validation_data=validation_data, shuffle=shuffle,
                 class_weight=class_weight, sample_weight=sample_weight,
                 initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, **kwargs)
+        if getattr(self, "optimizer", None) is None:
+            raise ValueError("compile the model (with an optimizer) before fit: "
+                             "model.compile(optimizer=..., loss=...)")
         if dataset.mode != "training":
             raise ValueError(f"fit() needs an ElasticDataset in 'training' mode; "
                              f"'{dataset.name}' is in '{dataset.mode}' mode.")

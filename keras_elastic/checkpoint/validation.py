@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_elastic.checkpoint.errors import ShardingCallbackError
+from keras_elastic.checkpoint.errors import CheckpointError, ShardingCallbackError
 from keras_elastic.checkpoint.slices import Box, first_overlap, parse_slice_spec
 
 ShardingCallback = tf.train.experimental.ShardingCallback
@@ -254,8 +254,54 @@ def validate_shards(
         if have != want:
             raise ShardingCallbackError(
                 key, RULE_REMOVED, description,
-                f"its slices hold {have} of its {want} elements")
+                f"its slices hold only {have} of its {want} elements")
     return layout
+
+
+def check_max_shard_size(policy: ShardingCallback,
+                         shardable_tensors: Sequence[ShardableTensor]) -> None:
+    """Rejects a `MaxShardSizePolicy` too small to split some tensor.
+
+    TensorFlow 2.21's `MaxShardSizePolicy` cuts a tensor into slices one index
+    thick along some axis; when even the thinnest such slice is larger than
+    `max_shard_size` (say a 64x64 float32 kernel, 256 bytes per row or column,
+    with `max_shard_size=200`) it loops forever, allocating empty shards.
+
+    Raises:
+        CheckpointError: Naming the tensor, its shape and the smallest
+            `max_shard_size` that works.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from keras_elastic.checkpoint.validation import check_max_shard_size
+
+    policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=1024)
+    check_max_shard_size(policy, [])
+    ```
+    """
+    if not isinstance(policy, tf.train.experimental.MaxShardSizePolicy):
+        return
+    limit = policy.max_shard_size
+    for st in shardable_tensors:
+        dtype = tf.as_dtype(st.dtype)
+        shape = tf.TensorShape(st.shape)
+        if (dtype in (tf.string, tf.variant) or not shape.is_fully_defined()
+                or shape.rank == 0):
+            continue
+        dims = shape.as_list()
+        total = shape.num_elements() * dtype.size
+        if total <= limit or 0 in dims:
+            continue
+        thinnest = min(total // d for d in dims)
+        if thinnest > limit:
+            raise CheckpointError(
+                f"MaxShardSizePolicy(max_shard_size={limit}) cannot split "
+                f"tensor '{st.checkpoint_key}' of shape {dims} ({dtype.name}): "
+                f"its thinnest slice is {thinnest} bytes, and TensorFlow's "
+                "policy would loop forever on it. Use max_shard_size >= "
+                f"{thinnest}.")
 
 
 class ValidatingShardingCallback(ShardingCallback):
@@ -316,6 +362,7 @@ class ValidatingShardingCallback(ShardingCallback):
 
     def __call__(self, shardable_tensors: Sequence[ShardableTensor]) -> list:
         try:
+            check_max_shard_size(self._callback, shardable_tensors)
             start = time.perf_counter()
             shards = self._callback(shardable_tensors)
             middle = time.perf_counter()

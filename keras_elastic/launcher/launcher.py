@@ -57,10 +57,12 @@ class LaunchConfig:
             raise ValueError(f"--num_workers must be at least 1, got {self.num_workers}")
         if self.num_ps < 1:
             raise ValueError(f"--num_ps must be at least 1, got {self.num_ps}")
-        lo, hi = self.bounds
-        if not lo <= self.num_workers <= hi:
-            raise ValueError(f"--num_workers={self.num_workers} must lie within "
-                             f"--min_workers={lo} and --max_workers={hi}")
+        if self.max_workers and self.max_workers < self.num_workers:
+            raise ValueError(f"--num_workers={self.num_workers} is more than "
+                             f"--max_workers={self.max_workers}")
+        if self.min_workers > self.num_workers:
+            raise ValueError(f"--min_workers={self.min_workers} is more than "
+                             f"--num_workers={self.num_workers}")
         if self.max_worker_restarts < 0:
             raise ValueError("--max_worker_restarts must be >= 0, got "
                              f"{self.max_worker_restarts}")
@@ -70,7 +72,7 @@ class LaunchConfig:
     @property
     def bounds(self) -> tuple[int, int]:
         return (self.min_workers or self.num_workers,
-                max(self.max_workers or self.num_workers, self.num_workers))
+                self.max_workers or self.num_workers)
 
 
 class Launcher:

@@ -1,0 +1,66 @@
+"""A worker program for the multi-process tests (run by `keras-elastic run`).
+
+Trains a small model on TFRecord shards; writes its pid to the job dir so a
+test can kill it, and (worker 0 or --all_write) its final weights and the
+parameter servers' status.
+"""
+
+import json
+import os
+import time
+
+import keras
+import numpy as np
+from absl import app, flags
+
+import keras_elastic as ke
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data", None, "TFRecord pattern.")
+flags.DEFINE_integer("epochs", 1, "Epochs.")
+flags.DEFINE_integer("batch_size", 32, "Batch size.")
+flags.DEFINE_integer("minibatches_per_task", 4, "Minibatches per task.")
+flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
+flags.DEFINE_string("output", None, "Where worker 0 writes weights (.npz).")
+flags.DEFINE_integer("exit_code", 0, "Exit with this code right away (crash tests).")
+
+
+def main(argv):
+    del argv
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tfrecord_data import dataset_fn
+
+    if FLAGS.exit_code:
+        print("crashing on purpose", flush=True)
+        os._exit(FLAGS.exit_code)
+    job_dir = os.environ.get("KERAS_ELASTIC_JOB_DIR")
+    cluster = ke.worker.get_cluster()
+    if job_dir:
+        with open(os.path.join(job_dir, f"pid-{cluster.worker_id}"), "w") as f:
+            f.write(str(os.getpid()))
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    outputs = keras.layers.Dense(2, activation="softmax")(h)
+    model = ke.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    callbacks = []
+    if FLAGS.sleep_per_batch:
+        callbacks.append(keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda b, logs: time.sleep(FLAGS.sleep_per_batch)))
+    model.fit(ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
+                                batch_size=FLAGS.batch_size,
+                                minibatches_per_task=FLAGS.minibatches_per_task),
+              epochs=FLAGS.epochs, verbose=2, callbacks=callbacks)
+    if FLAGS.output and cluster.worker_id == 0:
+        np.savez(FLAGS.output, *model.get_weights())
+        with open(FLAGS.output + ".ps.json", "w") as f:
+            json.dump(cluster.ps.call_all("Status", {}), f)
+
+
+if __name__ == "__main__":
+    app.run(main)

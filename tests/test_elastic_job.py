@@ -1,0 +1,163 @@
+"""Real multi-process jobs: launcher, master, parameter servers, workers.
+
+Everything runs as separate processes talking gRPC on 127.0.0.1.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import (
+    assert_exactly_once,
+    job_status,
+    launch,
+    read_ledger,
+    subprocess_env,
+    wait_for,
+)
+from tfrecord_data import make_arrays, parse, write_shards
+
+pytestmark = pytest.mark.multiprocess
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_script.py")
+
+
+def plain_keras_weights(files, epochs=1, batch_size=32):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+    model.compile(optimizer=keras.optimizers.SGD(0.05),
+                  loss="sparse_categorical_crossentropy")
+    model.fit(tf.data.TFRecordDataset(files).map(parse).batch(batch_size),
+              epochs=epochs, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_one_worker_equals_plain_keras_and_uses_every_ps(tmp_path, num_ps):
+    x, y = make_arrays(1024)
+    files = write_shards(str(tmp_path / "data"), x, y, num_shards=2)
+    out = str(tmp_path / "weights.npz")
+    result = launch(str(tmp_path / "job"), SCRIPT, "--num_workers=1",
+                    f"--num_ps={num_ps}",
+                    script_args=(f"--data={tmp_path}/data/train-*.tfrecord",
+                                 f"--output={out}"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    weights = np.load(out)
+    for i, expected in enumerate(plain_keras_weights(files)):
+        np.testing.assert_allclose(weights[f"arr_{i}"], expected, atol=1e-5)
+    with open(out + ".ps.json") as f:
+        ps_status = json.load(f)
+    assert [s["ps_index"] for s in ps_status] == list(range(num_ps))
+    assert all(s["variables"] for s in ps_status), ps_status  # every PS holds some
+    owned = sorted(v for s in ps_status for v in s["variables"])
+    assert len(owned) == 8 and len(set(owned)) == 8  # each variable on exactly one PS
+    assert "seconds per phase" in result.stdout and "push" in result.stdout
+
+
+def test_worker_killed_mid_epoch_is_relaunched_and_every_task_runs_once(tmp_path):
+    x, y = make_arrays(2048)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=2)
+    job_dir = str(tmp_path / "job")
+    proc = launch(job_dir, SCRIPT, "--num_workers=2", "--num_ps=1",
+                  "--max_worker_restarts=2",
+                  script_args=(f"--data={tmp_path}/data/train-*.tfrecord",
+                               "--epochs=2", "--batch_size=16",
+                               "--minibatches_per_task=4", "--sleep_per_batch=0.01"),
+                  background=True)
+    try:
+        def mid_first_epoch():
+            status = job_status(job_dir)
+            ds = status and status["datasets"].get("training")
+            return ds and ds["epoch"] == 0 and ds["done"] >= 3 and ds["doing"] >= 2
+        wait_for(mid_first_epoch, timeout=180, what="the first epoch to be under way")
+        pid = int(open(os.path.join(job_dir, "pid-1")).read())
+        os.kill(pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    summary = json.load(open(os.path.join(job_dir, "summary.json")))
+    assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1
+    assert summary["requeued"] >= 1  # the killed worker held tasks
+    ledger = read_ledger(job_dir)["training"]
+    assert_exactly_once(ledger, num_epochs=2, tasks_per_epoch=32)
+    # The requeued tasks were trained again (by worker 0 or the relaunched 2).
+    assert any(e["attempt"] > 0 for e in ledger)
+    assert {e["worker"] for e in ledger} <= {0, 1, 2}
+    assert "relaunched worker 1 as worker 2" in output
+
+
+def test_worker_joining_a_running_job_gets_tasks(tmp_path):
+    x, y = make_arrays(2048)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=2)
+    job_dir = str(tmp_path / "job")
+    # Slow batches, so the job is still running when the joining worker is up.
+    args = (f"--data={tmp_path}/data/train-*.tfrecord", "--epochs=3",
+            "--batch_size=16", "--minibatches_per_task=4", "--sleep_per_batch=0.05")
+    proc = launch(job_dir, SCRIPT, "--num_workers=1", "--max_workers=2",
+                  script_args=args, background=True)
+    try:
+        wait_for(lambda: (job_status(job_dir) or {}).get("tasks_done", 0) >= 2,
+                 timeout=180, what="the job to start")
+        joined = subprocess.run(
+            [sys.executable, "-m", "keras_elastic", "join", f"--job_dir={job_dir}", "--",
+             sys.executable, SCRIPT, *args], env=subprocess_env(), capture_output=True,
+            text=True, timeout=300)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert joined.returncode == 0, joined.stdout + joined.stderr
+    assert proc.returncode == 0, output
+    ledger = read_ledger(job_dir)["training"]
+    assert_exactly_once(ledger, num_epochs=3, tasks_per_epoch=32)
+    by_worker = {w: sum(e["worker"] == w for e in ledger) for w in (0, 1)}
+    assert by_worker[1] > 0, by_worker  # the joined worker (id 1) trained tasks
+    assert by_worker[0] > 0
+
+
+def test_worker_that_keeps_crashing_fails_the_job_with_the_cause(tmp_path):
+    x, y = make_arrays(64)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=1)
+    result = launch(str(tmp_path / "job"), SCRIPT, "--num_workers=1",
+                    "--max_worker_restarts=1",
+                    script_args=(f"--data={tmp_path}/data/*.tfrecord", "--exit_code=3"))
+    assert result.returncode == 1
+    assert "job FAILED: worker 1 exited with code 3 and the job has used all 1 worker " \
+           "restarts" in result.stderr
+    assert "crashing on purpose" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_workers=0"], "--num_workers must be at least 1, got 0"),
+    (["--num_workers=3", "--max_workers=2"], "--num_workers=3 is more than "
+     "--max_workers=2"),
+    (["--num_workers=1", "--min_workers=2"], "--min_workers=2 is more than "
+     "--num_workers=1"),
+    (["--num_ps=0"], "--num_ps must be at least 1, got 0"),
+    (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
+])
+def test_launcher_flag_errors(tmp_path, flags, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_elastic", "run", *flags, "--", "true"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_launcher_without_a_command(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "keras_elastic", "run"],
+                            env=subprocess_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "no worker command: put it after `--`" in result.stderr

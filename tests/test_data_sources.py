@@ -32,9 +32,11 @@ def test_index_is_cached_and_rebuilt_when_the_file_changes(tmp_path):
 
 
 def test_missing_file_and_empty_pattern_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no file matches '.*nothing-\*\.tfrecord'"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"no file matches '.*nothing-\*\.tfrecord'"):
         TFRecordSource(str(tmp_path / "nothing-*.tfrecord"))
-    with pytest.raises(FileNotFoundError, match=r"'.*absent\.tfrecord' \(file not found\)"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"'.*absent\.tfrecord' \(file not found\)"):
         TFRecordSource(str(tmp_path / "absent.tfrecord"))
 
 

@@ -102,7 +102,9 @@ def restore_model(model: keras.Model, path: str, *,
     """Restores a built Keras model (and its optimizer state) from a checkpoint.
 
     The optimizer is built first if needed (Keras 3 creates its slot variables
-    lazily), so momentum and other slots are restored too.
+    lazily), so momentum and other slots are restored too. A checkpoint
+    written with `save_weights_only=True` (it holds `weights`, the list
+    `model.weights`) restores the weights only.
 
     Args:
         model: A built `keras.Model`.
@@ -121,12 +123,16 @@ def restore_model(model: keras.Model, path: str, *,
 
     ```python
     import keras
+    import numpy as np
     import keras_elastic as ke
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
+    ke.checkpoint.save_trackables("/tmp/ckpts", "ckpt-0001",
+                                  {"model": model}, extra_manifest={"epoch": 1})
     info = ke.checkpoint.restore_model(model, "/tmp/ckpts")
-    model.fit(x, y, epochs=10, initial_epoch=info.initial_epoch)
+    x, y = np.ones((8, 4)), np.ones((8, 1))
+    model.fit(x, y, epochs=3, initial_epoch=info.initial_epoch, verbose=0)
     ```
     """
     if not model.built:
@@ -135,6 +141,9 @@ def restore_model(model: keras.Model, path: str, *,
             f"restore from {path}: call it on a batch or `model.build(...)` "
             "first")
     info = resolve(path)
+    if "model" not in info.trackables and "weights" in info.trackables:
+        # Written with save_weights_only=True: the model's weights, in order.
+        return restore_trackables(info.path, {"weights": list(model.weights)})
     trackables: dict[str, Any] = {"model": model}
     opt = getattr(model, "optimizer", None)
     if optimizer and opt is not None and "optimizer" in info.trackables:

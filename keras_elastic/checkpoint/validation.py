@@ -12,7 +12,7 @@ against the RFC's rules and only then hands them to TensorFlow.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -313,18 +313,18 @@ class ValidatingShardingCallback(ShardingCallback):
 
     Args:
         callback: Any `tf.train.experimental.ShardingCallback` instance.
-        fallback_on_error: If `True`, a failing callback or validation does not
-            raise inside TensorFlow: the error is kept in `.error` and the
-            tensors are laid out by `ShardByTaskPolicy` instead (used by
-            asynchronous saves, whose output is then discarded, so that
-            TensorFlow's async thread is not left holding the error).
+        after_call: Called (without arguments) after each call, whether the
+            callback and validation succeeded or not. By then the saver has
+            read every tensor it writes: an asynchronous writer uses this to
+            let training continue.
 
     Attributes:
         callback_seconds: Time spent in the wrapped callback.
         validation_seconds: Time spent validating its output.
         layout: For each shard written, its `(checkpoint_key, slice_spec)`
             pairs, in TensorFlow's shard order.
-        error: The exception caught when `fallback_on_error` is set.
+        error: The exception the callback or the validation raised, if any
+            (it is also raised to TensorFlow, which then writes nothing).
 
     Example:
 
@@ -342,10 +342,10 @@ class ValidatingShardingCallback(ShardingCallback):
     """
 
     def __init__(self, callback: ShardingCallback, *,
-                 fallback_on_error: bool = False) -> None:
+                 after_call: Callable[[], None] | None = None) -> None:
         check_sharding_callback(callback)
         self._callback = callback
-        self._fallback_on_error = fallback_on_error
+        self._after_call = after_call
         self.callback_seconds = 0.0
         self.validation_seconds = 0.0
         self.layout: list[list[tuple[str, str]]] = []
@@ -369,15 +369,15 @@ class ValidatingShardingCallback(ShardingCallback):
             layout = validate_shards(shards, shardable_tensors, self.description)
             self.callback_seconds += middle - start
             self.validation_seconds += time.perf_counter() - middle
-        except Exception as e:  # re-raised, or kept for the caller
-            if not self._fallback_on_error:
-                raise
+            self.layout.extend(layout)
+            return list(shards)
+        except BaseException as e:
             if self.error is None:
                 self.error = e
-            return list(tf.train.experimental.ShardByTaskPolicy()(
-                shardable_tensors))
-        self.layout.extend(layout)
-        return list(shards)
+            raise
+        finally:
+            if self._after_call is not None:
+                self._after_call()
 
 
 def check_sharding_callback(callback: Any) -> ShardingCallback:

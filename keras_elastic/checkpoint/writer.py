@@ -102,13 +102,15 @@ class CheckpointWriter:
             instance; default `tf.train.experimental.ShardByTaskPolicy()`.
         max_to_keep: Keep at most this many checkpoints in `directory`
             (oldest deleted first); `None` keeps all.
-        async_save: Write in TensorFlow's background thread
-            (`CheckpointOptions(enable_async=True)`): `save` returns once the
-            values are copied, and returns `None`; `wait()` returns the
-            `SaveInfo`. Every save of this writer is then asynchronous (never
-            mixed with synchronous ones on the same `tf.train.Checkpoint`).
-            The callback then sees TensorFlow's CPU copies of the variables
-            as `ShardableTensor.trackable`.
+        async_save: Write the files in a background thread. `save` returns
+            (`None`) once TensorFlow has read every variable and the shards
+            are validated; training may then change the variables (TensorFlow
+            copies a variable's buffer on write while a save still holds it).
+            `wait()` returns the `SaveInfo`; the next `save` waits for the
+            previous one. (TensorFlow's own `CheckpointOptions(enable_async=
+            True)` fails from the second save of a Keras 3 model on: Keras'
+            `Variable._copy_trackable_to_cpu` creates a `tf.Variable` inside
+            TensorFlow's copy `tf.function` every time.)
         prefix: TensorFlow's file prefix inside each checkpoint directory.
 
     Example:
@@ -161,6 +163,7 @@ class CheckpointWriter:
         self._prefix = prefix
         self._checkpoint = tf.train.Checkpoint(**trackables)
         self._pending: _Pending | None = None
+        self._thread: threading.Thread | None = None
         self._last_info: SaveInfo | None = None
         self._last_sequence = 0
         os.makedirs(self._directory, exist_ok=True)
@@ -198,13 +201,14 @@ class CheckpointWriter:
 
         Returns:
             The `SaveInfo` of the new checkpoint, or `None` if `async_save`
-            (see `wait()`).
+            (see `wait()` and `last_save_info`).
 
         Raises:
             ShardingCallbackError: If the sharding callback's shards break a
-                sharding rule (for an asynchronous save: from the next
-                `save()` or `wait()`).
-            CheckpointError: If `name` or `extra_manifest` is invalid.
+                sharding rule (also for asynchronous saves: validation is done
+                before `save` returns).
+            CheckpointError: If `name` or `extra_manifest` is invalid, or the
+                previous asynchronous save failed.
         """
         layout.check_name(name)
         fields, free = _split_extra(extra_manifest)
@@ -214,37 +218,44 @@ class CheckpointWriter:
         self._last_sequence = sequence
         temp_dir = layout.temp_dir_for(self._directory, name)
         os.makedirs(temp_dir)
+        read_done = threading.Event()
+
+        def after_call() -> None:
+            # Inside a tf.function (several tasks) the callback runs while
+            # tracing, before any value is read: then wait for the write.
+            if tf.executing_eagerly():
+                read_done.set()
+
         pending = _Pending(
             name=name, temp_dir=temp_dir, sequence=sequence, created=time.time(),
             start=time.perf_counter(), fields=fields, free=free,
-            callback=ValidatingShardingCallback(
-                self._callback, fallback_on_error=self._async))
+            callback=ValidatingShardingCallback(self._callback,
+                                                after_call=after_call))
+        if not self._async:
+            self._write(pending)
+            if pending.error is not None:
+                raise pending.error
+            return pending.info
 
-        def finish_in_background(save_path: str) -> None:
-            del save_path
-            self._finish(pending)
+        def write_in_background() -> None:
+            try:
+                self._write(pending)
+            finally:
+                read_done.set()
 
-        options = tf.train.CheckpointOptions(
-            experimental_sharding_callback=pending.callback,
-            enable_async=self._async,
-            experimental_write_callbacks=(
-                [finish_in_background] if self._async else None))
-        try:
-            self._checkpoint.write(os.path.join(temp_dir, self._prefix),
-                                   options=options)
-        except BaseException:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise
-        if self._async:
-            self._pending = pending
-            return None
-        self._finish(pending)
-        if pending.error is not None:
-            raise pending.error
-        return pending.info
+        thread = threading.Thread(target=write_in_background, daemon=False,
+                                  name=f"keras_elastic-checkpoint-{name}")
+        self._pending, self._thread = pending, thread
+        thread.start()
+        # The saver reads every variable before it calls the sharding
+        # callback; once the callback ran, training may change them.
+        read_done.wait()
+        if pending.callback.error is not None:
+            self.wait()  # Raises the callback's error.
+        return None
 
     def wait(self) -> SaveInfo | None:
-        """Waits for an asynchronous save to finish.
+        """Waits for the pending asynchronous save to be complete.
 
         Returns:
             The `SaveInfo` of the last completed save (or `None`).
@@ -252,28 +263,35 @@ class CheckpointWriter:
         Raises:
             ShardingCallbackError: If the pending save's callback broke a rule
                 (nothing was committed).
-            CheckpointError: If TensorFlow failed to write it.
+            Exception: Whatever stopped the pending save from being written.
         """
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return self._last_info
-        self._checkpoint.sync()
-        if not pending.done.is_set():
-            shutil.rmtree(pending.temp_dir, ignore_errors=True)
-            raise CheckpointError(
-                f"Asynchronous save of checkpoint {pending.name!r} in "
-                f"{self._directory} failed while TensorFlow wrote it (see the "
-                "log; TensorFlow re-raises its error on the next save). "
-                "Nothing was committed.")
-        if pending.error is not None:
+        pending, thread = self._pending, self._thread
+        self._pending = self._thread = None
+        if thread is not None:
+            thread.join()
+        if pending is not None and pending.error is not None:
             raise pending.error
         return self._last_info
+
+    def _write(self, pending: _Pending) -> None:
+        """Writes the data, then completes the save. Errors go to `pending`."""
+        try:
+            self._checkpoint.write(
+                os.path.join(pending.temp_dir, self._prefix),
+                options=tf.train.CheckpointOptions(
+                    experimental_sharding_callback=pending.callback))
+        except BaseException as e:
+            shutil.rmtree(pending.temp_dir, ignore_errors=True)
+            pending.error = e
+            pending.done.set()
+            if not isinstance(e, Exception):
+                raise
+            return
+        self._finish(pending)
 
     def _finish(self, pending: _Pending) -> None:
         """Completes a written save: manifest, rename, prune. Never raises."""
         try:
-            if pending.callback.error is not None:
-                raise pending.callback.error
             prefix = os.path.join(pending.temp_dir, self._prefix)
             files = _shard_files(prefix)
             if not os.path.exists(prefix + ".index") or not files:

@@ -19,10 +19,20 @@ import grpc
 import numpy as np
 
 from keras_elastic.common import rpc
-from keras_elastic.common.tensor_codec import ChunkAssembler, encode
+from keras_elastic.common.tensor_codec import (
+    ChunkAssembler,
+    decode_all,
+    encode,
+    encode_all,
+)
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.partition import ps_for
 from keras_elastic.ps.servicer import ASSIGN_PREFIX
+
+# Pushes up to this size (gradients + values, each way) travel as one unary
+# message: a stream costs milliseconds more per call in gRPC Python. Replies carry
+# as many bytes as the pushed variables, so this also bounds the reply.
+SMALL_PUSH_BYTES = 16 << 20
 
 
 class PSClient:
@@ -44,6 +54,8 @@ class PSClient:
         self._pool = (futures.ThreadPoolExecutor(len(self.addresses), "ke-ps")
                       if len(self.addresses) > 1 else None)
         self.dropped_pushes = 0
+        # Bytes of the variables each server owns (bounds the size of a reply).
+        self._owned_bytes = [0] * len(self.addresses)
 
     @property
     def num_ps(self) -> int:
@@ -118,6 +130,8 @@ class PSClient:
             except grpc.RpcError as e:
                 raise self._error(i, "Pull", e) from None
             self.versions[i] = header.version
+            if since_version is None:
+                self._owned_bytes[i] = sum(v.nbytes for v in values.values())
             return values
 
         merged: dict[str, np.ndarray] = {}
@@ -137,6 +151,11 @@ class PSClient:
             assign_parts[self.owner(name)][name] = v
 
         def push_one(i: int) -> dict[str, np.ndarray]:
+            size = sum(g.nbytes for g in grad_parts[i].values()) + sum(
+                v.nbytes for v in assign_parts[i].values())
+            if max(size, self._owned_bytes[i]) <= SMALL_PUSH_BYTES:
+                return push_small(i)
+
             def requests():
                 yield ps_pb2.PushRequest(header=ps_pb2.PushHeader(
                     worker_id=self.worker_id, base_version=self.versions[i]))
@@ -155,6 +174,22 @@ class PSClient:
                 self.dropped_pushes += 1
             self.versions[i] = header.version
             return values
+
+        def push_small(i: int) -> dict[str, np.ndarray]:
+            tensors = list(encode_all(grad_parts[i].items(), chunk_bytes=1 << 62))
+            tensors += list(encode_all(((ASSIGN_PREFIX + n, v) for n, v in
+                                        assign_parts[i].items()), chunk_bytes=1 << 62))
+            try:
+                reply = self._stubs[i].PushSmall(ps_pb2.PushBundle(
+                    header=ps_pb2.PushHeader(worker_id=self.worker_id,
+                                             base_version=self.versions[i]),
+                    tensors=tensors), timeout=600)
+            except grpc.RpcError as e:
+                raise self._error(i, "Push", e) from None
+            if not reply.header.accepted:
+                self.dropped_pushes += 1
+            self.versions[i] = reply.header.version
+            return dict(decode_all(reply.tensors))
 
         targets = [i for i in range(self.num_ps) if grad_parts[i] or assign_parts[i]]
         merged: dict[str, np.ndarray] = {}

@@ -7,7 +7,11 @@ import json
 import grpc
 import numpy as np
 
-from keras_elastic.common.tensor_codec import ChunkAssembler, encode_all
+from keras_elastic.common.tensor_codec import (
+    ChunkAssembler,
+    decode_all,
+    encode_all,
+)
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.store import ParameterStore
 
@@ -58,6 +62,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def Push(self, request_iterator, context):
         header, tensors = self._read_stream(request_iterator)
+        accepted, version, values = self._push(header, tensors, context)
+        yield from self._model_stream(
+            ps_pb2.ModelHeader(version=version, accepted=accepted), values)
+
+    def PushSmall(self, request, context):
+        tensors = dict(decode_all(request.tensors))
+        accepted, version, values = self._push(request.header, tensors, context)
+        return ps_pb2.ModelBundle(
+            header=ps_pb2.ModelHeader(version=version, accepted=accepted),
+            tensors=list(encode_all(values.items(), chunk_bytes=1 << 62)))
+
+    def _push(self, header, tensors, context):
         grads = {n: v for n, v in tensors.items() if not n.startswith(ASSIGN_PREFIX)}
         assigns = {n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()
                    if n.startswith(ASSIGN_PREFIX)}
@@ -68,8 +84,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         except (KeyError, RuntimeError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parameter server {self.ps_index}: {e}")
-        yield from self._model_stream(
-            ps_pb2.ModelHeader(version=version, accepted=accepted), values)
+        return accepted, version, values
 
     def Pull(self, request, context):
         if not self.store.initialized:

@@ -71,18 +71,23 @@ class ParameterStore:
             if self.initialized:
                 self._check_same(values, trainable)
                 return False
-            for name, value in values.items():
-                self.variables[name] = keras.Variable(
-                    value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
-                    trainable=trainable[name])
-                self.trainable[name] = trainable[name]
-                self.updated_at[name] = 0
             try:
                 optimizer = keras.optimizers.deserialize(optimizer_config)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"the parameter server cannot build the optimizer "
                                  f"from its config {optimizer_config!r}: {e}") from e
-            optimizer.build([v for n, v in self.variables.items() if self.trainable[n]])
+            if not isinstance(optimizer, keras.optimizers.Optimizer):
+                raise ValueError(f"the parameter server cannot build the optimizer "
+                                 f"from its config {optimizer_config!r}: got "
+                                 f"{type(optimizer).__name__}")
+            variables = {
+                name: keras.Variable(value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
+                                     trainable=trainable[name])
+                for name, value in values.items()}
+            optimizer.build([v for n, v in variables.items() if trainable[n]])
+            self.variables = variables
+            self.trainable = dict(trainable)
+            self.updated_at = dict.fromkeys(variables, 0)
             self.optimizer = optimizer
             self.optimizer_config = optimizer_config
             return True

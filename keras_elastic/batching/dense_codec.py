@@ -1,0 +1,80 @@
+"""Checked batching of dense components whose static shape is not fully known.
+
+`Dataset.batch` fails on such components when two elements differ in shape,
+with a message that names the flattened component index only. This codec
+batches them with `padded_batch` together with each element's shape, and
+then checks per batch that all shapes agree, so the error names the
+component path, the batch positions and both shapes. For an unknown static
+rank the element travels flattened, so that elements of different ranks
+reach the check too.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_elastic.batching import checks
+from keras_elastic.batching.plan import Plan
+from keras_elastic.batching.structure import Path
+
+
+def _first_mismatch(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Whether all rows of `rows` equal its first, and the first that does not."""
+    same = tf.reduce_all(tf.equal(rows, rows[:1]),
+                         axis=list(range(1, rows.shape.rank)))
+    bad = tf.argmin(tf.cast(same, tf.int32), output_type=tf.int64)
+    return tf.reduce_all(same), bad
+
+
+def _check_same(values: tf.Tensor, shapes: tf.Tensor, path: Path, name: str,
+                what: str) -> tf.Operation:
+    ok, bad = _first_mismatch(values)
+    return checks.runtime_assert(
+        ok, path, name,
+        f"elements of one batch differ in {what}: the first element has shape",
+        shapes[0], "but the element at batch position", bad, "has shape",
+        shapes[bad], "(use padded() or ragged() for elements of varying shape)")
+
+
+def checked_dense_plan(spec: tf.TensorSpec, path: Path, name: str) -> Plan:
+    """`PADDED` plan that stacks dense elements and checks their shapes agree."""
+    shape = spec.shape
+    if shape.rank is not None:
+        rank = shape.rank
+
+        def encode(value: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"value": value,
+                    "shape": tf.shape(value, out_type=tf.int64)}
+
+        def decode(batched: dict[str, tf.Tensor]) -> tf.Tensor:
+            check = _check_same(batched["shape"], batched["shape"], path, name,
+                                "shape")
+            return checks.after([check], batched["value"])
+
+        return Plan(encode=encode, decode=decode,
+                    padded_shapes={"value": shape, "shape": [rank]},
+                    padding_values={"value": tf.zeros([], spec.dtype),
+                                    "shape": tf.constant(0, tf.int64)})
+
+    def encode_flat(value: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"flat": tf.reshape(value, [-1]),
+                "shape": tf.shape(value, out_type=tf.int64),
+                "rank": tf.rank(value, name=None)}
+
+    def decode_flat(batched: dict[str, tf.Tensor]) -> tf.Tensor:
+        shapes, ranks = batched["shape"], batched["rank"]
+        rank_ok = _check_same(ranks, shapes, path, name, "rank")
+        with tf.control_dependencies([rank_ok]):
+            shape_ok = _check_same(shapes, shapes, path, name, "shape")
+        first = shapes[0][:ranks[0]]
+        size = tf.reduce_prod(first)
+        with tf.control_dependencies([shape_ok]):
+            flat = batched["flat"][:, :size]
+        return tf.reshape(flat, tf.concat([tf.shape(flat, out_type=tf.int64)[:1],
+                                           first], 0))
+
+    return Plan(encode=encode_flat, decode=decode_flat,
+                padded_shapes={"flat": [None], "shape": [None], "rank": []},
+                padding_values={"flat": tf.zeros([], spec.dtype),
+                                "shape": tf.constant(-1, tf.int64),
+                                "rank": tf.constant(0, tf.int32)})

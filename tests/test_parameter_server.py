@@ -1,0 +1,112 @@
+"""Parameter servers over real gRPC: init, push/pull, optimizers, partitioning."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_elastic.ps import ParameterServer, PSClient, partition, ps_for
+from keras_elastic.ps.store import ParameterStore
+
+SGD = {"class_name": "SGD", "config": {"learning_rate": 0.5}}
+
+
+@pytest.fixture
+def servers(request):
+    count = getattr(request, "param", 1)
+    started = [ParameterServer(ps_index=i, num_ps=count) for i in range(count)]
+    yield started
+    for s in started:
+        s.stop(0)
+
+
+def test_init_is_idempotent_and_first_worker_wins(servers):
+    a = PSClient([s.address for s in servers], worker_id=0)
+    b = PSClient([s.address for s in servers], worker_id=1)
+    first = a.init({"w": (np.ones(3, np.float32), True)}, SGD)
+    second = b.init({"w": (np.full(3, 7, np.float32), True)}, SGD)
+    np.testing.assert_array_equal(first["w"], [1, 1, 1])
+    np.testing.assert_array_equal(second["w"], [1, 1, 1])  # not 7: already held
+
+
+def test_push_applies_sgd_and_returns_only_changed_values(servers):
+    c = PSClient([servers[0].address])
+    c.init({"w": (np.ones(2, np.float32), True), "b": (np.zeros(1, np.float32), True),
+            "bn": (np.zeros(2, np.float32), False)}, SGD)
+    new = c.push({"w": np.array([1, 2], np.float32)}, {"bn": np.array([3, 4], np.float32)})
+    np.testing.assert_allclose(new["w"], [0.5, 0.0])
+    np.testing.assert_allclose(new["bn"], [3, 4])
+    assert "b" not in new  # b got no gradient: unchanged since our version
+    assert c.pull(since_version=c.versions[0]) == {}
+    assert set(c.pull()) == {"w", "b", "bn"}
+
+
+def test_keras_optimizer_with_slots_matches_local_apply(servers):
+    config = keras.optimizers.serialize(keras.optimizers.Adam(0.01))
+    c = PSClient([servers[0].address])
+    w0 = np.linspace(-1, 1, 6).astype(np.float32).reshape(2, 3)
+    c.init({"w": (w0, True)}, config)
+    local = keras.Variable(w0)
+    opt = keras.optimizers.Adam(0.01)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        g = rng.normal(size=(2, 3)).astype(np.float32)
+        remote = c.push({"w": g}, {})["w"]
+        opt.apply([g], [local])
+    np.testing.assert_allclose(remote, local.numpy(), atol=1e-6)
+    slots = servers[0].store.optimizer_variables()
+    assert any("momentum" in v.path for v in slots)  # Adam's slots exist on the PS
+
+
+@pytest.mark.parametrize("servers", [2], indirect=True)
+def test_variables_are_partitioned_by_stable_hash(servers):
+    names = [f"{i:04d}/kernel" for i in range(8)]
+    c = PSClient([s.address for s in servers])
+    c.init({n: (np.full(2, i, np.float32), True) for i, n in enumerate(names)}, SGD)
+    held = [sorted(s.store.variables) for s in servers]
+    assert held == [sorted(p) for p in partition(names, 2)]
+    assert all(held), held  # both servers own variables
+    assert [ps_for(n, 2) for n in names] == [ps_for(n, 2) for n in names]
+    new = c.push({n: np.ones(2, np.float32) for n in names}, {})
+    assert sorted(new) == sorted(names)
+
+
+def test_large_model_is_streamed_in_chunks(servers):
+    # 200 MB of variables: above the unary limit, so it travels in 2 MiB chunks.
+    big = np.arange(50_000_000, dtype=np.float32).reshape(5000, 10000)
+    c = PSClient([servers[0].address])
+    values = c.init({"big": (big, True), "small": (np.ones(4, np.float32), True)}, SGD)
+    np.testing.assert_array_equal(values["big"], big)
+    grad = np.full_like(big, 2.0)
+    new = c.push({"big": grad}, {})
+    np.testing.assert_array_equal(new["big"][0, :3], big[0, :3] - 1.0)
+
+
+def test_grads_to_wait_averages_and_drops_stale_gradients():
+    store = ParameterStore(grads_to_wait=2, max_staleness=1)
+    store.init({"w": np.zeros(1, np.float32)}, {"w": True}, SGD)
+    assert store.push({"w": np.array([1.0], np.float32)}, {}, 0) == (True, 0)
+    assert store.push({"w": np.array([3.0], np.float32)}, {}, 0) == (True, 1)
+    np.testing.assert_allclose(store.values_since(-1)["w"], [-1.0])  # 0 - 0.5 * 2
+    store.push({"w": np.ones(1, np.float32)}, {}, 1)
+    store.push({"w": np.ones(1, np.float32)}, {}, 1)
+    store.push({"w": np.ones(1, np.float32)}, {}, 2)
+    store.push({"w": np.ones(1, np.float32)}, {}, 2)
+    assert store.version == 3
+    assert store.push({"w": np.ones(1, np.float32)}, {}, 0) == (False, 3)
+    assert store.dropped == 1
+
+
+def test_push_before_init_and_unknown_variables_are_errors(servers):
+    c = PSClient([servers[0].address])
+    with pytest.raises(ValueError, match="has not been initialized"):
+        c.push({"w": np.ones(1, np.float32)}, {})
+    c.init({"w": (np.ones(1, np.float32), True)}, SGD)
+    with pytest.raises(ValueError, match=r"does not own \['nope'\]"):
+        c.push({"nope": np.ones(1, np.float32)}, {})
+
+
+def test_bad_optimizer_config_is_named(servers):
+    c = PSClient([servers[0].address])
+    with pytest.raises(ValueError, match="cannot build the optimizer from its config"):
+        c.init({"w": (np.ones(1, np.float32), True)},
+               {"class_name": "NoSuchOptimizer", "config": {}})

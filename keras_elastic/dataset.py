@@ -67,7 +67,10 @@ class ElasticDataset:
         drop_remainder: drop a last partial batch.
         prefetch: batches to prefetch (default: autotune).
         index_dir: where TFRecord offset indexes are cached.
-        output_dir: prediction mode: where `predict` writes outputs.
+        output_dir: prediction mode: `predict` writes each task's outputs here
+            (`keras_elastic.prediction.read_predictions` reads them back).
+        output_writer: prediction mode: a `keras_elastic.prediction.
+            PredictionWriter` to use instead of the default NumPy files.
     """
 
     def __init__(self, data: Any, dataset_fn: Callable | None = None,
@@ -75,7 +78,8 @@ class ElasticDataset:
                  mode: str = "training", name: str | None = None,
                  shuffle: bool = False, seed: int = 0, batching: Any = None,
                  drop_remainder: bool = False, prefetch: int | None = None,
-                 index_dir: str | None = None, output_dir: str | None = None) -> None:
+                 index_dir: str | None = None, output_dir: str | None = None,
+                 output_writer: Any = None) -> None:
         if mode not in MODES:
             raise ValueError(f"ElasticDataset: mode must be one of {MODES}, got {mode!r}")
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -99,6 +103,10 @@ class ElasticDataset:
         self.drop_remainder = drop_remainder
         self.prefetch = prefetch
         self.output_dir = output_dir
+        self.output_writer = output_writer
+        if (output_dir or output_writer) and mode != "prediction":
+            raise ValueError("output_dir and output_writer only apply to "
+                             f"mode='prediction', not {mode!r}")
         self._element_spec = None
 
     @property
@@ -162,28 +170,50 @@ class ElasticDataset:
     @property
     def batched_spec(self) -> Any:
         """Spec of one batch as the model sees it (without the task tag)."""
-        return self.build(_no_tasks).element_spec[1]
+        return self.build(_no_tasks, per_task=self.mode != "training").element_spec[1]
 
-    def build(self, generator: Callable) -> tf.data.Dataset:
+    def build(self, generator: Callable, per_task: bool = False) -> tf.data.Dataset:
         """The tagged, batched pipeline over `generator` (yields `(seq, records)`).
 
-        Batches are `(seq_vector, user_batch)`.
+        Training (`per_task=False`): batches span tasks, elements stay in task
+        order, and each batch is `(seq_vector, user_batch)`. Evaluation and
+        prediction (`per_task=True`): a batch never spans tasks, so results can
+        be attributed to one task; each batch is `(seq, user_batch)`.
         """
         self.element_spec  # validate dataset_fn before anything runs  # noqa: B018
         tasks = tf.data.Dataset.from_generator(
             generator, output_signature=(tf.TensorSpec([], tf.int64),
                                          self.source.batched_spec()))
 
-        def per_task(seq, records):
-            elements = self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
-            return elements.map(lambda *e: (seq, e[0] if len(e) == 1 else e))
+        def records_of(records):
+            return self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
 
-        elements = tasks.flat_map(per_task)
-        if self.batching is None:
-            batched = elements.batch(self.batch_size, drop_remainder=self.drop_remainder)
+        if per_task:
+            def batches_of_task(seq, records):
+                batched = self._batch_untagged(records_of(records))
+                return batched.map(lambda *b: (seq, b[0] if len(b) == 1 else b))
+
+            batched = tasks.flat_map(batches_of_task)
         else:
-            batched = self._batch_tagged(elements)
+            def elements_of_task(seq, records):
+                return records_of(records).map(
+                    lambda *e: (seq, e[0] if len(e) == 1 else e))
+
+            elements = tasks.flat_map(elements_of_task)
+            if self.batching is None:
+                batched = elements.batch(self.batch_size,
+                                         drop_remainder=self.drop_remainder)
+            else:
+                batched = self._batch_tagged(elements)
         return batched.prefetch(self.prefetch or tf.data.AUTOTUNE)
+
+    def _batch_untagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
+        if self.batching is None:
+            return elements.batch(self.batch_size, drop_remainder=self.drop_remainder)
+        from keras_elastic import batching as ke_batching
+
+        return ke_batching.batch(elements, self.batch_size, components=self.batching,
+                                 drop_remainder=self.drop_remainder)
 
     def _batch_tagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
         if callable(self.batching) and not _is_components_spec(self.batching):

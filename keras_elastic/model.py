@@ -61,6 +61,10 @@ class _ElasticState:
         self.traced_tagged = None    # what the cached train function expects
         self.reporter: TaskReporter | None = None
         self.jit_compile = False
+        self.eval_step = None        # compiled test_step / predict_step
+        self.predict_step = None
+        self.eval_rounds: dict[str, int] = {}  # dataset -> next standalone round
+        self.training_dataset: str | None = None  # inside fit: its dataset name
 
 
 class ElasticTrainerMixin:
@@ -163,7 +167,7 @@ class ElasticTrainerMixin:
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
             callbacks=None, validation_split=0.0, validation_data=None, shuffle=True,
             class_weight=None, sample_weight=None, initial_epoch=0,
-            steps_per_epoch=None, **kwargs):
+            steps_per_epoch=None, validation_freq=1, **kwargs):
         dataset = self._ke_as_dataset(x, y, batch_size, sample_weight, shuffle)
         if dataset is None:
             logging.warning(
@@ -175,7 +179,8 @@ class ElasticTrainerMixin:
                 callbacks=callbacks, validation_split=validation_split,
                 validation_data=validation_data, shuffle=shuffle,
                 class_weight=class_weight, sample_weight=sample_weight,
-                initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, **kwargs)
+                initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+                validation_freq=validation_freq, **kwargs)
         if getattr(self, "optimizer", None) is None:
             raise ValueError("compile the model (with an optimizer) before fit: "
                              "model.compile(optimizer=..., loss=...)")
@@ -191,6 +196,14 @@ class ElasticTrainerMixin:
         if class_weight is not None:
             raise ValueError("class_weight is not supported with an ElasticDataset: "
                              "return sample weights from dataset_fn instead.")
+        elastic_validation = isinstance(validation_data, ElasticDataset)
+        if elastic_validation and validation_data.mode != "evaluation":
+            raise ValueError("validation_data must be an ElasticDataset in 'evaluation' "
+                             f"mode; '{validation_data.name}' is in "
+                             f"'{validation_data.mode}' mode.")
+        if elastic_validation and validation_data.name == dataset.name:
+            raise ValueError(f"the training and validation datasets are both named "
+                             f"'{dataset.name}': give them different names.")
         cluster = get_cluster()
         registered = cluster.master.register_dataset(dataset.registration(epochs))
         start_epoch = max(initial_epoch, registered.epoch)
@@ -199,7 +212,15 @@ class ElasticTrainerMixin:
                             cluster.timer, start_epoch=start_epoch,
                             shuffle_records=dataset.shuffle, seed=dataset.seed)
         tf_dataset = dataset.build(stream.generator)
-        reporter = TaskReporter(stream, self._ke.trained_seq, sync)
+        validate = None
+        if elastic_validation:
+            def validate(epoch: int) -> dict[str, float] | None:
+                if not _should_eval(epoch, validation_freq):
+                    return None
+                logs = self._ke_evaluate(validation_data, eval_round=epoch,
+                                         after=dataset.name)
+                return {f"val_{k}": v for k, v in logs.items()}
+        reporter = TaskReporter(stream, self._ke.trained_seq, sync, validate)
         self._ke.reporter = reporter
         self._ke_set_tagged(True)
         if start_epoch >= epochs:
@@ -209,7 +230,8 @@ class ElasticTrainerMixin:
                 history = super().fit(
                     tf_dataset, epochs=epochs, verbose=verbose,
                     callbacks=[reporter] + list(callbacks or []),
-                    validation_data=validation_data, initial_epoch=start_epoch,
+                    validation_data=None if elastic_validation else validation_data,
+                    validation_freq=validation_freq, initial_epoch=start_epoch,
                     shuffle=False,
                     **kwargs)
         except tf.errors.OpError as e:
@@ -221,6 +243,92 @@ class ElasticTrainerMixin:
             self._ke.reporter = None
         sync.pull()  # the newest model, including other workers' last updates
         return history
+
+
+    # -- evaluate ---------------------------------------------------------
+    def _ke_evaluate(self, dataset: ElasticDataset, eval_round: int | None = None,
+                     after: str = "", callbacks=None, verbose=0) -> dict[str, float]:
+        from keras_elastic.worker.evaluation import evaluate_elastic
+
+        if dataset.mode != "evaluation":
+            raise ValueError(f"evaluate() needs an ElasticDataset in 'evaluation' "
+                             f"mode; '{dataset.name}' is in '{dataset.mode}' mode.")
+        if getattr(self, "compiled", False) is False:
+            raise ValueError("compile the model (loss and metrics) before evaluate: "
+                             "model.compile(loss=..., metrics=[...])")
+        cluster = get_cluster()
+        request = dataset.registration(num_epochs=0)
+        request.after_dataset = after
+        registered = cluster.master.register_dataset(request)
+        state = self._ke
+        if eval_round is None:
+            eval_round = max(state.eval_rounds.get(dataset.name, 0), registered.epoch)
+            state.eval_rounds[dataset.name] = eval_round + 1
+        if after:
+            # Wait for the training epoch's end before pulling the model: every
+            # worker then evaluates the same weights.
+            cluster.master.wait_for_epoch(after, eval_round + 1)
+        self._ke_prepare(dataset)  # builds if needed; loads the newest model
+        stream = TaskStream(cluster.master, dataset.name, dataset.source, cluster.timer,
+                            start_epoch=eval_round)
+        with elastic_epochs():
+            return evaluate_elastic(self, dataset, stream, eval_round,
+                                    callbacks=callbacks, verbose=verbose)
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
+                 sample_weight=None, steps=None, callbacks=None, return_dict=False,
+                 **kwargs):
+        if not isinstance(x, ElasticDataset):
+            self._ke_set_tagged(False)
+            return super().evaluate(x, y, batch_size=batch_size, verbose=verbose,
+                                    sample_weight=sample_weight, steps=steps,
+                                    callbacks=callbacks, return_dict=return_dict,
+                                    **kwargs)
+        if steps is not None:
+            raise ValueError("steps cannot be set with an ElasticDataset: evaluation "
+                             "covers the whole dataset once.")
+        logs = self._ke_evaluate(x, callbacks=callbacks,
+                                 verbose=1 if verbose == "auto" else verbose)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    # -- predict ----------------------------------------------------------
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None,
+                **kwargs):
+        from keras_elastic.prediction.writer import NumpyWriter
+        from keras_elastic.worker.prediction import predict_elastic
+
+        if not isinstance(x, ElasticDataset):
+            self._ke_set_tagged(False)
+            return super().predict(x, batch_size=batch_size, verbose=verbose,
+                                   steps=steps, callbacks=callbacks, **kwargs)
+        if x.mode != "prediction":
+            raise ValueError(f"predict() needs an ElasticDataset in 'prediction' mode; "
+                             f"'{x.name}' is in '{x.mode}' mode.")
+        if steps is not None:
+            raise ValueError("steps cannot be set with an ElasticDataset")
+        cluster = get_cluster()
+        registered = cluster.master.register_dataset(x.registration(num_epochs=0))
+        state = self._ke
+        prediction_round = max(state.eval_rounds.get(x.name, 0), registered.epoch)
+        state.eval_rounds[x.name] = prediction_round + 1
+        self._ke_prepare(x)
+        writer = x.output_writer or (NumpyWriter(x.output_dir) if x.output_dir else None)
+        stream = TaskStream(cluster.master, x.name, x.source, cluster.timer,
+                            start_epoch=prediction_round)
+        stream.set_epoch(prediction_round)
+        with elastic_epochs():
+            return predict_elastic(self, x, stream, writer, keep=writer is None,
+                                   callbacks=callbacks,
+                                   verbose=1 if verbose == "auto" else verbose)
+
+
+def _should_eval(epoch: int, validation_freq) -> bool:
+    if isinstance(validation_freq, int):
+        return (epoch + 1) % validation_freq == 0
+    return epoch + 1 in validation_freq
 
 
 class Model(ElasticTrainerMixin, keras.Model):

@@ -52,7 +52,7 @@ def checked_dense_plan(spec: tf.TensorSpec, path: Path, name: str) -> Plan:
             return checks.after([check], batched["value"])
 
         return Plan(encode=encode, decode=decode,
-                    padded_shapes={"value": shape, "shape": [rank]},
+                    padded_shapes={"value": shape, "shape": tf.TensorShape([rank])},
                     padding_values={"value": tf.zeros([], spec.dtype),
                                     "shape": tf.constant(0, tf.int64)})
 
@@ -74,7 +74,9 @@ def checked_dense_plan(spec: tf.TensorSpec, path: Path, name: str) -> Plan:
                                            first], 0))
 
     return Plan(encode=encode_flat, decode=decode_flat,
-                padded_shapes={"flat": [None], "shape": [None], "rank": []},
+                padded_shapes={"flat": tf.TensorShape([None]),
+                               "shape": tf.TensorShape([None]),
+                               "rank": tf.TensorShape([])},
                 padding_values={"flat": tf.zeros([], spec.dtype),
                                 "shape": tf.constant(-1, tf.int64),
                                 "rank": tf.constant(0, tf.int32)})

@@ -69,8 +69,8 @@ def ragged_codec_plan(spec: tf.RaggedTensorSpec, path: Path, name: str) -> Plan:
                                                        validate=False)
 
     padded_shapes: dict[str, Any] = {
-        "nrows": [],
-        "lengths": tuple([None] for _ in range(ragged_rank)),
+        "nrows": tf.TensorShape([]),
+        "lengths": tuple(tf.TensorShape([None]) for _ in range(ragged_rank)),
         "flat": tf.TensorShape([None]).concatenate(inner),
     }
     padding_values: dict[str, Any] = {
@@ -79,7 +79,7 @@ def ragged_codec_plan(spec: tf.RaggedTensorSpec, path: Path, name: str) -> Plan:
         "flat": tf.zeros([], spec.dtype),
     }
     if check_inner:
-        padded_shapes["inner"] = [len(inner)]
+        padded_shapes["inner"] = tf.TensorShape([len(inner)])
         padding_values["inner"] = tf.constant(0, tf.int64)
     return Plan(encode=encode, decode=decode, padded_shapes=padded_shapes,
                 padding_values=padding_values)

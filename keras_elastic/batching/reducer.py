@@ -86,15 +86,20 @@ class CannedReducer(Reducer):
           The batch.
         """
         del key
+        return self.reduce_at(dataset, (), size)
+
+    def reduce_at(self, dataset: tf.data.Dataset, path: Path, size: Any = None) -> Any:
+        """`reduce`, for the component at `path` (named in error messages)."""
         spec = dataset.element_spec
         if children(spec) is not None:
             raise ValueError(
-                f"{self!r}.reduce() takes a dataset of single components, but "
-                f"its elements are a nest: {spec}. Reduce each component (for "
-                "example with ke.batching.batch(..., components=...)).")
+                f"{self!r} at component '{path_str(path)}' reduces datasets of "
+                f"single components, but these elements are a nest: {spec}. Give "
+                "each component its own reducer.")
+        self.check(spec, path)
         if size is None:
             size = _element_count(dataset)
-        batched = native.batch_leaves(dataset, [((), spec, self)],
+        batched = native.batch_leaves(dataset, [(path, spec, self)],
                                       batch_size=size, drop_remainder=False)
         return batched.get_single_element()
 

@@ -33,7 +33,7 @@ def fit_dense_shape(batched: tf.SparseTensor, target: list[int | None] | None,
         f"{checks.shape_str(target)}: the largest dense_shape in the batch is",
         largest)
     fixed = tf.stack([largest[i] if d is None else tf.constant(d, tf.int64)
-                      for i, d in enumerate(target)]) if target else largest
+                      for i, d in enumerate(target)])
     dense_shape = tf.concat([batched.dense_shape[:1], fixed], 0)
     indices, values, dense_shape = checks.after(
         [check], (batched.indices, batched.values, dense_shape))
@@ -91,8 +91,10 @@ def sparse_codec_plan(rank: int, dtype: tf.DType, target: list[int | None] | Non
 
     return Plan(
         encode=encode, decode=decode,
-        padded_shapes={"indices": [None, rank], "values": [None],
-                       "dense_shape": [rank], "nnz": []},
+        padded_shapes={"indices": tf.TensorShape([None, rank]),
+                       "values": tf.TensorShape([None]),
+                       "dense_shape": tf.TensorShape([rank]),
+                       "nnz": tf.TensorShape([])},
         padding_values={"indices": tf.constant(0, tf.int64),
                         "values": tf.zeros([], dtype),
                         "dense_shape": tf.constant(0, tf.int64),

@@ -125,6 +125,34 @@ class MasterClient:
             worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
             success=success, error=error, metric_states=metric_states or []))
 
+    def get_result(self, dataset: str, epoch: int) -> tuple[int, dict]:
+        """Blocks until round `epoch` of `dataset` is complete; returns
+        `(num_tasks, {state name: summed array})`."""
+        from keras_elastic.common.tensor_codec import decode_all
+
+        while True:
+            response = self._call("GetResult", master_pb2.GetResultRequest(
+                worker_id=self.worker_id, dataset=dataset, epoch=epoch))
+            if response.error:
+                raise JobFailedError(response.error)
+            if response.ready:
+                return response.num_tasks, dict(decode_all(response.states))
+
+    def wait_for_epoch(self, dataset: str, epoch: int, poll: float = 0.05) -> None:
+        """Blocks until `dataset` has reached `epoch` (or finished)."""
+        import time
+
+        while True:
+            status = self.status()
+            if status["error"]:
+                raise JobFailedError(status["error"])
+            ds = status["datasets"].get(dataset)
+            if ds is None:
+                raise ValueError(f"dataset '{dataset}' is not registered")
+            if ds["epoch"] >= epoch or ds["finished"]:
+                return
+            time.sleep(poll)
+
     def status(self, include_ledger: bool = False, timeout: float = 10.0) -> dict:
         response = self._call("GetStatus", master_pb2.StatusRequest(
             include_ledger=include_ledger), timeout=timeout)

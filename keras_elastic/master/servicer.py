@@ -9,6 +9,7 @@ import time
 import grpc
 from absl import logging
 
+from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.task_queue import (
     END_OF_EPOCH,
     WAIT,
@@ -142,7 +143,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             name=request.dataset, mode=request.mode,
             shards=tuple((s.name, s.num_records) for s in request.shards),
             records_per_task=request.records_per_task, num_epochs=request.num_epochs,
-            shuffle=request.shuffle, seed=request.seed)
+            shuffle=request.shuffle, seed=request.seed, after=request.after_dataset)
         with self._cond:
             existing = self._datasets.get(spec.name)
             if existing is None:
@@ -187,7 +188,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         kind=master_pb2.GetTaskResponse.JOB_FAILED,
                         error=f"worker {request.worker_id} is not part of the job "
                               "(presumed lost); restart it to rejoin")
-                decision = ds.next_task(request.worker_id, request.epoch, waiting)
+                if self._before_its_turn(ds, request.epoch):
+                    decision = WAIT
+                else:
+                    decision = ds.next_task(request.worker_id, request.epoch, waiting)
                 if decision == END_OF_EPOCH:
                     waiting.pop(request.worker_id, None)
                     self._cond.notify_all()  # other waiters may now end too
@@ -210,6 +214,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         kind=master_pb2.GetTaskResponse.WAIT)
                 self._cond.wait(remaining)
 
+    def _before_its_turn(self, ds: DatasetTasks, epoch: int) -> bool:
+        """Round `epoch` of an evaluation waits for that training epoch's end."""
+        if not ds.spec.after:
+            return False
+        train = self._datasets.get(ds.spec.after)
+        if train is None:
+            return True
+        return not train.finished and train.epoch <= epoch
+
     def ReportTask(self, request, context):
         with self._cond:
             ds = self._datasets.get(request.dataset)
@@ -218,7 +231,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                               f"dataset '{request.dataset}' is not registered")
             self._touch(request.worker_id)
             if request.success:
-                ds.report_done(request.worker_id, list(request.task_ids))
+                states = dict(decode_all(request.metric_states)) or None
+                ds.report_done(request.worker_id, list(request.task_ids), states)
             else:
                 for task_id in request.task_ids:
                     ds.report_failed(request.worker_id, task_id, request.error)
@@ -226,6 +240,29 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     logging.error("%s", ds.error)
             self._cond.notify_all()
             return master_pb2.ReportTaskResponse()
+
+    def GetResult(self, request, context):
+        """Summed states of a complete round; long-polls while it runs."""
+        deadline = time.time() + LONG_POLL_SECONDS
+        with self._cond:
+            ds = self._datasets.get(request.dataset)
+            if ds is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"dataset '{request.dataset}' is not registered")
+            while True:
+                self._touch(request.worker_id)
+                error = self._error or ds.error
+                if error:
+                    return master_pb2.GetResultResponse(error=error)
+                if request.epoch in ds.results:
+                    num_tasks, sums = ds.results[request.epoch]
+                    return master_pb2.GetResultResponse(
+                        ready=True, num_tasks=num_tasks,
+                        states=list(encode_all(sums.items())))
+                remaining = deadline - time.time()
+                if remaining <= 0 or self._stop.is_set() or not context.is_active():
+                    return master_pb2.GetResultResponse(ready=False)
+                self._cond.wait(remaining)
 
     # -- status -----------------------------------------------------------
     def status(self, include_ledger: bool = False) -> dict:

@@ -25,6 +25,8 @@ import dataclasses
 import random
 from collections import deque
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -52,10 +54,12 @@ class DatasetSpec:
     num_epochs: int  # 0: unbounded
     shuffle: bool = False
     seed: int = 0
+    after: str = ""  # round e waits for epoch e of this dataset
 
     def mismatch(self, other: DatasetSpec) -> str | None:
         """Describes how `other` differs from this spec, or None."""
-        for field in ("mode", "records_per_task", "num_epochs", "shuffle", "seed"):
+        for field in ("mode", "records_per_task", "num_epochs", "shuffle", "seed",
+                      "after"):
             mine, theirs = getattr(self, field), getattr(other, field)
             if mine != theirs:
                 return f"{field} is {theirs!r} on this worker but {mine!r} in the job"
@@ -112,6 +116,10 @@ class DatasetTasks:
         self.requeued = 0
         self.late_reports = 0
         self.error: str | None = None
+        # Evaluation: per epoch (round), the element-wise sum of the metric
+        # states reported with its tasks, and how many tasks reported.
+        self.sums: dict[int, dict[str, np.ndarray]] = {}
+        self.results: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._start_epoch(0)
 
     # -- epochs -----------------------------------------------------------
@@ -130,9 +138,20 @@ class DatasetTasks:
 
     def _maybe_complete_epoch(self) -> bool:
         if not self.finished and not self.todo and not self.doing:
+            self.results[self.epoch] = (len(self.done), self.sums.pop(self.epoch, {}))
             self._start_epoch(self.epoch + 1)
             return True
         return False
+
+    @property
+    def untouched(self) -> bool:
+        """No task of the current epoch was handed out yet."""
+        return not self.doing and not self.done and len(self.todo) == len(self.tasks)
+
+    def skip_to(self, epoch: int) -> None:
+        """Evaluation rounds need not be consecutive (validation_freq)."""
+        if epoch > self.epoch and self.untouched:
+            self._start_epoch(epoch)
 
     def restore_progress(self, epoch: int, done_task_ids: set[int]) -> None:
         """Starts at `epoch` with `done_task_ids` already done (resume)."""
@@ -151,6 +170,8 @@ class DatasetTasks:
         """
         if epoch < self.epoch or self.finished:
             return END_OF_EPOCH
+        if epoch > self.epoch and self.spec.num_epochs == 0:
+            self.skip_to(epoch)
         if epoch > self.epoch:
             # The worker's stream for the current epoch ended early and the epoch
             # is not complete: it may only take requeued tasks of that epoch.
@@ -174,8 +195,13 @@ class DatasetTasks:
         return task, self.epoch, attempt
 
     # -- reports ----------------------------------------------------------
-    def report_done(self, worker: int, task_ids: list[int]) -> list[int]:
-        """Marks tasks done; returns those accepted (owned by `worker`)."""
+    def report_done(self, worker: int, task_ids: list[int],
+                    states: dict[str, np.ndarray] | None = None) -> list[int]:
+        """Marks tasks done; returns those accepted (owned by `worker`).
+
+        `states` (evaluation) are the metric states of these tasks: added to the
+        epoch's sums only if the report is accepted, so a task counts once.
+        """
         accepted = []
         for task_id in task_ids:
             flight = self.doing.get(task_id)
@@ -189,6 +215,10 @@ class DatasetTasks:
                 "attempt": flight.attempt, "shard": flight.task.shard,
                 "start": flight.task.start, "end": flight.task.end})
             accepted.append(task_id)
+        if accepted and states:
+            sums = self.sums.setdefault(self.epoch, {})
+            for name, value in states.items():
+                sums[name] = sums[name] + value if name in sums else value.copy()
         self._maybe_complete_epoch()
         return accepted
 

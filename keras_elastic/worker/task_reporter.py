@@ -15,10 +15,12 @@ from keras_elastic.worker.task_stream import TaskStream
 
 
 class TaskReporter(keras.callbacks.Callback):
-    def __init__(self, stream: TaskStream, trained_seq, sync=None) -> None:
+    def __init__(self, stream: TaskStream, trained_seq, sync=None,
+                 validate=None) -> None:
         super().__init__()
         self.stream = stream
         self._sync = sync
+        self._validate = validate  # epoch -> val_* logs (elastic validation)
         self._trained_seq = trained_seq  # tf.Variable set by the train step
         self._batch_start = 0.0
         self._last_seq = -1
@@ -44,3 +46,9 @@ class TaskReporter(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.finish_epoch()
+        if self._validate is not None and not self.model.stop_training:
+            # First callback of the list: later ones (History, EarlyStopping,
+            # ModelCheckpoint, the progress bar) see the val_* entries.
+            val_logs = self._validate(epoch)
+            if val_logs and logs is not None:
+                logs.update(val_logs)

@@ -40,7 +40,7 @@ class TaskStream:
         self.shuffle_records = shuffle_records
         self.seed = seed
         self._lock = threading.Lock()
-        self._outstanding: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._outstanding: collections.OrderedDict = collections.OrderedDict()  # seq->Task
         self._next_seq = 0
         self._exhausted = False
         self.error: BaseException | None = None
@@ -87,7 +87,7 @@ class TaskStream:
                 with self._lock:
                     seq = self._next_seq
                     self._next_seq += 1
-                    self._outstanding[seq] = task.task_id
+                    self._outstanding[seq] = task
                 self.records_read += task.end - task.start
                 self.timer.add("get_batch", time.perf_counter() - start)
                 yield np.int64(seq), records
@@ -109,15 +109,44 @@ class TaskStream:
     def _report(self, is_done) -> None:
         with self._lock:
             done = [s for s in self._outstanding if is_done(s)]
-            task_ids = [self._outstanding.pop(s) for s in done]
+            task_ids = [self._outstanding.pop(s).task_id for s in done]
         if task_ids:
             self.master.report_tasks(self.dataset, task_ids, success=True)
             self.tasks_done += len(task_ids)
 
+    def report_one(self, seq: int, metric_states=None) -> None:
+        """Reports the task of `seq` done, with its metric states (evaluation)."""
+        with self._lock:
+            task = self._outstanding.pop(seq, None)
+        if task is not None:
+            self.master.report_tasks(self.dataset, [task.task_id], success=True,
+                                     metric_states=metric_states)
+            self.tasks_done += 1
+
+    def report_through(self, before: int | None) -> None:
+        """Reports every task with `seq < before` (None: all, if exhausted)."""
+        if before is None:
+            self.finish_epoch()
+        else:
+            self.mark_trained(before)
+
+    def pending(self, before: int | None) -> list:
+        """`(seq, Task)` not yet reported with `seq < before`; `before=None`: all
+        of them once the stream is exhausted (else none)."""
+        with self._lock:
+            if before is None:
+                return list(self._outstanding.items()) if self._exhausted else []
+            return [(s, t) for s, t in self._outstanding.items() if s < before]
+
+    def task_of(self, seq: int):
+        """The master's `Task` behind `seq` (None once reported)."""
+        with self._lock:
+            return self._outstanding.get(seq)
+
     def abandon(self) -> list[int]:
         """Forgets tasks fetched but not trained (the master requeues them)."""
         with self._lock:
-            task_ids = list(self._outstanding.values())
+            task_ids = [t.task_id for t in self._outstanding.values()]
             self._outstanding.clear()
         return task_ids
 

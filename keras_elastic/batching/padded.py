@@ -1,0 +1,196 @@
+"""`padded()`: pad components of different shapes to one shape.
+
+Dense components go through `Dataset.padded_batch` unchanged. Ragged
+components go through `Dataset.batch` and become dense per batch
+(`RaggedTensor.to_tensor`). Sparse components are made dense per element.
+When `padded_shape` fixes a dimension whose size is not known statically,
+padding happens to the batch's largest size natively and then once per
+batch up to `padded_shape`, after checking that no element was larger (the
+check that needs no per-element work).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from keras_elastic.batching import checks
+from keras_elastic.batching.plan import (
+    BATCH,
+    Kind,
+    Plan,
+    kind_of,
+    last_unknown_axis,
+    ragged_passthrough,
+    unwrap_ragged,
+    wrap_as_ragged,
+)
+from keras_elastic.batching.reducer import CannedReducer
+from keras_elastic.batching.shapes import (
+    normalize_padded_shape,
+    padding_constant,
+    target_shape,
+)
+from keras_elastic.batching.sparse_codec import with_known_rank
+from keras_elastic.batching.structure import Path
+
+
+def _static_padded(target: list[int | None]) -> tf.TensorShape:
+    return tf.TensorShape([None] + list(target))
+
+
+def pad_batch(batched: tf.Tensor, target: list[int | None], value: tf.Tensor,
+              path: Path, name: str, check: bool) -> tf.Tensor:
+    """Pads a dense batch up to `[n] + target`, checking it is not larger."""
+    shape = tf.shape(batched, out_type=tf.int64)
+    deps = []
+    if check:
+        deps.append(checks.runtime_assert(
+            checks.fits(shape[1:], target), path, name,
+            f"an element is larger than padded_shape {checks.shape_str(target)}: "
+            "the largest element shape in the batch is", shape[1:]))
+    paddings = [tf.zeros([2], tf.int64)] + [
+        tf.zeros([2], tf.int64) if limit is None else
+        tf.stack([tf.constant(0, tf.int64), limit - shape[axis + 1]])
+        for axis, limit in enumerate(target)]
+    padded = tf.pad(checks.after(deps, batched), tf.stack(paddings),
+                    constant_values=value)
+    padded.set_shape(_static_padded(target))
+    return padded
+
+
+def ragged_to_padded(batched: tf.RaggedTensor, target: list[int | None],
+                     value: tf.Tensor, path: Path, name: str) -> tf.Tensor:
+    """A ragged batch as a dense batch `[n] + target` (None: the batch max)."""
+    largest = batched.bounding_shape(out_type=tf.int64)[1:]
+    check = checks.runtime_assert(
+        checks.fits(largest, target), path, name,
+        f"an element is larger than padded_shape {checks.shape_str(target)}: "
+        "the largest element shape in the batch is", largest)
+    batched = checks.after([check], batched)
+    return batched.to_tensor(default_value=value, shape=[None] + list(target))
+
+
+def padded_dense_plan(static: tf.TensorShape, target: list[int | None],
+                      value: tf.Tensor, path: Path, name: str, mode: str) -> Plan:
+    """Plan for a dense part of known rank padded to `target` (None: batch max)."""
+    dims = static.as_list()
+    if mode == BATCH:
+        if static.is_fully_defined():
+            if any(t is not None and t > d for d, t in zip(dims, target, strict=True)):
+                return Plan(decode=lambda b: pad_batch(b, target, value, path, name,
+                                                       check=False))
+            return Plan()
+        ragged_rank = last_unknown_axis(static) + 1
+        return Plan(
+            encode=lambda x: wrap_as_ragged(x, ragged_rank, tf.int64),
+            decode=lambda b: ragged_to_padded(unwrap_ragged(b), target, value,
+                                              path, name))
+    # PADDED: padded_batch pads to `target` wherever the element's size is
+    # known statically (so it fits); elsewhere to the batch max, then per batch.
+    native = [t if (d is not None or t is None) else None
+              for d, t in zip(dims, target, strict=True)]
+    later = any(t is not None and d is None for d, t in zip(dims, target, strict=True))
+    decode = (lambda b: pad_batch(b, target, value, path, name, check=True)) \
+        if later else None
+    return Plan(decode=decode, padded_shapes=tf.TensorShape(native),
+                padding_values=value)
+
+
+class Padded(CannedReducer):
+    """See `padded()`."""
+
+    def __init__(self, padded_shape: Any = None, padding_value: Any = None) -> None:
+        self.padded_shape = normalize_padded_shape(padded_shape, "padded()")
+        self.padding_value = padding_value
+
+    def __repr__(self) -> str:
+        return (f"padded(padded_shape={self.padded_shape!r}, "
+                f"padding_value={self.padding_value!r})")
+
+    def _rank_from_padded_shape(self, path: Path, what: str) -> int:
+        if self.padded_shape is None:
+            raise checks.build_error(
+                path, repr(self),
+                f"the component's {what} has unknown rank, so padded_shape must "
+                "be given (as for Dataset.padded_batch).")
+        return len(self.padded_shape)
+
+    def plan(self, spec: Any, path: Path, mode: str, mapped: bool) -> Plan:
+        self.check(spec, path)
+        name = repr(self)
+        value = padding_constant(self.padding_value, spec.dtype, path, name)
+        kind = kind_of(spec)
+        static = spec.shape
+        pre = None
+        if kind is Kind.DENSE and static.rank is None:
+            rank = self._rank_from_padded_shape(path, "shape")
+            static = tf.TensorShape([None] * rank)
+
+            def pre(x: tf.Tensor) -> tf.Tensor:
+                check = checks.check_rank(tf.shape(x, out_type=tf.int64), rank,
+                                          path, name, "shape")
+                return tf.ensure_shape(checks.after([check], x), [None] * rank)
+
+        elif kind is Kind.SPARSE:
+            to_rank = None
+            if static.rank is None:
+                rank = self._rank_from_padded_shape(path, "dense_shape")
+                static = tf.TensorShape([None] * rank)
+                to_rank = with_known_rank(rank, path, name)
+
+            def pre(x: tf.SparseTensor) -> tf.Tensor:
+                if to_rank is not None:
+                    x = to_rank(x)
+                return tf.sparse.to_dense(x)
+
+        elif kind is Kind.RAGGED:
+            target = target_shape(self.padded_shape, static, path, name)
+            if mode == BATCH:
+                return ragged_passthrough(spec, mapped).then(
+                    lambda b: ragged_to_padded(b, target, value, path, name))
+            if spec.ragged_rank > 0:
+                def pre(x: tf.RaggedTensor) -> tf.Tensor:
+                    return x.to_tensor(default_value=value)
+
+        target = target_shape(self.padded_shape, static, path, name)
+        plan = padded_dense_plan(static, target, value, path, name, mode)
+        return plan if pre is None else plan.before(pre)
+
+
+def padded(padded_shape: Any = None, padding_value: Any = None) -> Padded:
+    """Batches elements of different shapes by padding them to one shape.
+
+    Like `Dataset.padded_batch` for one component, and it also takes ragged
+    components (padded with `padding_value` inside and around each element)
+    and sparse components (made dense, 0 where no value is stored, then
+    padded with `padding_value`).
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import keras_elastic.batching as kb
+
+    ds = tf.data.Dataset.from_tensor_slices([[1], [2]])
+    kb.padded([2], 0).reduce(ds)                    # [[1, 0], [2, 0]]
+    tokens = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]]))
+    next(iter(kb.batch(tokens, 2, components=kb.padded([4], -1))))
+    # [[1, -1, -1, -1], [2, 3, -1, -1]]
+    ```
+
+    Args:
+      padded_shape: the shape of one padded element: ints and Nones (-1 also
+        means None); a None dimension pads to the largest element of the
+        batch. None pads every dimension to the batch's largest.
+      padding_value: the scalar to pad with; None means 0, False or `b""`,
+        as for `Dataset.padded_batch`.
+
+    Returns:
+      A canned reducer. An element larger than `padded_shape` raises
+      `tf.errors.InvalidArgumentError` naming the component and the sizes; a
+      `padded_shape` of the wrong rank raises ValueError when the batching
+      is built.
+    """
+    return Padded(padded_shape, padding_value)

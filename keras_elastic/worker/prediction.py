@@ -1,0 +1,80 @@
+"""Elastic prediction: each task's outputs written exactly once.
+
+The worker predicts batch by batch (batches never span tasks); when a task's
+batches are over, its outputs go to the `PredictionWriter` and only then is the
+task reported done. A worker lost before reporting leaves at most a part that
+the task's next run replaces.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_elastic.dataset import ElasticDataset
+from keras_elastic.prediction.writer import PredictionWriter, TaskRange
+from keras_elastic.worker.task_stream import TaskStream
+
+
+def _concat(outputs: list):
+    if not outputs:
+        return None
+    return tf.nest.map_structure(lambda *a: np.concatenate(a), *outputs)
+
+
+def predict_elastic(model: keras.Model, dataset: ElasticDataset, stream: TaskStream,
+                    writer: PredictionWriter | None, keep: bool, callbacks=None,
+                    verbose=0):
+    """Predicts this worker's tasks; returns its predictions if `keep`."""
+    state = model._ke
+    if state.predict_step is None:
+        state.predict_step = tf.function(model.predict_step,
+                                         jit_compile=state.jit_compile,
+                                         reduce_retracing=True)
+    callback_list = keras.callbacks.CallbackList(
+        callbacks, add_history=False, add_progbar=verbose != 0, model=model,
+        verbose=verbose, epochs=1, steps=None)
+    callback_list.on_predict_begin()
+    kept: list = []
+    current: int | None = None
+    outputs: list = []
+
+    def finish(before: int | None) -> None:
+        nonlocal current, outputs
+        if current is not None:
+            task = stream.task_of(current)
+            result = _concat(outputs)
+            if writer is not None and task is not None:
+                writer.write(TaskRange(task.task_id, task.shard, task.start, task.end),
+                             result)
+            if keep and result is not None:
+                kept.append(result)
+            stream.report_one(current)
+            current, outputs = None, []
+        # Tasks with no element left by dataset_fn: an empty part each.
+        for seq, task in stream.pending(before):
+            if writer is not None:
+                writer.write(TaskRange(task.task_id, task.shard, task.start, task.end),
+                             None)
+            stream.report_one(seq)
+
+    start = time.perf_counter()
+    step = 0
+    for seq, batch in dataset.build(stream.generator, per_task=True):
+        seq = int(seq)
+        if seq != current:
+            finish(before=seq)
+            current = seq
+        callback_list.on_predict_batch_begin(step)
+        out = state.predict_step(batch)
+        out = tf.nest.map_structure(lambda t: t.numpy(), out)
+        outputs.append(out)
+        callback_list.on_predict_batch_end(step, {"outputs": out})
+        step += 1
+    finish(before=None)
+    stream.timer.add("predict", time.perf_counter() - start)
+    callback_list.on_predict_end()
+    return _concat(kept) if keep else None

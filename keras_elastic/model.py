@@ -145,7 +145,13 @@ class ElasticTrainerMixin:
         metrics_unbuilt = (self._compile_metrics is not None
                            and not self._compile_metrics.built)
         loss_unbuilt = self._compile_loss is not None and not self._compile_loss.built
-        if unbuilt or metrics_unbuilt or loss_unbuilt:
+        if dataset.mode == "prediction":
+            if unbuilt:  # no labels: build the layers only
+                x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(
+                    dataset.batched_spec)
+                keras.src.backend.compute_output_spec(self, tf.nest.map_structure(
+                    lambda s: keras.KerasTensor(s.shape, s.dtype.name), x))
+        elif unbuilt or metrics_unbuilt or loss_unbuilt:
             # Build from the spec: Keras would otherwise take a batch from the
             # dataset, i.e. a task from the master, and drop it.
             self._symbolic_build(data_batch=dataset.batched_spec)

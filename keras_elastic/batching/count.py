@@ -50,9 +50,9 @@ class Count(CannedReducer):
                     padded_shapes=tf.TensorShape([0]),
                     padding_values=tf.constant(0, tf.int8))
 
-    def reduce(self, dataset: tf.data.Dataset, key: Any = 0, size: Any = None) -> Any:
+    def reduce_at(self, dataset: tf.data.Dataset, path: Path, size: Any = None) -> Any:
         """Counts the elements of a finite dataset (any element structure)."""
-        del key, size
+        del path, size
         known = dataset.cardinality()
         return tf.cond(
             known >= 0, lambda: known,

@@ -70,7 +70,8 @@ def choose(leaves: list[Leaf]) -> tuple[str, bool, list[Plan]]:
     return mode, mapped, plans
 
 
-def _set_batch_dim(value: Any, batch_size: int) -> Any:
+def set_batch_dim(value: Any, batch_size: int) -> Any:
+    """Sets the static batch size of a dense batch (for drop_remainder)."""
     if isinstance(value, tf.Tensor) and value.shape.rank:
         value.set_shape(tf.TensorShape([batch_size]).concatenate(value.shape[1:]))
     return value
@@ -124,7 +125,7 @@ def batch_leaves(dataset: tf.data.Dataset, leaves: list[Leaf], batch_size: Any,
             outs = [b if p.decode is None else p.decode(b)
                     for p, b in zip(plans, flat, strict=True)]
             if static_size is not None:
-                outs = [_set_batch_dim(o, static_size) for o in outs]
+                outs = [set_batch_dim(o, static_size) for o in outs]
             return tf.nest.pack_sequence_as(element_spec, outs)
 
         dataset = map_element(dataset, decode)

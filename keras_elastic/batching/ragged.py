@@ -77,7 +77,7 @@ class Ragged(CannedReducer):
             x, ragged_rank=last, row_splits_dtype=splits))
 
 
-def ragged() -> Ragged:
+def ragged(row_splits_dtype: tf.DType = tf.int64) -> Ragged:
     """Batches components into a `tf.RaggedTensor`, for elements of any shapes.
 
     Ragged elements are batched as `Dataset.batch` does (the batch has
@@ -97,7 +97,11 @@ def ragged() -> Ragged:
     # <tf.RaggedTensor [[], [0], [0, 1], [0, 1, 2]]>
     ```
 
+    Args:
+      row_splits_dtype: the row-splits dtype of ragged dimensions made from
+        dense elements (int64 or int32); ragged elements keep their own.
+
     Returns:
       A canned reducer for dense and ragged components.
     """
-    return Ragged()
+    return Ragged(row_splits_dtype)

@@ -30,7 +30,7 @@ from keras_elastic.worker.task_stream import TaskStream
 def metric_variables(model: keras.Model) -> list[tuple[str, keras.Variable]]:
     """`(key, variable)` of every metric state of `model`, summable or not."""
     out = []
-    for i, metric in enumerate(model.metrics):
+    for i, metric in enumerate(_leaf_metrics(model.metrics)):
         for j, variable in enumerate(metric.variables):
             aggregation = getattr(variable, "aggregation", "sum")
             if aggregation != "sum":
@@ -41,6 +41,20 @@ def metric_variables(model: keras.Model) -> list[tuple[str, keras.Variable]]:
                     "only right for additive states (aggregation='sum'). Compute this "
                     "metric from additive states, or evaluate it outside the cluster.")
             out.append((f"{i:03d}/{j:03d}/{variable.name}", variable))
+    return out
+
+
+def _leaf_metrics(metrics) -> list:
+    """Metrics with their containers (Keras' CompileMetrics) opened up, so that
+    errors name the user's metric."""
+    out = []
+    for metric in metrics:
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, (list, tuple)) and inner and all(
+                isinstance(m, keras.metrics.Metric) for m in inner):
+            out.extend(_leaf_metrics(inner))
+        else:
+            out.append(metric)
     return out
 
 

@@ -1,0 +1,56 @@
+"""Generalized tf.data batching with windows and reducers (`ke.batching`).
+
+The window + reducer design of the tf.data batching RFC: batch each
+component of a dataset's elements its own way, including padded batches of
+`tf.SparseTensor`s (which `Dataset.padded_batch` rejects) and your own
+batching logic as a reducer.
+
+```python
+import tensorflow as tf
+import keras_elastic.batching as kb
+
+ds = tf.data.Dataset.from_generator(
+    gen, output_signature={"tokens": tf.TensorSpec([None], tf.int32),
+                           "tags": tf.SparseTensorSpec([None, None], tf.int32),
+                           "label": tf.TensorSpec([], tf.int64)})
+batches = kb.batch(ds, 32, components={"tokens": kb.padded([128]),
+                                       "tags": kb.padded_sparse([128, None]),
+                                       "label": None})     # None: as Dataset.batch
+```
+
+- `batch(dataset, batch_size, components=None, drop_remainder=False)`, or the
+  same as a reusable spec, `Batching(batch_size, components, drop_remainder)`.
+- Canned reducers: `dense()`, `padded(padded_shape, padding_value)`,
+  `sparse()`, `padded_sparse(padded_shape)`, `ragged()`, `count()`. They
+  compile to one native `Dataset.batch`/`padded_batch` pass (no Python or
+  `tf.concat` loop per element); every canned reducer also reduces a whole
+  finite dataset with `.reduce(dataset)`.
+- `reducer(init_fn, reduce_fn, finalize_fn)`: your own logic, run over
+  windows made by `Dataset.window` (state may be any nest of tensors).
+- `window(dataset, size, shift=1, stride=1, drop_remainder=True)`: the RFC's
+  windowing.
+"""
+
+from keras_elastic.batching.batch import Batching, batch
+from keras_elastic.batching.count import count
+from keras_elastic.batching.dense import dense
+from keras_elastic.batching.padded import padded
+from keras_elastic.batching.ragged import ragged
+from keras_elastic.batching.reducer import CannedReducer, Reducer, reducer
+from keras_elastic.batching.sparse import padded_sparse, sparse
+from keras_elastic.batching.window import window
+
+__all__ = [
+    "Batching",
+    "CannedReducer",
+    "Reducer",
+    "batch",
+    "count",
+    "dense",
+    "padded",
+    "padded_sparse",
+    "ragged",
+    "reducer",
+    "sparse",
+    "window",
+]

@@ -265,10 +265,13 @@ class ElasticTrainerMixin:
         cluster = get_cluster()
         request = dataset.registration(num_epochs=0)
         request.after_dataset = after
-        registered = cluster.master.register_dataset(request)
+        cluster.master.register_dataset(request)
         state = self._ke
         if eval_round is None:
-            eval_round = max(state.eval_rounds.get(dataset.name, 0), registered.epoch)
+            # The k-th evaluate() of every worker process is round k: a worker
+            # relaunched (or joining) after round k ended gets its result at once
+            # instead of starting a round nobody else takes part in.
+            eval_round = state.eval_rounds.get(dataset.name, 0)
             state.eval_rounds[dataset.name] = eval_round + 1
         if after:
             # Wait for the training epoch's end before pulling the model: every
@@ -316,9 +319,9 @@ class ElasticTrainerMixin:
         if steps is not None:
             raise ValueError("steps cannot be set with an ElasticDataset")
         cluster = get_cluster()
-        registered = cluster.master.register_dataset(x.registration(num_epochs=0))
+        cluster.master.register_dataset(x.registration(num_epochs=0))
         state = self._ke
-        prediction_round = max(state.eval_rounds.get(x.name, 0), registered.epoch)
+        prediction_round = state.eval_rounds.get(x.name, 0)  # as in evaluate()
         state.eval_rounds[x.name] = prediction_round + 1
         self._ke_prepare(x)
         writer = x.output_writer or (NumpyWriter(x.output_dir) if x.output_dir else None)

@@ -20,7 +20,7 @@ def shape_str(shape: Any) -> str:
 
 def build_error(path: Path, reducer_name: str, message: str) -> ValueError:
     """A ValueError raised while building the pipeline, naming the component."""
-    return ValueError(f"{reducer_name} at component '{path_str(path)}': {message}")
+    return ValueError(f"{reducer_name} at component `{path_str(path)}`: {message}")
 
 
 def runtime_assert(condition: tf.Tensor, path: Path, reducer_name: str,
@@ -31,7 +31,7 @@ def runtime_assert(condition: tf.Tensor, path: Path, reducer_name: str,
     offending sizes) are printed in the error message.
     """
     return tf.debugging.Assert(
-        condition, [f"{reducer_name} at component '{path_str(path)}':", *data],
+        condition, [f"{reducer_name} at component `{path_str(path)}`:", *data],
         summarize=64)
 
 

@@ -36,7 +36,7 @@ class Dense(CannedReducer):
                 padded_shapes=spec.shape, padding_values=zero(spec.dtype))
         if mode == BATCH:
             raise Infeasible(
-                f"dense() at '{path_str(path)}' checks the shapes of its elements "
+                f"dense() at `{path_str(path)}` checks the shapes of its elements "
                 f"(its static shape is {spec_name(spec)}), which needs "
                 "Dataset.padded_batch")
         return checked_dense_plan(spec, path, repr(self))
@@ -90,5 +90,5 @@ class Default(CannedReducer):
         if kind is Kind.SPARSE and spec.shape.rank is not None:
             return sparse_codec_plan(spec.shape.rank, spec.dtype, None, path, name)
         raise Infeasible(
-            f"the component '{path_str(path)}' ({spec_name(spec)}) cannot go "
+            f"the component `{path_str(path)}` ({spec_name(spec)}) cannot go "
             "through Dataset.padded_batch")

@@ -26,12 +26,11 @@ def _first_mismatch(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.reduce_all(same), bad
 
 
-def _check_same(values: tf.Tensor, shapes: tf.Tensor, path: Path, name: str,
-                what: str) -> tf.Operation:
-    ok, bad = _first_mismatch(values)
+def _check_same_shape(shapes: tf.Tensor, path: Path, name: str) -> tf.Operation:
+    ok, bad = _first_mismatch(shapes)
     return checks.runtime_assert(
         ok, path, name,
-        f"elements of one batch differ in {what}: the first element has shape",
+        "elements of one batch differ in shape: the first element has shape",
         shapes[0], "but the element at batch position", bad, "has shape",
         shapes[bad], "(use padded() or ragged() for elements of varying shape)")
 
@@ -47,8 +46,7 @@ def checked_dense_plan(spec: tf.TensorSpec, path: Path, name: str) -> Plan:
                     "shape": tf.shape(value, out_type=tf.int64)}
 
         def decode(batched: dict[str, tf.Tensor]) -> tf.Tensor:
-            check = _check_same(batched["shape"], batched["shape"], path, name,
-                                "shape")
+            check = _check_same_shape(batched["shape"], path, name)
             return checks.after([check], batched["value"])
 
         return Plan(encode=encode, decode=decode,
@@ -63,9 +61,15 @@ def checked_dense_plan(spec: tf.TensorSpec, path: Path, name: str) -> Plan:
 
     def decode_flat(batched: dict[str, tf.Tensor]) -> tf.Tensor:
         shapes, ranks = batched["shape"], batched["rank"]
-        rank_ok = _check_same(ranks, shapes, path, name, "rank")
+        same_rank, bad = _first_mismatch(ranks)
+        rank_ok = checks.runtime_assert(
+            same_rank, path, name,
+            "elements of one batch differ in rank: the first element has rank",
+            ranks[0], "and shape", shapes[0][:ranks[0]],
+            "but the element at batch position", bad, "has rank", ranks[bad],
+            "and shape", shapes[bad][:ranks[bad]])
         with tf.control_dependencies([rank_ok]):
-            shape_ok = _check_same(shapes, shapes, path, name, "shape")
+            shape_ok = _check_same_shape(shapes, path, name)
         first = shapes[0][:ranks[0]]
         size = tf.reduce_prod(first)
         with tf.control_dependencies([shape_ok]):

@@ -52,7 +52,7 @@ class CannedReducer(Reducer):
         if kind_of(spec) not in self.accepts:
             takes = ", ".join(kind.value for kind in self.accepts)
             raise ValueError(
-                f"{self!r} at component '{path_str(path)}' takes a {takes}, but "
+                f"{self!r} at component `{path_str(path)}` takes a {takes}, but "
                 f"the component is a {spec_name(spec)}.")
 
     @abc.abstractmethod
@@ -93,7 +93,7 @@ class CannedReducer(Reducer):
         spec = dataset.element_spec
         if children(spec) is not None:
             raise ValueError(
-                f"{self!r} at component '{path_str(path)}' reduces datasets of "
+                f"{self!r} at component `{path_str(path)}` reduces datasets of "
                 f"single components, but these elements are a nest: {spec}. Give "
                 "each component its own reducer.")
         self.check(spec, path)

@@ -49,7 +49,7 @@ class PaddedSparse(CannedReducer):
             if self.padded_shape is None:
                 if mode != BATCH:
                     raise Infeasible(
-                        f"{name} at '{path_str(path)}' has a component of unknown "
+                        f"{name} at `{path_str(path)}` has a component of unknown "
                         "rank, which Dataset.padded_batch cannot take (give "
                         "padded_shape to fix the rank)")
                 if kind is Kind.DENSE:

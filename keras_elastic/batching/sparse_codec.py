@@ -46,9 +46,9 @@ def with_known_rank(rank: int, path: Path, name: str):
     def to_rank(value: tf.SparseTensor) -> tf.SparseTensor:
         check = checks.check_rank(value.dense_shape, rank, path, name,
                                   "dense_shape")
-        with tf.control_dependencies([check]):
-            dense_shape = tf.identity(value.dense_shape)
-        return tf.SparseTensor(tf.reshape(value.indices, [-1, rank]), value.values,
+        indices, values, dense_shape = checks.after(
+            [check], (value.indices, value.values, value.dense_shape))
+        return tf.SparseTensor(tf.reshape(indices, [-1, rank]), values,
                                tf.reshape(dense_shape, [rank]))
 
     return to_rank

@@ -107,13 +107,13 @@ def assign(components: Any, element_spec: Any, is_leaf) -> list[Assignment]:
                     "ke.batching.reducer(init_fn, reduce_fn, finalize_fn))"
                     if callable(comp) else "")
             raise TypeError(
-                f"components at '{path_str(path)}' must be a ke.batching reducer, "
+                f"components at `{path_str(path)}` must be a ke.batching reducer, "
                 f"None, or a nest of them, but got {comp!r}{hint}.")
         spec_kids = children(spec)
         if spec_kids is None:
             raise ValueError(
                 f"components does not match the element structure at "
-                f"'{path_str(path)}': components has {_kind_name(comp)} there but "
+                f"`{path_str(path)}`: components has {_kind_name(comp)} there but "
                 f"the element has a single component "
                 f"({type(spec).__name__}).")
         comp_is_map = isinstance(comp, collections.abc.Mapping)
@@ -123,7 +123,7 @@ def assign(components: Any, element_spec: Any, is_leaf) -> list[Assignment]:
         if comp_is_map != spec_is_map or comp_keys != spec_keys:
             raise ValueError(
                 f"components does not match the element structure at "
-                f"'{path_str(path)}': components has {_kind_name(comp)} but the "
+                f"`{path_str(path)}`: components has {_kind_name(comp)} but the "
                 f"element has {_kind_name(spec)}.")
         for (key, comp_child), (_, spec_child) in zip(comp_kids, spec_kids,
                                                       strict=True):

@@ -71,7 +71,7 @@ def batch_by_windows(dataset: tf.data.Dataset, units: list[tuple[Path, Any]],
                     result = reducer.reduce(part, key=index)
                 except (TypeError, ValueError) as error:
                     raise type(error)(
-                        f"{reducer!r} at component '{path_str(path)}' failed on "
+                        f"{reducer!r} at component `{path_str(path)}` failed on "
                         f"the window of its elements (element spec "
                         f"{part.element_spec}): {error}") from error
             results[path] = result

@@ -199,12 +199,14 @@ def remove_stale(directory: str) -> list[str]:
     return touched
 
 
-def commit(temp_dir: str, final_dir: str) -> None:
+def commit(temp_dir: str, final_dir: str, *, durable: bool = False) -> None:
     """Renames a fully written `temp_dir` to `final_dir`, replacing it.
 
     If `final_dir` exists it is first renamed to a hidden `.old-*` name (still
     listed as a checkpoint if the process dies right there), then deleted once
-    the new checkpoint is in place.
+    the new checkpoint is in place. `durable=True` first flushes every file of
+    `temp_dir` to disk and then the rename, so that a power loss cannot leave
+    a manifest beside missing data.
 
     Example:
 
@@ -216,13 +218,22 @@ def commit(temp_dir: str, final_dir: str) -> None:
     """
     directory = os.path.dirname(final_dir)
     name = os.path.basename(final_dir)
+    if durable:
+        for entry in os.listdir(temp_dir):
+            fd = os.open(os.path.join(temp_dir, entry), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(temp_dir)
     old = None
     if os.path.lexists(final_dir):
         old = os.path.join(directory,
                            f"{OLD_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
         os.rename(final_dir, old)
     os.rename(temp_dir, final_dir)
-    fsync_directory(directory)
+    if durable:
+        fsync_directory(directory)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -124,11 +124,13 @@ RESERVED_KEYS = frozenset(
     f.name for f in dataclasses.fields(SaveInfo)) | {"format", "version"}
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+def write_json_atomic(path: str, data: dict[str, Any], *,
+                      durable: bool = False) -> None:
     """Writes `data` as JSON to `path` atomically (temporary file + rename).
 
-    The file and its directory are flushed to disk before and after the
-    rename, so readers see either the old file, or the new one complete.
+    Readers see either the old file or the new one complete, also if the
+    writer is killed. With `durable=True` the file and its directory are also
+    flushed to disk (fsync), so this holds across a power loss too.
 
     Example:
 
@@ -144,18 +146,29 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    fsync_directory(directory)
+    if durable:
+        fsync_directory(directory)
 
 
 def fsync_directory(directory: str) -> None:
-    """Flushes a directory's entries (renames, new files) to disk."""
+    """Flushes a directory's entries (renames, new files) to disk.
+
+    Example:
+
+    ```python
+    from keras_elastic.checkpoint.manifest import fsync_directory
+
+    fsync_directory("/tmp")
+    ```
+    """
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -163,8 +176,11 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def write_manifest(directory: str, info: SaveInfo) -> None:
+def write_manifest(directory: str, info: SaveInfo, *,
+                   durable: bool = False) -> None:
     """Writes `info` as `directory/manifest.json`, atomically.
+
+    `durable=True` flushes it to disk (see `write_json_atomic`).
 
     Example:
 
@@ -177,7 +193,8 @@ def write_manifest(directory: str, info: SaveInfo) -> None:
         ke.checkpoint.write_manifest(info.path, info)
     ```
     """
-    write_json_atomic(os.path.join(directory, MANIFEST_NAME), info.to_json())
+    write_json_atomic(os.path.join(directory, MANIFEST_NAME), info.to_json(),
+                      durable=durable)
 
 
 def read_manifest(path: str) -> SaveInfo:

@@ -78,6 +78,38 @@ subcommand("run", "start master, parameter servers and workers on this machine")
     (_define_run, _main_run))
 
 
+# -- train / evaluate / predict (ElasticDL-style jobs) --------------------
+def _job_subcommand(job: str):
+    def define() -> None:
+        from keras_elastic.jobs.job_flags import define_job_flags
+
+        _define_run()
+        define_job_flags()
+
+    def main(command: list[str]) -> int:
+        from keras_elastic.jobs import job_flags
+
+        if command:
+            raise UsageError(f"`keras-elastic {job}` runs its own worker program; it "
+                             f"takes no command after `--` (got {command})")
+        try:
+            job_flags.validate(job)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return _main_run([sys.executable, "-m", "keras_elastic.jobs",
+                          *job_flags.worker_args(job)])
+
+    return define, main
+
+
+subcommand("train", "train a --model_def on --training_data (ElasticDL-style)")(
+    _job_subcommand("train"))
+subcommand("evaluate", "evaluate the latest checkpoint on --validation_data")(
+    _job_subcommand("evaluate"))
+subcommand("predict", "predict --prediction_data with the latest checkpoint")(
+    _job_subcommand("predict"))
+
+
 # -- join / scale / status -----------------------------------------------
 def _read_cluster(job_dir: str) -> dict:
     path = os.path.join(job_dir, "cluster.json")

@@ -9,13 +9,20 @@ batching logic as a reducer.
 import tensorflow as tf
 import keras_elastic.batching as kb
 
+def gen():
+    for n in range(1, 6):
+        yield {"tokens": list(range(n)),
+               "tags": tf.SparseTensor([[0, n - 1]], [n], [1, n]),
+               "label": n % 2}
+
 ds = tf.data.Dataset.from_generator(
     gen, output_signature={"tokens": tf.TensorSpec([None], tf.int32),
                            "tags": tf.SparseTensorSpec([None, None], tf.int32),
                            "label": tf.TensorSpec([], tf.int64)})
-batches = kb.batch(ds, 32, components={"tokens": kb.padded([128]),
-                                       "tags": kb.padded_sparse([128, None]),
-                                       "label": None})     # None: as Dataset.batch
+batches = kb.batch(ds, 2, components={"tokens": kb.padded([8]),
+                                      "tags": kb.padded_sparse([1, 8]),
+                                      "label": None})  # None: as Dataset.batch
+first = next(iter(batches))   # tokens [2, 8], tags dense_shape [2, 1, 8], label [2]
 ```
 
 - `batch(dataset, batch_size, components=None, drop_remainder=False)`, or the

@@ -24,7 +24,26 @@ from keras_elastic.batching.structure import Path, children, path_str
 
 
 class Reducer(abc.ABC):
-    """Base class of all reducers; use the factory functions to make them."""
+    """Base class of all reducers.
+
+    Make reducers with `reducer(...)` or the canned factories (`dense()`,
+    `padded()`, ...). Subclass it to write a reducer as a class: implement
+    `reduce(dataset, key)`; `ke.batching.batch` then hands it each batch's
+    window of its component.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import keras_elastic.batching as kb
+
+    class Last(kb.Reducer):
+        def reduce(self, dataset, key=0):
+            return dataset.reduce(tf.constant(-1, tf.int64), lambda s, v: v)
+
+    list(kb.batch(tf.data.Dataset.range(5), 2, components=Last()))  # [1, 3, 4]
+    ```
+    """
 
     @abc.abstractmethod
     def reduce(self, dataset: tf.data.Dataset, key: Any = 0) -> Any:
@@ -42,7 +61,24 @@ class Reducer(abc.ABC):
 
 
 class CannedReducer(Reducer):
-    """A reducer that compiles to a native tf.data batching op."""
+    """A reducer that compiles to a native tf.data batching op.
+
+    The canned reducers (`dense()`, `padded()`, `sparse()`,
+    `padded_sparse()`, `ragged()`, `count()`) are instances. In `batch()`
+    they are batched together in one native pass; on their own, `reduce`
+    batches a whole finite dataset (such as a window) into one batch.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import keras_elastic.batching as kb
+
+    ds = tf.data.Dataset.range(3).map(lambda i: tf.fill([i], i))
+    assert isinstance(kb.padded(), kb.CannedReducer)
+    kb.padded().reduce(ds)   # [[0, 0], [1, 0], [2, 2]]
+    ```
+    """
 
     #: The kinds of component (dense, sparse, ragged) the reducer accepts.
     accepts: tuple[Kind, ...] = (Kind.DENSE, Kind.SPARSE, Kind.RAGGED)

@@ -8,6 +8,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.errors import CheckpointError
@@ -97,8 +98,7 @@ def restore_trackables(
     return info
 
 
-def restore_model(model: keras.Model, path: str, *,
-                  optimizer: bool = True) -> SaveInfo:
+def restore_model(model: keras.Model, path: str) -> SaveInfo:
     """Restores a built Keras model (and its optimizer state) from a checkpoint.
 
     The optimizer is built first if needed (Keras 3 creates its slot variables
@@ -109,15 +109,16 @@ def restore_model(model: keras.Model, path: str, *,
     Args:
         model: A built `keras.Model`.
         path: A checkpoint directory, or a checkpoints directory (latest).
-        optimizer: Also restore `model.optimizer` when the checkpoint has it.
 
     Returns:
         The restored checkpoint's `SaveInfo` (`.initial_epoch` says where to
         resume `fit`).
 
     Raises:
-        CheckpointError: If the model is not built, there is no checkpoint or
-            it does not match the model.
+        CheckpointError: If the model is not built, there is no checkpoint, or
+            it lacks some of the model's weights or has other shapes. (Missing
+            optimizer variables only log a warning: e.g. a checkpoint saved
+            before the first training step has no slots yet.)
 
     Example:
 
@@ -144,13 +145,36 @@ def restore_model(model: keras.Model, path: str, *,
     if "model" not in info.trackables and "weights" in info.trackables:
         # Written with save_weights_only=True: the model's weights, in order.
         return restore_trackables(info.path, {"weights": list(model.weights)})
+    if "model" not in info.trackables:
+        raise CheckpointError(
+            f"Checkpoint {info.path} holds {info.trackables}, no 'model' or "
+            "'weights' to restore a Keras model from")
     trackables: dict[str, Any] = {"model": model}
     opt = getattr(model, "optimizer", None)
-    if optimizer and opt is not None and "optimizer" in info.trackables:
-        if not opt.built:
+    if opt is not None:
+        if not opt.built:  # Keras 3 creates the slot variables lazily.
             opt.build(model.trainable_variables)
-        trackables["optimizer"] = opt
-    return restore_trackables(info.path, trackables)
+        if "optimizer" in info.trackables:
+            trackables["optimizer"] = opt
+    matched = tf.train.CheckpointView(info.tf_prefix).match(
+        tf.train.Checkpoint(**trackables))
+    found = {id(t) for t in matched.values()}
+    missing = [w.path for w in model.weights if id(w) not in found]
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint {info.path} does not match model {model.name!r}: it "
+            f"has no value for {len(missing)} of its {len(model.weights)} "
+            f"weights, e.g. {missing[:5]}")
+    restore_trackables(info.path, trackables, allow_partial=True)
+    if opt is not None:
+        fresh = [v.path for v in opt.variables if id(v) not in found]
+        if fresh:
+            # E.g. saved before the optimizer had slots, or another optimizer.
+            logging.warning(
+                "Checkpoint %s has no value for %d optimizer variables (%s); "
+                "they keep their current values", info.path, len(fresh),
+                fresh[:5])
+    return info
 
 
 def initial_epoch(directory: str) -> int:

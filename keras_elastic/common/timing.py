@@ -15,6 +15,8 @@ PHASE_HELP = {
     "compute": "forward + backward pass",
     "pull": "decode + assign new model values",
     "push": "send gradients, PS applies, reply arrives",
+    "evaluate": "evaluation, including waits for the epoch's end and the round",
+    "predict": "prediction, including writing outputs",
 }
 
 

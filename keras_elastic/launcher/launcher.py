@@ -126,6 +126,7 @@ class Launcher:
         worker_id = self.next_worker_id
         self.next_worker_id += 1
         env = dict(os.environ)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
         env.update(cluster_env.to_env(self.master_address, self.ps_addresses, worker_id,
                                       self.job_dir))
         self.workers[worker_id] = ManagedProcess(
@@ -204,10 +205,11 @@ class Launcher:
     def _progress(self, status: dict) -> str:
         parts = []
         for name, ds in status["datasets"].items():
-            epochs = ds["num_epochs"] or "?"
-            epoch = min(ds["epoch"] + 1, ds["num_epochs"]) if ds["num_epochs"] else (
-                ds["epoch"] + 1)
-            parts.append(f"{name}: epoch {epoch}/{epochs}, tasks {ds['done']}/"
+            if ds["num_epochs"]:
+                where = f"epoch {min(ds['epoch'] + 1, ds['num_epochs'])}/{ds['num_epochs']}"
+            else:  # evaluation / prediction: rounds
+                where = f"round {ds['epoch']}"
+            parts.append(f"{name}: {where}, tasks {ds['done']}/"
                          f"{ds['tasks_per_epoch']} done, {ds['doing']} doing")
         workers = status["workers"]
         parts.append(f"workers {len(workers['alive'])} alive, {workers['lost']} lost")
@@ -283,8 +285,9 @@ class Launcher:
                      f"lost {summary['workers_lost']}, restarts "
                      f"{summary['worker_restarts']}")
         for name, ds in summary["datasets"].items():
+            unit = "epoch(s)" if ds["num_epochs"] else "round(s)"
             lines.append(f"[launcher] dataset '{name}' ({ds['mode']}): "
-                         f"{ds['tasks_done_total']} tasks over {ds['epoch']} epoch(s) of "
+                         f"{ds['tasks_done_total']} tasks over {ds['epoch']} {unit} of "
                          f"{ds['tasks_per_epoch']} tasks")
         if summary["timings"]:
             lines.append("[launcher] seconds per phase, summed over workers:")

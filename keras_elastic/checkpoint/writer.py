@@ -187,7 +187,7 @@ class CheckpointWriter:
 
     @property
     def async_save(self) -> bool:
-        """Whether saves are written by TensorFlow's background thread."""
+        """Whether saves are written by a background thread."""
         return self._async
 
     @property

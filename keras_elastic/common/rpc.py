@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
 from concurrent import futures
 
 import grpc
@@ -41,3 +45,23 @@ def wait_ready(channel: grpc.Channel, address: str, what: str,
         raise ConnectionError(
             f"cannot reach the {what} at {address} within {timeout:.0f} s: is it "
             "running, and is the address right?") from e
+
+
+def write_ready_file(path: str, info: dict) -> None:
+    """Writes `info` as JSON to `path` atomically (the launcher polls for it)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+def serve_until_signal(server, ready_file: str | None) -> None:
+    """Announces `server.address` in `ready_file`, serves until SIGTERM/SIGINT,
+    then stops `server` (a service process's main loop)."""
+    if ready_file:
+        write_ready_file(ready_file, {"address": server.address, "pid": os.getpid()})
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    done.wait()
+    server.stop(grace=1.0)

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -105,3 +106,20 @@ def decode_all(chunks: Iterable[tensor_pb2.TensorChunk]) -> Iterator[
         if done is not None:
             yield done
     assembler.check_complete()
+
+
+def read_stream(messages) -> tuple[Any, dict[str, np.ndarray]]:
+    """Splits a stream of `{header | chunk}` messages (the services' stream
+    types) into its header and its complete tensors."""
+    header = None
+    tensors: dict[str, np.ndarray] = {}
+    assembler = ChunkAssembler()
+    for message in messages:
+        if message.HasField("header"):
+            header = message.header
+        else:
+            done = assembler.add(message.chunk)
+            if done is not None:
+                tensors[done[0]] = done[1]
+    assembler.check_complete()
+    return header, tensors

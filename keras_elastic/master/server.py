@@ -10,11 +10,6 @@ Example (in-process, as the embedded cluster does):
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import threading
-
 from absl import flags, logging
 
 from keras_elastic.common import rpc
@@ -44,14 +39,6 @@ class MasterServer:
         self._server.wait_for_termination()
 
 
-def write_ready_file(path: str, info: dict) -> None:
-    """Writes `info` as JSON to `path` atomically (the launcher polls for it)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, path)
-
-
 FLAGS = flags.FLAGS
 
 
@@ -72,11 +59,4 @@ def main(argv) -> None:
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
                           FLAGS.max_task_retries, FLAGS.max_workers)
     logging.info("master serving at %s", server.address)
-    if FLAGS.ready_file:
-        write_ready_file(FLAGS.ready_file, {"address": server.address,
-                                            "pid": os.getpid()})
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    done.wait()
-    server.stop(grace=1.0)
+    rpc.serve_until_signal(server, FLAGS.ready_file)

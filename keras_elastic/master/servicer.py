@@ -167,52 +167,60 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return master_pb2.RegisterDatasetResponse(
                 epoch=existing.epoch, num_tasks_per_epoch=len(existing.tasks))
 
-    def GetTask(self, request, context):
+    def _long_poll(self, request, context, attempt, timeout_response):
+        """Calls `attempt(ds)` under the lock until it returns a response, the
+        state changes being signalled on the condition; after LONG_POLL_SECONDS
+        answers `timeout_response` (the client asks again)."""
         deadline = time.time() + LONG_POLL_SECONDS
         with self._cond:
             ds = self._datasets.get(request.dataset)
             if ds is None:
                 context.abort(grpc.StatusCode.NOT_FOUND,
                               f"dataset '{request.dataset}' is not registered")
-            waiting = self._waiting[request.dataset]
             while True:
                 self._touch(request.worker_id)
-                error = self._error or ds.error
-                if error:
-                    waiting.pop(request.worker_id, None)
-                    return master_pb2.GetTaskResponse(
-                        kind=master_pb2.GetTaskResponse.JOB_FAILED, error=error)
-                worker = self._workers.get(request.worker_id)
-                if worker is None or worker["state"] != "alive":
-                    return master_pb2.GetTaskResponse(
-                        kind=master_pb2.GetTaskResponse.JOB_FAILED,
-                        error=f"worker {request.worker_id} is not part of the job "
-                              "(presumed lost); restart it to rejoin")
-                if self._before_its_turn(ds, request.epoch):
-                    decision = WAIT
-                else:
-                    decision = ds.next_task(request.worker_id, request.epoch, waiting)
-                if decision == END_OF_EPOCH:
-                    waiting.pop(request.worker_id, None)
-                    self._cond.notify_all()  # other waiters may now end too
-                    return master_pb2.GetTaskResponse(
-                        kind=master_pb2.GetTaskResponse.END_OF_EPOCH)
-                if decision != WAIT:
-                    waiting.pop(request.worker_id, None)
-                    task, epoch, attempt = decision
-                    return master_pb2.GetTaskResponse(
-                        kind=master_pb2.GetTaskResponse.TASK,
-                        task=master_pb2.Task(
-                            task_id=task.task_id, epoch=epoch, shard=task.shard,
-                            start=task.start, end=task.end, attempt=attempt))
-                if waiting.get(request.worker_id) != request.epoch:
-                    waiting[request.worker_id] = request.epoch
-                    self._cond.notify_all()  # a holder may now be allowed to end
+                response = attempt(ds)
+                if response is not None:
+                    return response
                 remaining = deadline - time.time()
                 if remaining <= 0 or self._stop.is_set() or not context.is_active():
-                    return master_pb2.GetTaskResponse(
-                        kind=master_pb2.GetTaskResponse.WAIT)
+                    return timeout_response
                 self._cond.wait(remaining)
+
+    def GetTask(self, request, context):
+        kinds = master_pb2.GetTaskResponse
+        waiting = self._waiting.get(request.dataset, {})
+
+        def attempt(ds):
+            error = self._error or ds.error
+            if error:
+                waiting.pop(request.worker_id, None)
+                return kinds(kind=kinds.JOB_FAILED, error=error)
+            worker = self._workers.get(request.worker_id)
+            if worker is None or worker["state"] != "alive":
+                return kinds(kind=kinds.JOB_FAILED,
+                             error=f"worker {request.worker_id} is not part of the job "
+                                   "(presumed lost); restart it to rejoin")
+            if self._before_its_turn(ds, request.epoch):
+                decision = WAIT
+            else:
+                decision = ds.next_task(request.worker_id, request.epoch, waiting)
+            if decision == END_OF_EPOCH:
+                waiting.pop(request.worker_id, None)
+                self._cond.notify_all()  # other waiters may now end too
+                return kinds(kind=kinds.END_OF_EPOCH)
+            if decision != WAIT:
+                waiting.pop(request.worker_id, None)
+                task, epoch, attempt_no = decision
+                return kinds(kind=kinds.TASK, task=master_pb2.Task(
+                    task_id=task.task_id, epoch=epoch, shard=task.shard,
+                    start=task.start, end=task.end, attempt=attempt_no))
+            if waiting.get(request.worker_id) != request.epoch:
+                waiting[request.worker_id] = request.epoch
+                self._cond.notify_all()  # a holder may now be allowed to end
+            return None
+
+        return self._long_poll(request, context, attempt, kinds(kind=kinds.WAIT))
 
     def _before_its_turn(self, ds: DatasetTasks, epoch: int) -> bool:
         """Round `epoch` of an evaluation waits for that training epoch's end."""
@@ -243,26 +251,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def GetResult(self, request, context):
         """Summed states of a complete round; long-polls while it runs."""
-        deadline = time.time() + LONG_POLL_SECONDS
-        with self._cond:
-            ds = self._datasets.get(request.dataset)
-            if ds is None:
-                context.abort(grpc.StatusCode.NOT_FOUND,
-                              f"dataset '{request.dataset}' is not registered")
-            while True:
-                self._touch(request.worker_id)
-                error = self._error or ds.error
-                if error:
-                    return master_pb2.GetResultResponse(error=error)
-                if request.epoch in ds.results:
-                    num_tasks, sums = ds.results[request.epoch]
-                    return master_pb2.GetResultResponse(
-                        ready=True, num_tasks=num_tasks,
-                        states=list(encode_all(sums.items())))
-                remaining = deadline - time.time()
-                if remaining <= 0 or self._stop.is_set() or not context.is_active():
-                    return master_pb2.GetResultResponse(ready=False)
-                self._cond.wait(remaining)
+
+        def attempt(ds):
+            error = self._error or ds.error
+            if error:
+                return master_pb2.GetResultResponse(error=error)
+            if request.epoch in ds.results:
+                num_tasks, sums = ds.results[request.epoch]
+                return master_pb2.GetResultResponse(
+                    ready=True, num_tasks=num_tasks,
+                    states=list(encode_all(sums.items())))
+            return None
+
+        return self._long_poll(request, context, attempt,
+                               master_pb2.GetResultResponse(ready=False))
 
     # -- status -----------------------------------------------------------
     def status(self, include_ledger: bool = False) -> dict:

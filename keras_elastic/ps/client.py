@@ -20,10 +20,10 @@ import numpy as np
 
 from keras_elastic.common import rpc
 from keras_elastic.common.tensor_codec import (
-    ChunkAssembler,
     decode_all,
     encode,
     encode_all,
+    read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.partition import ps_for
@@ -77,21 +77,6 @@ class PSClient:
         return ValueError(f"parameter server {index} at {self.addresses[index]}: "
                           f"{e.details()}")
 
-    @staticmethod
-    def _read_model(responses) -> tuple[ps_pb2.ModelHeader, dict[str, np.ndarray]]:
-        header = None
-        values = {}
-        assembler = ChunkAssembler()
-        for message in responses:
-            if message.HasField("header"):
-                header = message.header
-            else:
-                done = assembler.add(message.chunk)
-                if done is not None:
-                    values[done[0]] = done[1]
-        assembler.check_complete()
-        return header, values
-
     def init(self, variables: dict[str, tuple[np.ndarray, bool]],
              optimizer_config: dict) -> dict[str, np.ndarray]:
         """Initializes every server (first caller wins); returns current values."""
@@ -125,7 +110,7 @@ class PSClient:
         def pull_one(i: int) -> dict[str, np.ndarray]:
             since = -1 if since_version is None else since_version
             try:
-                header, values = self._read_model(self._stubs[i].Pull(
+                header, values = read_stream(self._stubs[i].Pull(
                     ps_pb2.PullRequest(since_version=since), timeout=600))
             except grpc.RpcError as e:
                 raise self._error(i, "Pull", e) from None
@@ -166,7 +151,7 @@ class PSClient:
                     for chunk in encode(ASSIGN_PREFIX + n, v):
                         yield ps_pb2.PushRequest(chunk=chunk)
             try:
-                header, values = self._read_model(self._stubs[i].Push(
+                header, values = read_stream(self._stubs[i].Push(
                     requests(), timeout=600))
             except grpc.RpcError as e:
                 raise self._error(i, "Push", e) from None

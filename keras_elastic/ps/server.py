@@ -10,10 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-
 from absl import flags, logging
 
 from keras_elastic.common import rpc
@@ -57,17 +53,8 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     del argv
-    from keras_elastic.master.server import write_ready_file
-
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness)
     logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
                  server.address)
-    if FLAGS.ready_file:
-        write_ready_file(FLAGS.ready_file, {"address": server.address,
-                                            "pid": os.getpid()})
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    done.wait()
-    server.stop(grace=1.0)
+    rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import grpc
-import numpy as np
 
 from keras_elastic.common.tensor_codec import (
-    ChunkAssembler,
     decode_all,
     encode_all,
+    read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.store import ParameterStore
@@ -24,28 +23,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.ps_index = ps_index
         self.num_ps = num_ps
 
-    @staticmethod
-    def _read_stream(request_iterator):
-        header = None
-        tensors: dict[str, np.ndarray] = {}
-        assembler = ChunkAssembler()
-        for message in request_iterator:
-            if message.HasField("header"):
-                header = message.header
-            else:
-                done = assembler.add(message.chunk)
-                if done is not None:
-                    tensors[done[0]] = done[1]
-        assembler.check_complete()
-        return header, tensors
-
     def _model_stream(self, header: ps_pb2.ModelHeader, values: dict):
         yield ps_pb2.ModelChunk(header=header)
         for chunk in encode_all(values.items()):
             yield ps_pb2.ModelChunk(chunk=chunk)
 
     def Init(self, request_iterator, context):
-        header, values = self._read_stream(request_iterator)
+        header, values = read_stream(request_iterator)
         if header is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Init stream had no header")
         trainable = {v.name: v.trainable for v in header.variables}
@@ -61,7 +45,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.InitResponse(initialized_now=created, version=self.store.version)
 
     def Push(self, request_iterator, context):
-        header, tensors = self._read_stream(request_iterator)
+        header, tensors = read_stream(request_iterator)
         accepted, version, values = self._push(header, tensors, context)
         yield from self._model_stream(
             ps_pb2.ModelHeader(version=version, accepted=accepted), values)

@@ -47,6 +47,7 @@ setup(
         "grpcio-tools>=1.60",
         "protobuf>=4.21",
         "absl-py>=1.0",
+        "cloudpickle>=2.0",
         "numpy>=1.24",
     ],
     extras_require={

@@ -48,6 +48,16 @@ def _split_filepath(filepath: str, save_freq: Any) -> tuple[str, str]:
     return root, pattern
 
 
+def _cluster_of(model) -> Any:
+    """The cluster an elastic model is training on, or None (plain Keras)."""
+    state = getattr(model, "__dict__", {}).get("_ke_state")
+    if state is None or state.sync is None:
+        return None
+    from keras_elastic.worker.cluster import get_cluster
+
+    return get_cluster()
+
+
 def _as_float(value: Any) -> float | None:
     if value is None:
         return None
@@ -180,6 +190,7 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._resume_pending = False
         self._writer: CheckpointWriter | None = None
         self._writer_key: tuple[int, int] | None = None
+        self._ps_last_info: SaveInfo | None = None
         self._previous_initial_epoch: Any = None
         if sharding_callback is not None:  # Fail now, not at the first save.
             check_sharding_callback(sharding_callback)
@@ -191,7 +202,20 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
     @property
     def last_save_info(self) -> SaveInfo | None:
         """`SaveInfo` of the last completed save (latency, shards, sizes...)."""
+        if self._ps_last_info is not None:
+            return self._ps_last_info
         return None if self._writer is None else self._writer.last_save_info
+
+    def mark_restored(self, info: SaveInfo | None, initial_epoch: int) -> None:
+        """An elastic `fit` restored `info` itself (servers and master) and
+        starts at `initial_epoch`: nothing is left for `on_train_begin` to do."""
+        self._restore_attempted = True
+        self._resume_pending = False
+        self.initial_epoch, self.restored_from = initial_epoch, info
+        if info is not None and self.save_best_only and (
+                info.extra.get("monitor") == self.monitor
+                and info.extra.get("best") is not None):
+            self.best = info.extra["best"]
 
     def wait(self) -> SaveInfo | None:
         """Waits for a pending asynchronous save; returns `last_save_info`."""
@@ -318,7 +342,27 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
             "monitor": self.monitor,
             "best": _as_float(self.best),
         }
-        info = self._get_writer().save(os.path.basename(filepath), extra)
+        cluster = _cluster_of(self.model)
+        if cluster is not None:
+            # An elastic job: the parameter servers hold the model and the
+            # optimizer slots; one worker has every server save its share.
+            from keras_elastic.worker.ps_checkpoint import (
+                is_chief,
+                save_parameter_servers,
+            )
+
+            if not is_chief(cluster):
+                return
+            info = save_parameter_servers(
+                self.model, cluster, self.directory, os.path.basename(filepath),
+                self.sharding_callback, extra, max_to_keep=self.max_to_keep)
+            self._ps_last_info = info
+            logging.info("Saved parameter-server checkpoint %s: %d parts, %d shards "
+                         "of %s bytes; sharding callback '%s' took %.3f ms",
+                         info.path, len(info.extra["parts"]), info.num_shards,
+                         info.shard_sizes, info.description, info.latency_s * 1e3)
+        else:
+            info = self._get_writer().save(os.path.basename(filepath), extra)
         if self.verbose > 0 and info is not None:
             print(f"\nEpoch {epoch + 1}: saved {info.path} ({info.num_shards} "
                   f"shards, {sum(info.shard_sizes)} bytes)")

@@ -31,6 +31,7 @@ model.fit(ke.ElasticDataset((x, y), batch_size=32), epochs=3)
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import keras
@@ -40,10 +41,12 @@ from absl import logging
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_elastic._backend import check_tensorflow_backend
+from keras_elastic.checkpoint import ps_layout
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.epoch_iterator import elastic_epochs
 from keras_elastic.worker.model_sync import ModelSync
+from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
 
@@ -77,6 +80,12 @@ class ElasticTrainerMixin:
             state = _ElasticState()
             object.__setattr__(self, "_ke_state", state)
         return state
+
+    @property
+    def serving_class(self) -> type:
+        """The plain Keras class under this elastic one (what exports save)."""
+        return next(c for c in type(self).__mro__[1:]
+                    if not issubclass(c, ElasticTrainerMixin))
 
     def compile(self, *args, jit_compile: Any = "auto", **kwargs) -> None:
         super().compile(*args, jit_compile=jit_compile, **kwargs)
@@ -137,8 +146,14 @@ class ElasticTrainerMixin:
                                   name="fit_arrays", shuffle=bool(shuffle))
         return None
 
-    def _ke_prepare(self, dataset: ElasticDataset) -> ModelSync:
-        """Builds the model from the dataset spec and syncs it with the PS."""
+    def _ke_prepare(self, dataset: ElasticDataset, restore_from: str = "",
+                    local_restore=None) -> ModelSync:
+        """Builds the model from the dataset spec and syncs it with the PS.
+
+        `restore_from`: a parameter-server checkpoint the servers load when they
+        initialize. `local_restore`: a plain checkpoint loaded into this model
+        first (whose values then initialize the servers).
+        """
         cluster = get_cluster()
         state = self._ke
         unbuilt = not all(layer.built for layer in self._flatten_layers())
@@ -155,9 +170,13 @@ class ElasticTrainerMixin:
             # Build from the spec: Keras would otherwise take a batch from the
             # dataset, i.e. a task from the master, and drop it.
             self._symbolic_build(data_batch=dataset.batched_spec)
+        if local_restore is not None:
+            from keras_elastic.checkpoint import restore_model
+
+            restore_model(self, local_restore.path)
         if state.sync is None or state.sync.ps is not cluster.ps:
             state.sync = ModelSync(self, cluster.ps, cluster.timer)
-            state.sync.initialize()
+            state.sync.initialize(restore_from)
         else:
             state.sync.pull()
         return state.sync
@@ -211,9 +230,27 @@ class ElasticTrainerMixin:
             raise ValueError(f"the training and validation datasets are both named "
                              f"'{dataset.name}': give them different names.")
         cluster = get_cluster()
-        registered = cluster.master.register_dataset(dataset.registration(epochs))
+        checkpoint_callback, resume = resume_info(callbacks)
+        request = dataset.registration(epochs)
+        restore_from = ""
+        if resume is not None and ps_layout.is_ps_checkpoint(resume):
+            # The servers load it as they initialize; the master skips the
+            # tasks it records as done (a resume mid-epoch).
+            restore_from = resume.path
+            progress = resume.extra.get("progress", {}).get(dataset.name)
+            if progress is not None:
+                request.resume = True
+                request.resume_epoch = progress["epoch"]
+                request.resume_done.extend(progress["done_task_ids"])
+        elif resume is not None:  # a plain Keras checkpoint: resume at its epoch
+            request.resume = True
+            request.resume_epoch = resume.initial_epoch
+        registered = cluster.master.register_dataset(request)
         start_epoch = max(initial_epoch, registered.epoch)
-        sync = self._ke_prepare(dataset)
+        local = resume if resume is not None and not restore_from else None
+        sync = self._ke_prepare(dataset, restore_from=restore_from, local_restore=local)
+        if checkpoint_callback is not None:
+            checkpoint_callback.mark_restored(resume, start_epoch)
         stream = TaskStream(cluster.master, dataset.name, dataset.source,
                             cluster.timer, start_epoch=start_epoch,
                             shuffle_records=dataset.shuffle, seed=dataset.seed)
@@ -247,7 +284,13 @@ class ElasticTrainerMixin:
         finally:
             stream.stop()
             self._ke.reporter = None
-        sync.pull()  # the newest model, including other workers' last updates
+            del tf_dataset
+            gc.collect()  # free the epoch's tf.data iterators now, not at exit
+        if not self.stop_training:
+            # Other workers may still be training their last tasks: wait for
+            # the job's last epoch to complete, then take the final model.
+            cluster.master.wait_for_epoch(dataset.name, epochs)
+        sync.pull()
         return history
 
 

@@ -28,10 +28,15 @@ def runtime_assert(condition: tf.Tensor, path: Path, reducer_name: str,
     """An assertion that fails with `InvalidArgumentError` naming the component.
 
     `data` alternates strings and tensors; the tensors' values (such as the
-    offending sizes) are printed in the error message.
+    offending sizes) are printed in the error message. Integer tensors are
+    shown as int32 (sizes), which lets `tf.debugging.Assert` emit a bare
+    `Assert` op without a conditional around it: the check then costs a
+    couple of small ops per batch.
     """
+    shown = [tf.cast(d, tf.int32) if isinstance(d, tf.Tensor) and d.dtype.is_integer
+             else d for d in data]
     return tf.debugging.Assert(
-        condition, [f"{reducer_name} at component `{path_str(path)}`:", *data],
+        condition, [f"{reducer_name} at component `{path_str(path)}`:", *shown],
         summarize=64)
 
 
@@ -43,14 +48,22 @@ def after(checks: list[Any], value: Any) -> Any:
         return tf.nest.map_structure(tf.identity, value, expand_composites=True)
 
 
-def fits(actual: tf.Tensor, limit: list[int | None]) -> tf.Tensor:
-    """Whether each `actual[i] <= limit[i]`, over the dimensions with a limit."""
-    dims = [i for i, d in enumerate(limit) if d is not None]
-    if not dims:
-        return tf.constant(True)
-    bound = tf.constant([limit[i] for i in dims], tf.int64)
-    picked = tf.gather(tf.cast(actual, tf.int64), dims)
-    return tf.reduce_all(picked <= bound)
+def slack(sizes: tf.Tensor, limit: list[int | None]) -> tf.Tensor:
+    """`limit[i] - sizes[i]` where a limit is set, else 0 (dtype of `sizes`).
+
+    `sizes` holds the batch's largest sizes per dimension; a negative entry
+    means an element did not fit.
+    """
+    bound = tf.constant([0 if d is None else d for d in limit], sizes.dtype)
+    if all(d is not None for d in limit):
+        return bound - sizes
+    mask = tf.constant([0 if d is None else 1 for d in limit], sizes.dtype)
+    return bound - sizes * mask
+
+
+def fits(room: tf.Tensor) -> tf.Tensor:
+    """Whether every entry of a `slack` vector is non-negative."""
+    return tf.reduce_all(room >= 0)
 
 
 def check_rank(value_shape: tf.Tensor, rank: int, path: Path,

@@ -57,7 +57,7 @@ def checked_dense_plan(spec: tf.TensorSpec, path: Path, name: str) -> Plan:
     def encode_flat(value: tf.Tensor) -> dict[str, tf.Tensor]:
         return {"flat": tf.reshape(value, [-1]),
                 "shape": tf.shape(value, out_type=tf.int64),
-                "rank": tf.rank(value, name=None)}
+                "rank": tf.rank(value)}
 
     def decode_flat(batched: dict[str, tf.Tensor]) -> tf.Tensor:
         shapes, ranks = batched["shape"], batched["rank"]

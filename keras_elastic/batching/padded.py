@@ -42,20 +42,22 @@ def _static_padded(target: list[int | None]) -> tf.TensorShape:
 
 def pad_batch(batched: tf.Tensor, target: list[int | None], value: tf.Tensor,
               path: Path, name: str, check: bool) -> tf.Tensor:
-    """Pads a dense batch up to `[n] + target`, checking it is not larger."""
-    shape = tf.shape(batched, out_type=tf.int64)
+    """Pads a dense batch up to `[n] + target`, checking it is not larger.
+
+    Runs once per batch with as few ops as possible (it is on the hot path).
+    """
+    largest = tf.shape(batched)[1:]
+    room = checks.slack(largest, target)
+    paddings = tf.concat([tf.zeros([1, 2], tf.int32),
+                          tf.stack([tf.zeros_like(room), room], axis=1)], 0)
     deps = []
     if check:
         deps.append(checks.runtime_assert(
-            checks.fits(shape[1:], target), path, name,
+            checks.fits(room), path, name,
             f"an element is larger than padded_shape {checks.shape_str(target)}: "
-            "the largest element shape in the batch is", shape[1:]))
-    paddings = [tf.zeros([2], tf.int64)] + [
-        tf.zeros([2], tf.int64) if limit is None else
-        tf.stack([tf.constant(0, tf.int64), limit - shape[axis + 1]])
-        for axis, limit in enumerate(target)]
-    padded = tf.pad(checks.after(deps, batched), tf.stack(paddings),
-                    constant_values=value)
+            "the largest element shape in the batch is", largest))
+    with tf.control_dependencies(deps):
+        padded = tf.pad(batched, paddings, constant_values=value)
     padded.set_shape(_static_padded(target))
     return padded
 
@@ -63,9 +65,9 @@ def pad_batch(batched: tf.Tensor, target: list[int | None], value: tf.Tensor,
 def ragged_to_padded(batched: tf.RaggedTensor, target: list[int | None],
                      value: tf.Tensor, path: Path, name: str) -> tf.Tensor:
     """A ragged batch as a dense batch `[n] + target` (None: the batch max)."""
-    largest = batched.bounding_shape(out_type=tf.int64)[1:]
+    largest = batched.bounding_shape()[1:]
     check = checks.runtime_assert(
-        checks.fits(largest, target), path, name,
+        checks.fits(checks.slack(largest, target)), path, name,
         f"an element is larger than padded_shape {checks.shape_str(target)}: "
         "the largest element shape in the batch is", largest)
     batched = checks.after([check], batched)

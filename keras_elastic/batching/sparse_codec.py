@@ -23,21 +23,25 @@ from keras_elastic.batching.structure import Path
 
 def fit_dense_shape(batched: tf.SparseTensor, target: list[int | None] | None,
                     path: Path, name: str) -> tf.SparseTensor:
-    """Sets a batch's dense_shape to `[n] + target` (None: keep the batch max)."""
+    """Sets a batch's dense_shape to `[n] + target` (None: keep the batch max).
+
+    Runs once per batch with as few ops as possible (it is on the hot path).
+    """
     if target is None or all(d is None for d in target):
         return batched
     largest = batched.dense_shape[1:]
     check = checks.runtime_assert(
-        checks.fits(largest, target), path, name,
+        checks.fits(checks.slack(largest, target)), path, name,
         "an element's dense_shape exceeds padded_shape "
         f"{checks.shape_str(target)}: the largest dense_shape in the batch is",
         largest)
-    fixed = tf.stack([largest[i] if d is None else tf.constant(d, tf.int64)
-                      for i, d in enumerate(target)])
-    dense_shape = tf.concat([batched.dense_shape[:1], fixed], 0)
-    indices, values, dense_shape = checks.after(
-        [check], (batched.indices, batched.values, dense_shape))
-    return tf.SparseTensor(indices, values, dense_shape)
+    fixed = tf.constant([0 if d is None else d for d in target], tf.int64)
+    if not all(d is not None for d in target):
+        keep = tf.constant([d is None for d in target])
+        fixed = tf.where(keep, largest, fixed)
+    with tf.control_dependencies([check]):
+        dense_shape = tf.concat([batched.dense_shape[:1], fixed], 0)
+    return tf.SparseTensor(batched.indices, batched.values, dense_shape)
 
 
 def with_known_rank(rank: int, path: Path, name: str):

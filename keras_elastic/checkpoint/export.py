@@ -12,6 +12,8 @@ def export_keras(model: keras.Model, path: str) -> str:
     """Saves `model` as a `.keras` file, written to a temporary name first.
 
     A reader of `path` sees either the previous file or the complete new one.
+    An elastic model (`ke.Model`, `ke.Sequential`, `ke.wrap(...)`) is saved as
+    its plain Keras class, so that serving loads it without keras_elastic.
 
     Args:
         model: The model to save.
@@ -43,8 +45,14 @@ def export_keras(model: keras.Model, path: str) -> str:
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(
         directory, f".{os.path.basename(path)[:-6]}.{uuid.uuid4().hex[:8]}.keras")
+    elastic_class = type(model)
+    serving_class = getattr(model, "serving_class", elastic_class)
     try:
-        model.save(tmp)
+        model.__class__ = serving_class
+        try:
+            model.save(tmp)
+        finally:
+            model.__class__ = elastic_class
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

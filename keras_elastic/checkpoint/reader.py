@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from keras_elastic.checkpoint import layout
+from keras_elastic.checkpoint import layout, ps_layout
 from keras_elastic.checkpoint.errors import CheckpointError
 from keras_elastic.checkpoint.manifest import MANIFEST_NAME, SaveInfo, read_manifest
 
@@ -142,6 +142,10 @@ def restore_model(model: keras.Model, path: str) -> SaveInfo:
             f"restore from {path}: call it on a batch or `model.build(...)` "
             "first")
     info = resolve(path)
+    if ps_layout.is_ps_checkpoint(info):
+        # Saved by the parameter servers of an elastic job: the weights, by key.
+        ps_layout.restore_model_variables(model, info)
+        return info
     if "model" not in info.trackables and "weights" in info.trackables:
         # Written with save_weights_only=True: the model's weights, in order.
         return restore_trackables(info.path, {"weights": list(model.weights)})

@@ -293,8 +293,8 @@ class Launcher:
             lines.append("[launcher] seconds per phase, summed over workers:")
             lines.extend("[launcher]   " + row for row in
                          format_table(summary["timings"]).splitlines())
-            for phase in summary["timings"]:
-                if phase in PHASE_HELP:
+            for phase in PHASE_HELP:
+                if phase in summary["timings"]:
                     lines.append(f"[launcher]   {phase}: {PHASE_HELP[phase]}")
         lines.append(f"[launcher] logs, ledger and summary in {self.job_dir}")
         return "\n".join(lines)

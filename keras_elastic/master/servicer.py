@@ -151,6 +151,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     existing = DatasetTasks(spec, self._max_task_retries)
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                if request.resume:
+                    existing.restore_progress(request.resume_epoch,
+                                              set(request.resume_done))
+                    logging.info("dataset '%s' resumes at epoch %d with %d task(s) "
+                                 "done", spec.name, request.resume_epoch,
+                                 len(request.resume_done))
                 self._datasets[spec.name] = existing
                 self._waiting[spec.name] = {}
                 logging.info("dataset '%s' registered: %d tasks per epoch, %d epochs",

@@ -78,8 +78,10 @@ class PSClient:
                           f"{e.details()}")
 
     def init(self, variables: dict[str, tuple[np.ndarray, bool]],
-             optimizer_config: dict) -> dict[str, np.ndarray]:
-        """Initializes every server (first caller wins); returns current values."""
+             optimizer_config: dict, restore_from: str = "") -> dict[str, np.ndarray]:
+        """Initializes every server (first caller wins; it also loads the
+        parameter-server checkpoint `restore_from`, if given); returns the
+        servers' current values."""
         config = json.dumps(optimizer_config)
         parts: list[dict] = [{} for _ in self.addresses]
         for name, (value, trainable) in variables.items():
@@ -89,6 +91,7 @@ class PSClient:
             def requests():
                 yield ps_pb2.InitRequest(header=ps_pb2.InitHeader(
                     optimizer_config=config, worker_id=self.worker_id,
+                    restore_from=restore_from,
                     variables=[ps_pb2.VariableSpec(
                         name=n, dtype=str(np.asarray(v).dtype),
                         shape=list(np.shape(v)), trainable=t)

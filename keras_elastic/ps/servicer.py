@@ -38,9 +38,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"Init: no values sent for {missing}")
         try:
-            created = self.store.init(values, trainable,
-                                      json.loads(header.optimizer_config))
-        except ValueError as e:
+            with self.store.lock:  # nobody pushes between creating and restoring
+                created = self.store.init(values, trainable,
+                                          json.loads(header.optimizer_config))
+                if created and header.restore_from:
+                    from keras_elastic.ps.checkpointing import restore_shard
+
+                    restore_shard(self.store, self.ps_index, self.num_ps,
+                                  {"path": header.restore_from})
+        except (ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return ps_pb2.InitResponse(initialized_now=created, version=self.store.version)
 

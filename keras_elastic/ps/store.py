@@ -51,6 +51,7 @@ class ParameterStore:
         self._apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
         self.pushes = 0
         self.dropped = 0
+        self.restored_from: str | None = None
 
     @property
     def initialized(self) -> bool:

@@ -4,8 +4,9 @@ between a Keras model and the parameter servers.
 May import: keras_elastic.common, .data, .master (client), .ps (client).
 """
 
+from keras_elastic.common.variable_keys import variable_keys
 from keras_elastic.worker.cluster import Cluster, get_cluster, reset_cluster
-from keras_elastic.worker.model_sync import ModelSync, variable_keys
+from keras_elastic.worker.model_sync import ModelSync
 from keras_elastic.worker.task_stream import TaskStream
 
 __all__ = ["Cluster", "ModelSync", "TaskStream", "get_cluster", "reset_cluster",

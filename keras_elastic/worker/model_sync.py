@@ -16,13 +16,8 @@ import keras
 import numpy as np
 
 from keras_elastic.common.timing import PhaseTimer
+from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.ps.client import PSClient
-
-
-def variable_keys(model: keras.Model) -> list[str]:
-    """Stable keys of `model.trainable_weights + model.non_trainable_weights`."""
-    variables = list(model.trainable_weights) + list(model.non_trainable_weights)
-    return [f"{i:04d}/{v.name}" for i, v in enumerate(variables)]
 
 
 class ModelSync:
@@ -34,7 +29,7 @@ class ModelSync:
         self.timer = timer
         self.trainable = list(model.trainable_weights)
         self.non_trainable = list(model.non_trainable_weights)
-        self.variables = self.trainable + self.non_trainable
+        self.variables = model_variables(model)
         self.keys = variable_keys(model)
         self.trainable_keys = self.keys[:len(self.trainable)]
         self.non_trainable_keys = self.keys[len(self.trainable):]
@@ -43,9 +38,10 @@ class ModelSync:
         self.t_data = 0.0
         self.steps = 0
 
-    def initialize(self) -> None:
-        """Initializes the PS with this model (first worker wins) and loads the
-        PS's values into the model."""
+    def initialize(self, restore_from: str = "") -> None:
+        """Initializes the PS with this model (first worker wins; it has the
+        servers load the checkpoint `restore_from`, if any) and loads the PS's
+        values into the model."""
         optimizer = self.model.optimizer
         if optimizer is None:
             raise ValueError("the model must be compiled (with an optimizer) before "
@@ -53,7 +49,7 @@ class ModelSync:
         config = keras.optimizers.serialize(optimizer)
         values = {k: (np.asarray(keras.ops.convert_to_numpy(v.value)), v.trainable)
                   for k, v in zip(self.keys, self.variables)}
-        self._values = self.ps.init(values, _jsonable(config))
+        self._values = self.ps.init(values, _jsonable(config), restore_from)
         self.assign_all()
 
     def pull(self) -> None:

@@ -1,0 +1,329 @@
+"""Training throughput: keras-elastic against plain Keras, in one run.
+
+Seed 000's CIFAR-10 setting: ElasticDL's `cifar10_functional_api` model, batch
+128, 32 minibatches per task, one worker, one parameter server, asynchronous
+SGD (grads_to_wait=1), on CIFAR-shaped synthetic TFRecords (ElasticDL's record
+layout, parsed by the same `dataset_fn` in every configuration).
+
+Configurations, each a fresh model trained for one epoch over the same files:
+
+- plain:     `keras.Model.fit` on `dataset_fn(TFRecordDataset(files)).batch(128)
+             .prefetch(AUTOTUNE)`: the baseline;
+- processes: `ke.wrap(model).fit(ke.ElasticDataset(files, ...))` in this process
+             as the worker, with the master and the parameter server as separate
+             processes (`python -m keras_elastic.master` / `keras_elastic.ps`,
+             started with --ready_file, as the launcher does): the deployment;
+- embedded:  the same with the embedded cluster (master and PS in this process).
+
+The first `--warmup_batches` batches of each epoch (tracing, first pulls, the
+pipeline filling up) are excluded from every measurement in the same way: the
+clock runs from the end of batch `warmup_batches` to the end of the epoch.
+Prints samples/s per configuration and the ratios to plain (the baseline runs
+first and last, and its mean rate is the reference); CPU seconds per sample
+of all the job's processes (worker, master, PS) in the same window, a figure
+that drifts much less than wall time when other work shares the machine; and
+the worker's per-phase timing table over the window.
+
+Run from the repository root:
+
+```
+PYTHONPATH=. python bench/bench_training.py
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+import types
+
+from absl import app, flags, logging
+
+_EXAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "examples", "cifar10")
+
+
+def _example_module(name: str) -> types.ModuleType:
+    """examples/cifar10/<name>.py, loaded under a name of its own."""
+    key = f"_bench_cifar10_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            key, os.path.join(_EXAMPLE_DIR, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("num_records", 8192, "Synthetic CIFAR-10 records (one epoch).")
+flags.DEFINE_integer("num_shards", 2, "TFRecord files the records are spread over.")
+flags.DEFINE_integer("batch_size", 128, "Minibatch size (seed 000: 128).")
+flags.DEFINE_integer("minibatches_per_task", 32, "Minibatches per task (seed 000: 32).")
+flags.DEFINE_integer("warmup_batches", 8,
+                     "Batches at the start of each epoch left out of the timing.")
+flags.DEFINE_string("data_dir", os.path.join(tempfile.gettempdir(),
+                                             "keras_elastic_bench", "cifar10"),
+                    "Where the synthetic TFRecords are written (kept for reuse).")
+flags.DEFINE_list("configs", ["plain", "processes", "embedded"],
+                  "Configurations to measure, among plain, processes, embedded; "
+                  "plain is always measured (it is the baseline).")
+flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
+
+CONFIGS = ("plain", "processes", "embedded")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes `pids` (all threads)."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+class WindowTimer:
+    """Times from the end of batch `warmup` to the end of the epoch.
+
+    Also takes the CPU seconds the job's processes (`pids`: this process and
+    the services) use in that window: on a shared machine wall time drifts with
+    the load, CPU time per sample much less.
+    """
+
+    def __init__(self, warmup: int, phase_timer=None, pids: list[int] | None = None
+                 ) -> None:
+        import keras
+
+        outer = self
+        services = list(pids or [])
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                outer.batches = batch + 1
+                if batch + 1 == warmup:
+                    outer.start = time.perf_counter()
+                    outer.cpu_start = (cpu_seconds([os.getpid()]), cpu_seconds(services))
+                    if phase_timer is not None:
+                        outer.phases_start = phase_timer.snapshot()
+
+            def on_epoch_end(self, epoch, logs=None):
+                outer.end = time.perf_counter()
+                outer.cpu_end = (cpu_seconds([os.getpid()]), cpu_seconds(services))
+                if phase_timer is not None:
+                    outer.phases_end = phase_timer.snapshot()
+
+        self.callback = _Callback()
+        self.start = self.end = None
+        self.cpu_start = self.cpu_end = (0.0, 0.0)
+        self.batches = 0
+        self.phases_start: dict[str, float] = {}
+        self.phases_end: dict[str, float] = {}
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds of (this process, the service processes) in the window."""
+        return (self.cpu_end[0] - self.cpu_start[0], self.cpu_end[1] - self.cpu_start[1])
+
+    def seconds(self) -> float:
+        if self.start is None or self.end is None:
+            raise RuntimeError(
+                f"the epoch had {self.batches} batches, not more than --warmup_batches"
+                f"; use more --num_records or fewer --warmup_batches")
+        return self.end - self.start
+
+    def phases(self) -> dict[str, float]:
+        return {k: v - self.phases_start.get(k, 0.0) for k, v in self.phases_end.items()}
+
+
+def compiled_model(elastic: bool):
+    import keras
+
+    import keras_elastic as ke
+
+    cifar10 = _example_module("model")
+    keras.utils.set_random_seed(0)
+    net = cifar10.custom_model()
+    if elastic:
+        net = ke.wrap(net)
+    net.compile(optimizer=cifar10.optimizer(), loss=cifar10.loss(),
+                metrics=["accuracy"])
+    return net
+
+
+@dataclasses.dataclass
+class Measurement:
+    seconds: float                 # wall time of the timed window
+    worker_cpu: float              # CPU seconds of this process in it
+    service_cpu: float             # CPU seconds of the master + PS processes in it
+    phases: dict[str, float]       # the worker's phase timers over the window
+
+    @property
+    def cpu(self) -> float:
+        return self.worker_cpu + self.service_cpu
+
+
+def run_plain(files: list[str]) -> Measurement:
+    import tensorflow as tf
+
+    cifar10 = _example_module("model")
+    dataset = cifar10.dataset_fn(tf.data.TFRecordDataset(files), "training").batch(
+        FLAGS.batch_size).prefetch(tf.data.AUTOTUNE)
+    net = compiled_model(elastic=False)
+    timer = WindowTimer(FLAGS.warmup_batches)
+    net.fit(dataset, epochs=1, verbose=0, callbacks=[timer.callback])
+    return Measurement(timer.seconds(), *timer.cpu(), {})
+
+
+def run_elastic(files: list[str], service_pids: list[int]) -> Measurement:
+    import keras_elastic as ke
+    from keras_elastic.worker.cluster import get_cluster
+
+    cifar10 = _example_module("model")
+    cluster = get_cluster()
+    logging.info("worker %d: master %s, PS %s%s", cluster.worker_id,
+                 cluster.master_address, ",".join(cluster.ps_addresses),
+                 " (embedded)" if cluster.embedded else "")
+    train = ke.ElasticDataset(files, dataset_fn=cifar10.dataset_fn,
+                              batch_size=FLAGS.batch_size,
+                              minibatches_per_task=FLAGS.minibatches_per_task)
+    net = compiled_model(elastic=True)
+    timer = WindowTimer(FLAGS.warmup_batches, cluster.timer, service_pids)
+    net.fit(train, epochs=1, verbose=0, callbacks=[timer.callback])
+    return Measurement(timer.seconds(), *timer.cpu(), timer.phases())
+
+
+def run_with_processes(files: list[str]) -> Measurement:
+    """The worker here; master and PS as `python -m` processes."""
+    from keras_elastic.common import cluster_env
+    from keras_elastic.launcher.processes import start_service
+    from keras_elastic.worker.cluster import reset_cluster
+
+    job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-")
+    services = []
+    saved = {k: os.environ.get(k) for k in (cluster_env.MASTER, cluster_env.PS,
+                                            cluster_env.WORKER_ID, cluster_env.JOB_DIR)}
+    try:
+        master, master_info = start_service("master", "keras_elastic.master", [],
+                                            job_dir)
+        services.append(master)
+        ps, ps_info = start_service("ps-0", "keras_elastic.ps",
+                                    ["--ps_index=0", "--num_ps=1", "--grads_to_wait=1"],
+                                    job_dir)
+        services.append(ps)
+        os.environ.update(cluster_env.to_env(master_info["address"],
+                                             [ps_info["address"]], 0, job_dir))
+        reset_cluster()
+        return run_elastic(files, [p.pid for p in services])
+    finally:
+        reset_cluster()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        for process in reversed(services):
+            process.terminate()
+        logging.info("service logs in %s", job_dir)
+
+
+def run_embedded(files: list[str]) -> Measurement:
+    from keras_elastic.common import cluster_env
+    from keras_elastic.worker.cluster import reset_cluster
+
+    if cluster_env.read() is not None:
+        raise RuntimeError(f"{cluster_env.MASTER} is set: the embedded configuration "
+                           "needs a process outside a launched job")
+    reset_cluster()
+    try:
+        return run_elastic(files, [])
+    finally:
+        reset_cluster()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    unknown = [c for c in FLAGS.configs if c not in CONFIGS]
+    if unknown:
+        raise app.UsageError(f"--configs: unknown {unknown}; choose among {CONFIGS}")
+    if FLAGS.warmup_batches < 1:
+        raise app.UsageError("--warmup_batches must be at least 1")
+    if FLAGS.num_records <= FLAGS.warmup_batches * FLAGS.batch_size:
+        raise app.UsageError(
+            f"--num_records={FLAGS.num_records} leaves nothing to time after "
+            f"--warmup_batches={FLAGS.warmup_batches} of {FLAGS.batch_size}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from keras_elastic.common.timing import PHASE_HELP, format_table
+
+    cifar10_data = _example_module("data")
+    files = cifar10_data.write_synthetic(FLAGS.data_dir, FLAGS.num_records,
+                                         FLAGS.num_shards)
+    n = FLAGS.num_records - FLAGS.warmup_batches * FLAGS.batch_size
+    runners = {"plain": run_plain, "processes": run_with_processes,
+               "embedded": run_embedded}
+    elastic = [c for c in FLAGS.configs if c != "plain"]
+    # The baseline runs first and last: on a shared machine the load drifts, and
+    # the two runs bracket the keras-elastic ones.
+    order = ["plain"] + elastic + (["plain"] if elastic else [])
+    results: dict[str, Measurement] = {}
+    plain: list[Measurement] = []
+    for name in order:
+        logging.info("measuring %s ...", name)
+        m = runners[name](files)
+        logging.info("%s: %.1f s, %.1f CPU s for %d samples", name, m.seconds, m.cpu, n)
+        if name == "plain":
+            plain.append(m)
+        else:
+            results[name] = m
+
+    plain_rate = sum(n / m.seconds for m in plain) / len(plain)
+    plain_cpu_rate = sum(n / m.cpu for m in plain) / len(plain)
+    labels = {"processes": "keras-elastic, master + PS processes",
+              "embedded": "keras-elastic, embedded cluster"}
+    lines = ["", f"CIFAR-10 (synthetic) {FLAGS.num_records} records, batch "
+             f"{FLAGS.batch_size}, {FLAGS.minibatches_per_task} minibatches per task, "
+             f"1 worker, 1 PS; {n} samples timed after {FLAGS.warmup_batches} warm-up "
+             "batches", "",
+             f"  {'configuration':40s} {'samples/s':>9s} {'wall s':>7s} {'ratio':>6s}"
+             f"   {'samples/CPU-s':>13s} {'CPU s (worker+services)':>23s} {'ratio':>6s}"]
+
+    def row(label, m, ratio=None, cpu_ratio=None):
+        r = f"{ratio:6.3f}" if ratio is not None else " " * 6
+        c = f"{cpu_ratio:6.3f}" if cpu_ratio is not None else " " * 6
+        cpu = f"{m.cpu:.1f} ({m.worker_cpu:.1f}+{m.service_cpu:.1f})"
+        return (f"  {label:40s} {n / m.seconds:9.1f} {m.seconds:7.1f} {r}   "
+                f"{n / m.cpu:13.1f} {cpu:>23s} {c}")
+
+    for when, m in zip(("first", "last"), plain):
+        lines.append(row(f"plain Keras fit ({when})", m))
+    lines.append(f"  {'plain Keras fit: mean rate (baseline)':40s} {plain_rate:9.1f} "
+                 f"{'':7s} {'':6s}   {plain_cpu_rate:13.1f}")
+    for name, m in results.items():
+        lines.append(row(labels[name], m, n / m.seconds / plain_rate,
+                         n / m.cpu / plain_cpu_rate))
+    shown: set[str] = set()
+    for name, m in results.items():
+        lines.append(f"\nper-phase seconds of the worker ({name}), timed window:")
+        lines.extend("  " + r for r in format_table(m.phases, m.seconds).splitlines())
+        shown.update(m.phases)
+    lines.append("")
+    lines.extend(f"  {phase}: {text}" for phase, text in PHASE_HELP.items()
+                 if phase in shown)
+    lines.append("  CPU s: user + system seconds in the timed window, of the worker "
+                 "(this process; with the embedded cluster it also runs the master and "
+                 "PS) + of the master and PS processes")
+    if elastic:
+        best = elastic[0]
+        ratio = n / results[best].seconds / plain_rate
+        verdict = "meets" if ratio >= FLAGS.target_ratio else "is BELOW"
+        lines.append(f"\n{best}: samples/s ratio {ratio:.3f} {verdict} the target "
+                     f"{FLAGS.target_ratio}")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

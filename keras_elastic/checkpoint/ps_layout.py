@@ -1,0 +1,104 @@
+"""Checkpoints of a parameter-server job: one part per server, one manifest.
+
+```
+ckpt-0003/
+  ps-000/  ckpt.index  ckpt.data-*  manifest.json   (server 0's variables + slots)
+  ps-001/  ...
+  manifest.json    written last: layout "parameter_servers", number of servers,
+                   parts, step, epoch, the master's progress, variable keys
+```
+
+Every tensor is saved under a name that does not depend on how variables were
+partitioned: `v_<variable key>` for a model variable, `o_<optimizer variable
+path>` for an optimizer variable (slot names embed their variable's key). So
+a checkpoint of N servers restores onto M servers: each server reads the
+names it now owns from whichever part holds them.
+
+Example:
+
+```python
+info = ke.checkpoint.latest("ckpt/")
+values = read_values(info)          # {name: array} over all parts
+```
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from keras_elastic.checkpoint.errors import CheckpointError
+from keras_elastic.checkpoint.manifest import SaveInfo, read_manifest
+
+LAYOUT = "parameter_servers"
+_ATTR = "/.ATTRIBUTES/VARIABLE_VALUE"
+TRACKABLE = "ps"
+
+
+def safe_name(prefix: str, name: str) -> str:
+    """A Python identifier for `name` (tf.train.Checkpoint attribute names)."""
+    return prefix + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def variable_name(key: str) -> str:
+    return safe_name("v_", key)
+
+
+def optimizer_variable_name(path: str) -> str:
+    return safe_name("o_", path)
+
+
+def is_ps_checkpoint(info: SaveInfo) -> bool:
+    return info.extra.get("layout") == LAYOUT
+
+
+def part_infos(info: SaveInfo) -> list[SaveInfo]:
+    parts = info.extra.get("parts")
+    if not parts:
+        raise CheckpointError(f"{info.path}: parameter-server checkpoint without parts")
+    return [read_manifest(os.path.join(info.path, p)) for p in parts]
+
+
+def read_values(info: SaveInfo, names: list[str] | None = None
+                ) -> dict[str, np.ndarray]:
+    """Values by name over every part. A name several parts hold (an optimizer's
+    `iterations`, its learning rate) takes the largest value."""
+    wanted = set(names) if names is not None else None
+    values: dict[str, np.ndarray] = {}
+    for part in part_infos(info):
+        reader = tf.train.load_checkpoint(part.tf_prefix)
+        for key in reader.get_variable_to_shape_map():
+            if not key.startswith(TRACKABLE + "/") or not key.endswith(_ATTR):
+                continue
+            name = key[len(TRACKABLE) + 1:-len(_ATTR)]
+            if wanted is not None and name not in wanted:
+                continue
+            value = reader.get_tensor(key)
+            if name in values and np.ndim(value) == 0:
+                value = np.maximum(values[name], value)
+            values[name] = value
+    if wanted is not None:
+        missing = sorted(wanted - set(values))
+        if missing:
+            raise CheckpointError(f"{info.path}: no value for {missing[:10]}"
+                                  f"{' ...' if len(missing) > 10 else ''} in any part")
+    return values
+
+
+def restore_model_variables(model, info: SaveInfo) -> None:
+    """Loads a parameter-server checkpoint's model variables into `model`
+    (weights only: the optimizer's slots live on the servers)."""
+    from keras_elastic.common.variable_keys import model_variables, variable_keys
+
+    keys = variable_keys(model)
+    values = read_values(info, [variable_name(k) for k in keys])
+    for key, variable in zip(keys, model_variables(model)):
+        if tuple(variable.shape) != values[variable_name(key)].shape:
+            raise CheckpointError(
+                f"{info.path}: variable {key} ({variable.path}) has shape "
+                f"{tuple(variable.shape)} in the model but "
+                f"{values[variable_name(key)].shape} in the checkpoint")
+        variable.assign(values[variable_name(key)])

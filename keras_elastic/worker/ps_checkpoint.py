@@ -1,0 +1,95 @@
+"""Checkpoints of a parameter-server job, saved and resumed from a worker.
+
+`ShardedModelCheckpoint` calls `save_parameter_servers` when the model trains
+on the cluster: every server writes its part (variables and optimizer slots,
+through the job's sharding callback) into a hidden directory, the saving
+worker adds the manifest (step, epoch, number of servers, the master's
+progress: which tasks of the current epoch are done) and renames the directory
+into place. A process killed during a save leaves no checkpoint that looks
+complete.
+
+`resume_info` finds the checkpoint a `fit` should resume from; `ke.Model.fit`
+then has the servers load it while they initialize and the master skip the
+tasks already done.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import keras
+
+from keras_elastic.checkpoint import layout, ps_layout
+from keras_elastic.checkpoint.manifest import SaveInfo, write_manifest
+from keras_elastic.ps.checkpointing import encode_callback
+from keras_elastic.worker.cluster import Cluster
+
+
+def is_chief(cluster: Cluster) -> bool:
+    """The saving worker: the alive worker with the smallest id."""
+    alive = cluster.master.status()["workers"]["alive"]
+    return not alive or cluster.worker_id == min(alive)
+
+
+def master_progress(cluster: Cluster) -> dict[str, dict]:
+    """Per training dataset: the epoch in progress and its tasks done."""
+    status = cluster.master.status()
+    return {name: {"epoch": ds["epoch"], "done_task_ids": ds["done_task_ids"]}
+            for name, ds in status["datasets"].items() if ds["mode"] == "training"}
+
+
+def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
+                           name: str, sharding_callback, extra: dict[str, Any],
+                           max_to_keep: int | None = None) -> SaveInfo:
+    """Writes one checkpoint of every parameter server's share."""
+    start = time.time()
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    layout.check_name(name)
+    temp = layout.temp_dir_for(directory, name)
+    os.makedirs(temp)
+    callback = sharding_callback or __import__(
+        "tensorflow").train.experimental.ShardByTaskPolicy()
+    progress = master_progress(cluster)
+    parts = cluster.ps.call_all("Save", {
+        "directory": temp, "callback": encode_callback(callback),
+        "extra": {k: v for k, v in extra.items() if k in ("epoch", "batch", "step")}})
+    sync = model._ke.sync
+    info = SaveInfo(
+        path=os.path.join(directory, name), name=name,
+        sequence=layout.next_sequence(directory), created=start, prefix="",
+        trackables=[ps_layout.TRACKABLE], description=parts[0]["description"],
+        callback_class=parts[0]["callback_class"],
+        latency_s=sum(p["latency_s"] for p in parts),
+        validation_s=sum(p["validation_s"] for p in parts),
+        write_s=time.time() - start,
+        num_shards=sum(p["num_shards"] for p in parts),
+        shard_sizes=[s for p in parts for s in p["shard_sizes"]],
+        shard_tensors=[[f"{p['name']}:{t}" for t in shard] for p in parts
+                       for shard in p["shard_tensors"]],
+        epoch=extra.get("epoch"), batch=extra.get("batch"), step=extra.get("step"),
+        extra=dict({k: v for k, v in extra.items() if k not in ("epoch", "batch",
+                                                                 "step")},
+                   layout=ps_layout.LAYOUT, num_ps=cluster.num_ps,
+                   parts=[p["name"] for p in parts], progress=progress,
+                   model_versions=[p.get("model_version") for p in parts],
+                   variable_keys=dict(zip(sync.keys, (v.path for v in sync.variables)))))
+    write_manifest(temp, info)
+    layout.commit(temp, info.path)
+    if max_to_keep:
+        layout.prune(directory, max_to_keep)
+    return info
+
+
+def resume_info(callbacks) -> tuple[Any, SaveInfo | None]:
+    """The `ShardedModelCheckpoint` among `callbacks` that restores on start,
+    and the checkpoint it would restore (None if there is none)."""
+    from keras_elastic.callbacks import ShardedModelCheckpoint
+
+    for callback in callbacks or []:
+        if isinstance(callback, ShardedModelCheckpoint) and callback.restore_on_start:
+            layout.remove_stale(callback.directory)
+            return callback, layout.latest(callback.directory)
+    return None, None

@@ -127,8 +127,8 @@ class Batching:
 
     spec = kb.Batching(32, components={"ids": kb.ragged(), "label": None},
                        drop_remainder=True)
-    ds = tf.data.Dataset.from_tensor_slices({"ids": tf.ragged.constant([[1], [2, 3]] * 32),
-                                             "label": tf.range(64)})
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"ids": tf.ragged.constant([[1], [2, 3]] * 32), "label": tf.range(64)})
     batches = spec(ds)   # same as kb.batch(ds, 32, components=..., drop_remainder=True)
     ```
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_elastic.batching.checks import shape_str
+
 BATCH = "batch"
 PADDED = "padded"
 MODES = (BATCH, PADDED)
@@ -55,11 +57,8 @@ def spec_name(spec: Any) -> str:
     kind = kind_of(spec)
     if kind is Kind.OTHER:
         return type(spec).__name__
-    shape = spec.shape
-    dims = ("<unknown rank>" if shape.rank is None else
-            "[" + ", ".join("None" if d is None else str(d)
-                            for d in shape.as_list()) + "]")
-    return f"{kind.value} of shape {dims} and dtype {spec.dtype.name}"
+    return (f"{kind.value} of shape {shape_str(spec.shape)} and dtype "
+            f"{spec.dtype.name}")
 
 
 class Infeasible(ValueError):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from keras_elastic.batching import checks
 from keras_elastic.batching.structure import Path
 
 
-def normalize_padded_shape(padded_shape: Any, reducer_name: str) -> list[int | None] | None:
+def normalize_padded_shape(padded_shape: Any,
+                           reducer_name: str) -> list[int | None] | None:
     """`padded_shape` as a list of ints and Nones (-1 also means None)."""
     if padded_shape is None:
         return None
@@ -19,16 +20,16 @@ def normalize_padded_shape(padded_shape: Any, reducer_name: str) -> list[int | N
         if padded_shape.rank is None:
             return None
         return padded_shape.as_list()
-    if isinstance(padded_shape, (int, np.integer)) or not isinstance(
+    if isinstance(padded_shape, numbers.Integral) or not isinstance(
             padded_shape, (list, tuple)):
         raise TypeError(
             f"{reducer_name}: padded_shape must be a list, tuple or TensorShape "
             f"of ints and Nones, got {padded_shape!r}.")
     out: list[int | None] = []
     for dim in padded_shape:
-        if dim is None or (isinstance(dim, (int, np.integer)) and dim == -1):
+        if dim is None or (isinstance(dim, numbers.Integral) and dim == -1):
             out.append(None)
-        elif isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) \
+        elif isinstance(dim, numbers.Integral) and not isinstance(dim, bool) \
                 and dim >= 0:
             out.append(int(dim))
         else:
@@ -39,7 +40,8 @@ def normalize_padded_shape(padded_shape: Any, reducer_name: str) -> list[int | N
 
 
 def target_shape(padded_shape: list[int | None] | None, static: tf.TensorShape,
-                 path: Path, reducer_name: str, what: str = "shape") -> list[int | None]:
+                 path: Path, reducer_name: str,
+                 what: str = "shape") -> list[int | None]:
     """The padded shape for a component of known rank, checked against `static`.
 
     Raises:

@@ -65,7 +65,10 @@ def leaves_with_paths(structure: Any, prefix: Path = ()) -> list[tuple[Path, Any
 def get_at(structure: Any, path: Path) -> Any:
     """Returns the part of `structure` at `path`."""
     for key in path:
-        structure = structure[key]
+        if _is_namedtuple(structure) and isinstance(key, str):
+            structure = getattr(structure, key)
+        else:
+            structure = structure[key]
     return structure
 
 

@@ -70,7 +70,8 @@ def batch_by_windows(dataset: tf.data.Dataset, units: list[tuple[Path, Any]],
                 try:
                     result = reducer.reduce(part, key=index)
                 except (TypeError, ValueError) as error:
-                    raise type(error)(
+                    kind = TypeError if isinstance(error, TypeError) else ValueError
+                    raise kind(
                         f"{reducer!r} at component `{path_str(path)}` failed on "
                         f"the window of its elements (element spec "
                         f"{part.element_spec}): {error}") from error

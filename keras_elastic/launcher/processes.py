@@ -10,6 +10,10 @@ import threading
 import time
 from collections.abc import Sequence
 
+# TensorFlow's C++ start-up chatter (INFO lines, and the note that precedes
+# them): kept in the log files, not echoed.
+_NOISE = (b"I0000 00:00:", b"WARNING: All log messages before absl::InitializeLog()")
+
 
 class ProcessStartError(RuntimeError):
     """A service process exited or did not become ready."""
@@ -39,7 +43,7 @@ class ManagedProcess:
             if echo:
                 # Keras progress bars redraw with \r: show the last state only.
                 text = line.rstrip(b"\n").split(b"\r")[-1]
-                if text.strip():
+                if text.strip() and not text.startswith(_NOISE):
                     sys.stdout.buffer.write(prefix + text + b"\n")
                     sys.stdout.buffer.flush()
         self.popen.stdout.close()

@@ -11,6 +11,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import app, flags
 
 import keras_elastic as ke
@@ -23,6 +24,31 @@ flags.DEFINE_integer("minibatches_per_task", 4, "Minibatches per task.")
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Where worker 0 writes weights (.npz).")
 flags.DEFINE_integer("exit_code", 0, "Exit with this code right away (crash tests).")
+flags.DEFINE_string("checkpoint_dir", None, "Save a checkpoint every epoch here.")
+flags.DEFINE_bool("slow_second_save", False, "The 2nd save stalls in the sharding "
+                  "callback (on the parameter server) after writing a marker file.")
+
+
+class SlowSecondSave(tf.train.experimental.ShardingCallback):
+    """Runs on the parameter server (shipped with cloudpickle)."""
+
+    def __init__(self, marker_dir):
+        self.marker_dir = marker_dir
+
+    @property
+    def description(self):
+        return "all in one shard; the second save stalls"
+
+    def __call__(self, shardable_tensors):
+        first = os.path.join(self.marker_dir, "first-save")
+        if os.path.exists(first):
+            open(os.path.join(self.marker_dir, "saving"), "w").close()
+            time.sleep(120)
+        open(first, "w").close()
+        shard = {}
+        for t in shardable_tensors:
+            shard.setdefault(t.checkpoint_key, {})[t.slice_spec] = t.tensor
+        return [shard]
 
 
 def main(argv):
@@ -52,6 +78,10 @@ def main(argv):
     if FLAGS.sleep_per_batch:
         callbacks.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda b, logs: time.sleep(FLAGS.sleep_per_batch)))
+    if FLAGS.checkpoint_dir:
+        callbacks.append(ke.callbacks.ShardedModelCheckpoint(
+            FLAGS.checkpoint_dir, sharding_callback=SlowSecondSave(
+                os.environ["KERAS_ELASTIC_JOB_DIR"]) if FLAGS.slow_second_save else None))
     model.fit(ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
                                 batch_size=FLAGS.batch_size,
                                 minibatches_per_task=FLAGS.minibatches_per_task),

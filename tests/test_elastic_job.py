@@ -161,3 +161,32 @@ def test_launcher_without_a_command(tmp_path):
                             timeout=60)
     assert result.returncode == 2
     assert "no worker command: put it after `--`" in result.stderr
+
+
+def test_kill_during_a_parameter_server_save_leaves_the_previous_checkpoint(tmp_path):
+    x, y = make_arrays(512)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=1)
+    job_dir = str(tmp_path / "job")
+    ckpt = str(tmp_path / "ckpt") + "/"
+    proc = launch(job_dir, SCRIPT, "--num_workers=1", "--max_worker_restarts=0",
+                  script_args=(f"--data={tmp_path}/data/*.tfrecord", "--epochs=3",
+                               f"--checkpoint_dir={ckpt}", "--slow_second_save"),
+                  background=True)
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(job_dir, "saving")), timeout=180,
+                 what="the second save to be under way")
+        os.kill(int(open(os.path.join(job_dir, "pid-0")).read()), signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output  # no restarts left: the job failed
+    import keras_elastic as ke
+
+    latest = ke.checkpoint.latest(ckpt)
+    assert latest.name == "ckpt-0001" and latest.epoch == 1
+    assert [c.name for c in ke.checkpoint.list_checkpoints(ckpt)] == ["ckpt-0001"]
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    ke.checkpoint.restore_model(model, ckpt)  # the previous checkpoint loads
+    assert ke.checkpoint.remove_stale(ckpt)  # the interrupted save's leftovers

@@ -62,8 +62,9 @@ class ElasticDataset:
         shuffle: shuffle the order of tasks each epoch (the master does) and
             the records within each task (the worker does), with `seed`.
         batching: how elements are batched: None (like `Dataset.batch`), a
-            `keras_elastic.batching` components nest (one reducer per
-            component of the element), or a callable `dataset -> dataset`.
+            `keras_elastic.batching` reducer or nest of reducers matching the
+            element (e.g. `{"tokens": kb.padded(), "tags": kb.padded_sparse(),
+            "label": None}`), or a `keras_elastic.batching.Batching`.
         drop_remainder: drop a last partial batch.
         prefetch: batches to prefetch (default: autotune).
         index_dir: where TFRecord offset indexes are cached.
@@ -99,8 +100,8 @@ class ElasticDataset:
         self.name = name or mode
         self.shuffle = shuffle
         self.seed = seed
-        self.batching = batching
-        self.drop_remainder = drop_remainder
+        self.batching, self.drop_remainder = _batching_components(
+            batching, batch_size, drop_remainder)
         self.prefetch = prefetch
         self.output_dir = output_dir
         self.output_writer = output_writer
@@ -216,19 +217,12 @@ class ElasticDataset:
                                  drop_remainder=self.drop_remainder)
 
     def _batch_tagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
-        if callable(self.batching) and not _is_components_spec(self.batching):
-            # A custom batching function sees user elements; the tag is batched
-            # alongside by zipping the same windows.
-            raise TypeError(
-                "ElasticDataset(batching=...) takes a keras_elastic.batching "
-                "components nest (reducers per component), not a function, so that "
-                "the task tag can be batched with each element.")
         from keras_elastic import batching as ke_batching
 
-        return ke_batching.batch(
-            elements, self.batch_size,
-            components=(ke_batching.dense(), self.batching),
-            drop_remainder=self.drop_remainder)
+        # The task tag is a scalar: batched natively (None) beside the element.
+        return ke_batching.batch(elements, self.batch_size,
+                                 components=(None, self.batching),
+                                 drop_remainder=self.drop_remainder)
 
     def describe(self) -> str:
         return (f"ElasticDataset '{self.name}' ({self.mode}): {self.source.describe()}, "
@@ -250,11 +244,25 @@ def _fn_name(fn: Callable) -> str:
     return f"'{module}.{name}'" if module else f"'{name}'"
 
 
-def _is_components_spec(batching: Any) -> bool:
-    """A reducer (or nest of reducers) rather than a dataset function."""
-    try:
-        from keras_elastic.batching import is_reducer
-    except ImportError:  # pragma: no cover
-        return False
-    leaves = tf.nest.flatten(batching, expand_composites=False)
-    return bool(leaves) and all(is_reducer(x) or x is None for x in leaves)
+def _batching_components(batching: Any, batch_size: int,
+                         drop_remainder: bool) -> tuple[Any, bool]:
+    """`(components, drop_remainder)` from what `ElasticDataset(batching=...)`
+    accepts: None, a reducer or nest of reducers, or a `Batching`."""
+    if batching is None:
+        return None, drop_remainder
+    from keras_elastic import batching as ke_batching
+
+    if isinstance(batching, ke_batching.Batching):
+        if batching.batch_size != batch_size:
+            raise ValueError(
+                f"ElasticDataset: batch_size={batch_size} but batching="
+                f"Batching({batching.batch_size}, ...): give one batch size")
+        return batching.components, batching.drop_remainder or drop_remainder
+    leaves = tf.nest.flatten(batching)
+    bad = [x for x in leaves if x is not None and not isinstance(x, ke_batching.Reducer)]
+    if bad:
+        raise TypeError(
+            "ElasticDataset(batching=...) takes keras_elastic.batching reducers (one, "
+            "or a nest matching the element, e.g. {'tokens': kb.padded(), 'label': "
+            f"None}}) or a kb.Batching; got {type(bad[0]).__name__}")
+    return batching, drop_remainder

@@ -1,0 +1,174 @@
+"""Throughput of `ke.batching.batch` against tf.data's own batching ops.
+
+Each case batches the same in-memory (cached) elements with a native tf.data
+op and with `ke.batching`, alternating the two, and prints elements/s (best
+of --repeats runs, which damps noise from other processes) and the ratio
+ours / native. Batches are consumed the way Keras does, by `get_next()` in a
+compiled loop that touches every component. Cases without a native
+equivalent print no ratio; the `control` case runs one native pipeline
+against itself, so its ratio shows the measurement noise.
+
+    PYTHONPATH=. python bench/bench_batching.py
+    PYTHONPATH=. python bench/bench_batching.py --num_elements=100000 --repeats=5
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+import keras_elastic.batching as kb  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("num_elements", 50000,
+                     "Elements per run (a tenth for the slow 'mixed' case).")
+flags.DEFINE_integer("batch_size", 128, "Batch size.")
+flags.DEFINE_integer("max_len", 64, "Longest sequence in the padded cases.")
+flags.DEFINE_integer("repeats", 10, "Runs per pipeline; the best is reported.")
+flags.DEFINE_list("cases", ["control", "dense", "padded", "padded_fixed",
+                            "padded_sparse", "padded_sparse_fixed", "mixed"],
+                  "Cases to run.")
+
+
+def _source(pool: tf.data.Dataset, n: int) -> tf.data.Dataset:
+    """`n` elements: a cached pool of distinct elements, repeated."""
+    pool = pool.cache()
+    size = int(pool.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))  # fill
+    return pool.repeat(-(-n // size)).take(n)
+
+
+def _sequences(n: int, max_len: int) -> tf.data.Dataset:
+    return tf.data.Dataset.range(n).map(
+        lambda i: tf.range(tf.cast(i % max_len, tf.int32) + 1))
+
+
+def _sources(n: int, max_len: int) -> dict[str, tf.data.Dataset]:
+    pool = 4096
+    dense = tf.data.Dataset.range(pool).map(
+        lambda i: (tf.fill([32], tf.cast(i, tf.float32)), i))
+    # Sparse tensors of one dense_shape (so Dataset.batch can batch them).
+    sparse = tf.data.Dataset.range(pool).map(lambda i: tf.SparseTensor(
+        tf.stack([i % 4, i % 16])[tf.newaxis], [tf.cast(i, tf.float32)], [4, 16]))
+    mixed = tf.data.Dataset.zip({
+        "tokens": _sequences(pool, max_len),
+        "tags": sparse,
+        "words": _sequences(pool, 8).map(lambda t: tf.RaggedTensor.from_row_lengths(
+            t, [tf.size(t)])),
+        "label": tf.data.Dataset.range(pool),
+    })
+    return {"dense": _source(dense, n),
+            "sequences": _source(_sequences(pool, max_len), n),
+            "sparse": _source(sparse, n),
+            "mixed": _source(mixed, max(n // 10, FLAGS.batch_size))}
+
+
+def _drainer(ds: tf.data.Dataset) -> Callable[[], float]:
+    """A compiled loop that pulls every batch of `ds` (traced once, here)."""
+
+    @tf.function
+    def drain(dataset):
+        # Touch every component, so that lazily decoded batches (sparse and
+        # ragged ones travel as variants) are really materialized.
+        total = tf.constant(0, tf.int64)
+        for batch in dataset:
+            for part in tf.nest.flatten(batch, expand_composites=True):
+                total += tf.size(part, out_type=tf.int64)
+        return total
+
+    drain.get_concrete_function(ds)
+
+    def run() -> float:
+        start = time.perf_counter()
+        drain(ds)
+        return time.perf_counter() - start
+
+    return run
+
+
+def _measure(pipelines: dict[str, Callable[[], tf.data.Dataset]], n: int,
+             repeats: int) -> dict[str, float]:
+    """Best elements/s of each pipeline, running them in turn `repeats` times."""
+    runs = {name: _drainer(make()) for name, make in pipelines.items()}
+    best = dict.fromkeys(pipelines, 0.0)
+    for _ in range(repeats):  # alternate, so both see the same machine load
+        for name, run in runs.items():
+            best[name] = max(best[name], n / run())
+    return best
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    n, b, max_len = FLAGS.num_elements, FLAGS.batch_size, FLAGS.max_len
+    logging.info("Preparing sources of %d elements", n)
+    src = _sources(n, max_len)
+    cases = {
+        # The same native pipeline twice: the ratio shows the measurement noise.
+        "control": (
+            "dense [32] + scalar, Dataset.batch twice",
+            lambda: src["dense"].batch(b),
+            lambda: src["dense"].batch(b)),
+        "dense": (
+            "dense [32] + scalar, components=None",
+            lambda: src["dense"].batch(b),
+            lambda: kb.batch(src["dense"], b)),
+        "padded": (
+            f"int32 [1..{max_len}], padded()",
+            lambda: src["sequences"].padded_batch(b),
+            lambda: kb.batch(src["sequences"], b, components=kb.padded())),
+        "padded_fixed": (
+            f"int32 [1..{max_len}], padded([{max_len}])",
+            lambda: src["sequences"].padded_batch(b, [max_len]),
+            lambda: kb.batch(src["sequences"], b, components=kb.padded([max_len]))),
+        "padded_sparse": (
+            "sparse [4, 16], padded_sparse()",
+            lambda: src["sparse"].batch(b),
+            lambda: kb.batch(src["sparse"], b, components=kb.padded_sparse())),
+        "padded_sparse_fixed": (
+            "sparse [4, 16], padded_sparse([8, 32])",
+            lambda: src["sparse"].batch(b),
+            lambda: kb.batch(src["sparse"], b,
+                             components=kb.padded_sparse([8, 32]))),
+        "mixed": (
+            "dict: padded + padded_sparse + ragged + None",
+            None,
+            lambda: kb.batch(src["mixed"], b, components={
+                "tokens": kb.padded([max_len]), "tags": kb.padded_sparse([8, 32]),
+                "words": kb.ragged(), "label": None})),
+    }
+    unknown = [c for c in FLAGS.cases if c not in cases]
+    if unknown:
+        raise app.UsageError(f"unknown --cases {unknown}; known: {sorted(cases)}")
+
+    rows = []
+    for name in FLAGS.cases:
+        title, native, ours = cases[name]
+        pipelines = {"ours": ours}
+        if native is not None:
+            pipelines["native"] = native
+        logging.info("Running %s", name)
+        count = max(n // 10, b) if name == "mixed" else n
+        best = _measure(pipelines, count, FLAGS.repeats)
+        native_rate = best.get("native")
+        ratio = f"{best['ours'] / native_rate:.2f}" if native_rate else "n/a"
+        rows.append((name, title, f"{native_rate:,.0f}" if native_rate else "n/a",
+                     f"{best['ours']:,.0f}", ratio))
+
+    header = ("case", "data, ke.batching reducer", "native el/s", "ke el/s",
+              "ke/native")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(5)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    print(f"\nke.batching.batch vs tf.data (batch_size={b}, {n} elements, "
+          f"best of {FLAGS.repeats})")
+    print(line.format(*header))
+    for row in rows:
+        print(line.format(*row))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -155,3 +155,38 @@ def test_mode_errors(call, message, embedded_cluster):
     x, y = make_arrays(32)
     with pytest.raises(ValueError, match=message):
         call(binary_model(ke.Model), x, y)
+
+
+def test_periodic_evaluation_every_n_model_versions(embedded_cluster):
+    from keras_elastic.worker import cluster as cluster_mod
+
+    x, y = make_arrays(640)
+    train = ke.ElasticDataset((x, y), batch_size=32)
+    plain = binary_model(ke.Model).fit(train, epochs=2, verbose=0).history
+    cluster_mod.reset_cluster()  # a fresh job for the same training
+    evaluator = ke.callbacks.PeriodicEvaluation(
+        ke.ElasticDataset((x[:200], y[:200]), batch_size=50, minibatches_per_task=1,
+                          mode="evaluation", name="periodic"),
+        every_n_versions=8, verbose=0)
+    history = binary_model(ke.Model).fit(train, epochs=2, verbose=0,
+                                         callbacks=[evaluator]).history
+    # 40 updates in all: rounds at versions 8, 16, 24, 32, 40.
+    assert [(r, v) for r, v, _ in evaluator.history] == [
+        (1, 8), (2, 16), (3, 24), (4, 32), (5, 40)]
+    assert set(evaluator.history[0][2]) == {"loss", "accuracy", "auc", "precision",
+                                            "recall"}
+    # Evaluating in the middle of epochs changes neither the training nor its
+    # metrics.
+    for name in plain:
+        np.testing.assert_allclose(history[name], plain[name], atol=1e-6)
+    status = cluster_mod.get_cluster().master.status()["datasets"]["periodic"]
+    assert status["tasks_done_total"] == 5 * 4
+
+
+def test_periodic_evaluation_argument_errors():
+    x, y = make_arrays(10)
+    with pytest.raises(ValueError, match="needs an ElasticDataset in 'evaluation'"):
+        ke.callbacks.PeriodicEvaluation(ke.ElasticDataset((x, y)), every_n_versions=3)
+    with pytest.raises(ValueError, match="every_n_versions must be >= 1, got 0"):
+        ke.callbacks.PeriodicEvaluation(ke.ElasticDataset((x, y), mode="evaluation"),
+                                        every_n_versions=0)

@@ -1,7 +1,9 @@
 """The worker side: the cluster connection, the task-fed input stream, the link
 between a Keras model and the parameter servers.
 
-May import: keras_elastic.common, .data, .master (client), .ps (client).
+May import: keras_elastic.common, .data, .dataset, .checkpoint, .prediction,
+.master and .ps (their clients; their servers only to start the embedded
+cluster), and keras_elastic.callbacks (to find a ShardedModelCheckpoint).
 """
 
 from keras_elastic.common.variable_keys import variable_keys

@@ -190,3 +190,48 @@ def test_kill_during_a_parameter_server_save_leaves_the_previous_checkpoint(tmp_
                               keras.layers.BatchNormalization(), keras.layers.Dense(2)])
     ke.checkpoint.restore_model(model, ckpt)  # the previous checkpoint loads
     assert ke.checkpoint.remove_stale(ckpt)  # the interrupted save's leftovers
+
+
+def test_scaling_a_running_job_up_and_down(tmp_path):
+    x, y = make_arrays(2048)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=2)
+    job_dir = str(tmp_path / "job")
+    proc = launch(job_dir, SCRIPT, "--num_workers=1", "--min_workers=1",
+                  "--max_workers=2",
+                  script_args=(f"--data={tmp_path}/data/train-*.tfrecord", "--epochs=3",
+                               "--batch_size=16", "--minibatches_per_task=4",
+                               "--sleep_per_batch=0.05"), background=True)
+
+    def scale(n):
+        subprocess.run([sys.executable, "-m", "keras_elastic", "scale",
+                        f"--job_dir={job_dir}", f"--num_workers={n}"],
+                       env=subprocess_env(), check=True, capture_output=True, timeout=60)
+
+    try:
+        wait_for(lambda: (job_status(job_dir) or {}).get("tasks_done", 0) >= 2,
+                 timeout=180, what="the job to start")
+        scale(2)
+        wait_for(lambda: (job_status(job_dir) or {}).get("tasks_done", 0) >= 2 and any(
+            e["worker"] == 1 for e in job_status_ledger(job_dir)), timeout=180,
+            what="the added worker to train a task")
+        scale(1)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert "scaling down: stopping worker 1" in output
+    ledger = read_ledger(job_dir)["training"]
+    assert_exactly_once(ledger, num_epochs=3, tasks_per_epoch=32)
+
+
+def job_status_ledger(job_dir):
+    from keras_elastic.master.client import MasterClient
+
+    with open(os.path.join(job_dir, "cluster.json")) as f:
+        client = MasterClient(json.load(f)["master"], connect_timeout=5)
+    try:
+        return client.status(include_ledger=True)["datasets"].get(
+            "training", {}).get("ledger", [])
+    finally:
+        client.close()

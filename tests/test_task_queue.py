@@ -119,3 +119,32 @@ def test_restore_progress_skips_done_tasks():
     assert got[0].task_id == 1
     ds.report_done(0, [1])
     assert ds.epoch == 2
+
+
+def test_silent_worker_is_lost_and_its_tasks_requeued():
+    """Over real gRPC: a worker that stops sending heartbeats loses its tasks."""
+    import time
+
+    from keras_elastic.master.client import MasterClient
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.proto import master_pb2
+
+    server = MasterServer(heartbeat_timeout=1.0)
+    try:
+        silent = MasterClient(server.address, worker_id=0)
+        silent.register_worker()  # and never a heartbeat
+        request = master_pb2.RegisterDatasetRequest(
+            dataset="train", mode="training", records_per_task=5, num_epochs=1,
+            shards=[master_pb2.Shard(name="a", num_records=10)])
+        silent.register_dataset(request)
+        task = silent.get_task("train", 0)
+        deadline = time.time() + 10
+        while time.time() < deadline and not silent.status()["workers"]["lost"]:
+            time.sleep(0.2)
+        status = silent.status()
+        assert status["workers"]["lost"] == 1 and status["requeued"] == 1
+        other = MasterClient(server.address, worker_id=1)
+        other.register_worker()
+        assert other.get_task("train", 0).task_id == task.task_id  # requeued first
+    finally:
+        server.stop()

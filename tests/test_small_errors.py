@@ -1,0 +1,59 @@
+"""More error paths, each with the message a user sees."""
+
+import numpy as np
+import pytest
+
+from keras_elastic.common import cluster_env
+from keras_elastic.common.tensor_codec import ChunkAssembler, encode
+from keras_elastic.data import ArraySource
+from keras_elastic.jobs.model_def import ModelDefError, check_model_def
+from keras_elastic.launcher.processes import ProcessStartError, start_service
+from keras_elastic.prediction import read_predictions
+
+
+def test_array_source_needs_a_record_axis():
+    with pytest.raises(ValueError, match="every array needs a leading \\(record\\) axis"):
+        ArraySource((np.float32(1.0), np.zeros(3)))
+
+
+def test_stream_must_start_at_offset_zero():
+    chunks = list(encode("w", np.zeros(100, np.float32), chunk_bytes=100))
+    with pytest.raises(ValueError, match="tensor 'w': first chunk has offset 100"):
+        ChunkAssembler().add(chunks[1])
+
+
+def test_read_predictions_without_parts(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no prediction parts"):
+        read_predictions(str(tmp_path))
+
+
+def test_cluster_environment_errors(monkeypatch):
+    monkeypatch.setenv(cluster_env.MASTER, "127.0.0.1:1")
+    monkeypatch.setenv(cluster_env.PS, "127.0.0.1:2")
+    monkeypatch.setenv(cluster_env.WORKER_ID, "first")
+    with pytest.raises(ValueError, match="KERAS_ELASTIC_WORKER_ID='first' is not an "
+                       "integer"):
+        cluster_env.read()
+    monkeypatch.setenv(cluster_env.CONNECT_TIMEOUT, "soon")
+    with pytest.raises(ValueError, match="KERAS_ELASTIC_CONNECT_TIMEOUT='soon' is not a "
+                       "number of seconds"):
+        cluster_env.connect_timeout()
+
+
+def test_model_def_file_errors(tmp_path):
+    with pytest.raises(ModelDefError, match="file .*missing.py does not exist"):
+        check_model_def(f"{tmp_path}/missing.py:f")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    with pytest.raises(ModelDefError, match="broken.py has a syntax error"):
+        check_model_def(f"{broken}:f")
+    good = tmp_path / "good.py"
+    good.write_text("import keras\n\ndef f():\n    pass\n\ndataset_fn = None\n")
+    assert check_model_def(f"{good}:f") == str(good)
+
+
+def test_service_that_dies_at_start_is_reported_with_its_log(tmp_path):
+    with pytest.raises(ProcessStartError, match="(?s)the master process exited with "
+                       "code 1 before serving.*No module named "
+                       "keras_elastic.no_such_service"):
+        start_service("master", "keras_elastic.no_such_service", [], str(tmp_path))

@@ -206,45 +206,13 @@ class ElasticTrainerMixin:
                 class_weight=class_weight, sample_weight=sample_weight,
                 initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                 validation_freq=validation_freq, **kwargs)
-        if getattr(self, "optimizer", None) is None:
-            raise ValueError("compile the model (with an optimizer) before fit: "
-                             "model.compile(optimizer=..., loss=...)")
-        if dataset.mode != "training":
-            raise ValueError(f"fit() needs an ElasticDataset in 'training' mode; "
-                             f"'{dataset.name}' is in '{dataset.mode}' mode.")
-        if steps_per_epoch is not None:
-            raise ValueError("steps_per_epoch cannot be set with an ElasticDataset: an "
-                             "epoch is one pass over the data, decided by the master.")
-        if validation_split:
-            raise ValueError("validation_split is not supported with an "
-                             "ElasticDataset: pass validation_data instead.")
-        if class_weight is not None:
-            raise ValueError("class_weight is not supported with an ElasticDataset: "
-                             "return sample weights from dataset_fn instead.")
+        _check_fit_arguments(self, dataset, validation_data, steps_per_epoch,
+                             validation_split, class_weight)
         elastic_validation = isinstance(validation_data, ElasticDataset)
-        if elastic_validation and validation_data.mode != "evaluation":
-            raise ValueError("validation_data must be an ElasticDataset in 'evaluation' "
-                             f"mode; '{validation_data.name}' is in "
-                             f"'{validation_data.mode}' mode.")
-        if elastic_validation and validation_data.name == dataset.name:
-            raise ValueError(f"the training and validation datasets are both named "
-                             f"'{dataset.name}': give them different names.")
         cluster = get_cluster()
         checkpoint_callback, resume = resume_info(callbacks)
         request = dataset.registration(epochs)
-        restore_from = ""
-        if resume is not None and ps_layout.is_ps_checkpoint(resume):
-            # The servers load it as they initialize; the master skips the
-            # tasks it records as done (a resume mid-epoch).
-            restore_from = resume.path
-            progress = resume.extra.get("progress", {}).get(dataset.name)
-            if progress is not None:
-                request.resume = True
-                request.resume_epoch = progress["epoch"]
-                request.resume_done.extend(progress["done_task_ids"])
-        elif resume is not None:  # a plain Keras checkpoint: resume at its epoch
-            request.resume = True
-            request.resume_epoch = resume.initial_epoch
+        restore_from = _resume_request(request, resume)
         registered = cluster.master.register_dataset(request)
         start_epoch = max(initial_epoch, registered.epoch)
         local = resume if resume is not None and not restore_from else None
@@ -375,6 +343,53 @@ class ElasticTrainerMixin:
             return predict_elastic(self, x, stream, writer, keep=writer is None,
                                    callbacks=callbacks,
                                    verbose=1 if verbose == "auto" else verbose)
+
+
+def _check_fit_arguments(model, dataset: ElasticDataset, validation_data,
+                         steps_per_epoch, validation_split, class_weight) -> None:
+    """Errors for `fit` arguments that do not apply to an ElasticDataset."""
+    if getattr(model, "optimizer", None) is None:
+        raise ValueError("compile the model (with an optimizer) before fit: "
+                         "model.compile(optimizer=..., loss=...)")
+    if dataset.mode != "training":
+        raise ValueError(f"fit() needs an ElasticDataset in 'training' mode; "
+                         f"'{dataset.name}' is in '{dataset.mode}' mode.")
+    if steps_per_epoch is not None:
+        raise ValueError("steps_per_epoch cannot be set with an ElasticDataset: an "
+                         "epoch is one pass over the data, decided by the master.")
+    if validation_split:
+        raise ValueError("validation_split is not supported with an "
+                         "ElasticDataset: pass validation_data instead.")
+    if class_weight is not None:
+        raise ValueError("class_weight is not supported with an ElasticDataset: "
+                         "return sample weights from dataset_fn instead.")
+    if isinstance(validation_data, ElasticDataset):
+        if validation_data.mode != "evaluation":
+            raise ValueError("validation_data must be an ElasticDataset in 'evaluation' "
+                             f"mode; '{validation_data.name}' is in "
+                             f"'{validation_data.mode}' mode.")
+        if validation_data.name == dataset.name:
+            raise ValueError(f"the training and validation datasets are both named "
+                             f"'{dataset.name}': give them different names.")
+
+
+def _resume_request(request, resume) -> str:
+    """Adds the resume point of checkpoint `resume` (or None) to a dataset
+    registration; returns the parameter-server checkpoint to restore ("")."""
+    if resume is None:
+        return ""
+    if not ps_layout.is_ps_checkpoint(resume):  # a plain Keras checkpoint
+        request.resume = True
+        request.resume_epoch = resume.initial_epoch
+        return ""
+    # The servers load it as they initialize; the master skips the tasks it
+    # records as done (a resume mid-epoch).
+    progress = resume.extra.get("progress", {}).get(request.dataset)
+    if progress is not None:
+        request.resume = True
+        request.resume_epoch = progress["epoch"]
+        request.resume_done.extend(progress["done_task_ids"])
+    return resume.path
 
 
 def _should_eval(epoch: int, validation_freq) -> bool:

@@ -47,7 +47,8 @@ def kill_worker_when(job_dir, dataset, proc):
     def mid_way():
         status = job_status(job_dir)
         ds = status and status["datasets"].get(dataset)
-        return ds and ds["done"] >= 2 and ds["doing"] >= 1
+        # Worker 1 holds a task: killing it must requeue something.
+        return ds and ds["done"] >= 2 and ds["doing_by_worker"].get("1", 0) >= 1
     wait_for(mid_way, timeout=180, what=f"'{dataset}' to be under way")
     os.kill(int(open(os.path.join(job_dir, "pid-1")).read()), signal.SIGKILL)
 

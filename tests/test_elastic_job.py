@@ -77,7 +77,8 @@ def test_worker_killed_mid_epoch_is_relaunched_and_every_task_runs_once(tmp_path
         def mid_first_epoch():
             status = job_status(job_dir)
             ds = status and status["datasets"].get("training")
-            return ds and ds["epoch"] == 0 and ds["done"] >= 3 and ds["doing"] >= 2
+            return ds and ds["epoch"] == 0 and ds["done"] >= 3 and ds[
+                "doing_by_worker"].get("1", 0) >= 1
         wait_for(mid_first_epoch, timeout=180, what="the first epoch to be under way")
         pid = int(open(os.path.join(job_dir, "pid-1")).read())
         os.kill(pid, signal.SIGKILL)

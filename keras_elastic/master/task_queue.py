@@ -264,4 +264,6 @@ class DatasetTasks:
             "late_reports": self.late_reports,
             "finished": self.finished,
             "done_task_ids": sorted(self.done),
+            "doing_by_worker": {str(w): sum(f.worker == w for f in self.doing.values())
+                                for w in {f.worker for f in self.doing.values()}},
         }

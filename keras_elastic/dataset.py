@@ -24,7 +24,6 @@ model.fit(train, epochs=3)      # model is a ke.Model / ke.wrap(...) model
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -228,10 +227,6 @@ class ElasticDataset:
         return (f"ElasticDataset '{self.name}' ({self.mode}): {self.source.describe()}, "
                 f"batch_size={self.batch_size}, {self.records_per_task} records per "
                 "task")
-
-    def fingerprint(self) -> str:
-        text = repr((self.name, self.mode, self.source.shards(), self.records_per_task))
-        return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _no_tasks():

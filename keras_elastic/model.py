@@ -62,12 +62,10 @@ class _ElasticState:
         self.sync: ModelSync | None = None
         self.tagged = False          # the traced step expects (seq, batch)
         self.traced_tagged = None    # what the cached train function expects
-        self.reporter: TaskReporter | None = None
         self.jit_compile = False
         self.eval_step = None        # compiled test_step / predict_step
         self.predict_step = None
         self.eval_rounds: dict[str, int] = {}  # dataset -> next standalone round
-        self.training_dataset: str | None = None  # inside fit: its dataset name
 
 
 class ElasticTrainerMixin:
@@ -232,7 +230,6 @@ class ElasticTrainerMixin:
                                          after=dataset.name)
                 return {f"val_{k}": v for k, v in logs.items()}
         reporter = TaskReporter(stream, self._ke.trained_seq, sync, validate)
-        self._ke.reporter = reporter
         self._ke_set_tagged(True)
         if start_epoch >= epochs:
             logging.info("keras_elastic: the job is already past epoch %d", epochs)
@@ -251,7 +248,6 @@ class ElasticTrainerMixin:
             raise e
         finally:
             stream.stop()
-            self._ke.reporter = None
             del tf_dataset
             gc.collect()  # free the epoch's tf.data iterators now, not at exit
         if not self.stop_training:

@@ -36,7 +36,6 @@ class ModelSync:
         self._values: dict[str, np.ndarray] = {}
         self.grad_keys: list[str] = []  # set when the train step is traced
         self.t_data = 0.0
-        self.steps = 0
 
     def initialize(self, restore_from: str = "") -> None:
         """Initializes the PS with this model (first worker wins; it has the
@@ -82,7 +81,6 @@ class ModelSync:
         self._values.update(new)
         out = [self._values[k] for k in self.keys]
         self.timer.add("pull", time.perf_counter() - t_pushed)
-        self.steps += 1
         return out
 
 

@@ -44,8 +44,6 @@ class TaskStream:
         self._next_seq = 0
         self._exhausted = False
         self.error: BaseException | None = None
-        self.tasks_done = 0
-        self.records_read = 0
         self._stop = threading.Event()
 
     # -- epochs -----------------------------------------------------------
@@ -88,7 +86,6 @@ class TaskStream:
                     seq = self._next_seq
                     self._next_seq += 1
                     self._outstanding[seq] = task
-                self.records_read += task.end - task.start
                 self.timer.add("get_batch", time.perf_counter() - start)
                 yield np.int64(seq), records
         except BaseException as e:
@@ -112,7 +109,6 @@ class TaskStream:
             task_ids = [self._outstanding.pop(s).task_id for s in done]
         if task_ids:
             self.master.report_tasks(self.dataset, task_ids, success=True)
-            self.tasks_done += len(task_ids)
 
     def report_one(self, seq: int, metric_states=None) -> None:
         """Reports the task of `seq` done, with its metric states (evaluation)."""
@@ -121,7 +117,6 @@ class TaskStream:
         if task is not None:
             self.master.report_tasks(self.dataset, [task.task_id], success=True,
                                      metric_states=metric_states)
-            self.tasks_done += 1
 
     def report_through(self, before: int | None) -> None:
         """Reports every task with `seq < before` (None: all, if exhausted)."""
@@ -142,13 +137,6 @@ class TaskStream:
         """The master's `Task` behind `seq` (None once reported)."""
         with self._lock:
             return self._outstanding.get(seq)
-
-    def abandon(self) -> list[int]:
-        """Forgets tasks fetched but not trained (the master requeues them)."""
-        with self._lock:
-            task_ids = [t.task_id for t in self._outstanding.values()]
-            self._outstanding.clear()
-        return task_ids
 
 
 def _take(records: Any, order: np.ndarray) -> Any:

@@ -141,3 +141,24 @@ def test_export_after_elastic_training_and_restore_into_a_plain_model(tmp_path,
     ke.checkpoint.restore_model(plain, CKPT.format(tmp_path))
     for a, b in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_restoring_another_models_checkpoint_is_refused(tmp_path, start_cluster):
+    x, y = make_arrays(128)
+    start_cluster(1)
+    build_model().fit(ke.ElasticDataset((x, y), batch_size=32), epochs=1, verbose=0,
+                      callbacks=[ke.callbacks.ShardedModelCheckpoint(
+                          CKPT.format(tmp_path))])
+    start_cluster(1)
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(32, activation="relu")(inputs)
+    h = keras.layers.Dense(32, activation="relu")(h)
+    h = keras.layers.Dense(32, activation="relu")(h)  # one layer more
+    bigger = ke.Model(inputs, keras.layers.Dense(2, activation="softmax")(h))
+    bigger.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match=r"has no value for model variable\(s\) "
+                       r"\['v_0006_kernel', 'v_0007_bias'\]: it was saved from "
+                       "another model"):
+        bigger.fit(ke.ElasticDataset((x, y), batch_size=32), epochs=2, verbose=0,
+                   callbacks=[ke.callbacks.ShardedModelCheckpoint(CKPT.format(tmp_path))])

@@ -55,6 +55,19 @@ def _define_run() -> None:
     flags.DEFINE_float("progress_interval", 10.0, "Seconds between progress lines.")
     flags.DEFINE_string("job_dir", None, "Logs, cluster.json, ledger and summary "
                         "(default: a new temporary directory).")
+    flags.DEFINE_integer("max_ps_restarts", 3,
+                         "Restarts of dead parameter servers before the job fails.")
+    flags.DEFINE_float("ps_checkpoint_secs", 30.0,
+                       "Save the parameter servers to JOB_DIR/ps_checkpoints every "
+                       "this many seconds (0: off); a restarted server goes back to "
+                       "the latest save.")
+    flags.DEFINE_integer("ps_checkpoint_versions", 0,
+                         "Also save every this many model versions (0: off).")
+    flags.DEFINE_integer("ps_checkpoints_to_keep", 2,
+                         "Automatic parameter-server checkpoints kept.")
+    flags.DEFINE_float("connect_timeout", 300.0,
+                       "Seconds a worker keeps retrying a master or parameter server "
+                       "it cannot reach (at start, or while one restarts).")
 
 
 def _main_run(command: list[str]) -> int:
@@ -66,7 +79,12 @@ def _main_run(command: list[str]) -> int:
         max_worker_restarts=FLAGS.max_worker_restarts, grads_to_wait=FLAGS.grads_to_wait,
         heartbeat_timeout=FLAGS.heartbeat_timeout,
         max_task_retries=FLAGS.max_task_retries,
-        progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir)
+        progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
+        max_ps_restarts=FLAGS.max_ps_restarts,
+        ps_checkpoint_secs=FLAGS.ps_checkpoint_secs,
+        ps_checkpoint_versions=FLAGS.ps_checkpoint_versions,
+        ps_checkpoints_to_keep=FLAGS.ps_checkpoints_to_keep,
+        connect_timeout=FLAGS.connect_timeout)
     try:
         launcher = Launcher(command, config)
     except ValueError as e:

@@ -31,6 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_elastic._backend import check_tensorflow_backend
+from keras_elastic.data import fingerprint as _fingerprint
 from keras_elastic.data.source import DataSource, as_source
 from keras_elastic.proto import master_pb2
 
@@ -71,6 +72,18 @@ class ElasticDataset:
             (`keras_elastic.prediction.read_predictions` reads them back).
         output_writer: prediction mode: a `keras_elastic.prediction.
             PredictionWriter` to use instead of the default NumPy files.
+        deterministic: training: `dataset_fn` gives the same elements, in the
+            same order, every time it runs on the same records (seeded
+            shuffles and random ops are fine). A task trained again after a
+            failure is then replayed exactly: the elements whose gradients are
+            already applied are skipped by position, and checked against
+            fingerprints of what was applied (a mismatch is an error, never a
+            silent double count). `fit` checks this on the first records
+            before training. Pass False if `dataset_fn` augments each record at
+            random on purpose (same records, same order, other values): replays
+            then skip by position without comparing contents; a `dataset_fn`
+            that shuffles or samples records at random cannot be replayed
+            exactly either way.
     """
 
     def __init__(self, data: Any, dataset_fn: Callable | None = None,
@@ -79,7 +92,7 @@ class ElasticDataset:
                  shuffle: bool = False, seed: int = 0, batching: Any = None,
                  drop_remainder: bool = False, prefetch: int | None = None,
                  index_dir: str | None = None, output_dir: str | None = None,
-                 output_writer: Any = None) -> None:
+                 output_writer: Any = None, deterministic: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"ElasticDataset: mode must be one of {MODES}, got {mode!r}")
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -104,6 +117,8 @@ class ElasticDataset:
         self.prefetch = prefetch
         self.output_dir = output_dir
         self.output_writer = output_writer
+        self.deterministic = bool(deterministic)
+        self._determinism_checked = False
         if (output_dir or output_writer) and mode != "prediction":
             raise ValueError("output_dir and output_writer only apply to "
                              f"mode='prediction', not {mode!r}")
@@ -173,31 +188,55 @@ class ElasticDataset:
         return self.build(_no_tasks, per_task=self.mode != "training").element_spec[1]
 
     def build(self, generator: Callable, per_task: bool = False) -> tf.data.Dataset:
-        """The tagged, batched pipeline over `generator` (yields `(seq, records)`).
+        """The tagged, batched pipeline over `generator` (yields `(seq, skip,
+        records)`).
 
         Training (`per_task=False`): batches span tasks, elements stay in task
-        order, and each batch is `(seq_vector, user_batch)`. Evaluation and
+        order, the first `skip` elements of a task are dropped (already
+        applied), and each batch is `(tags, user_batch)` with `tags[i] = [seq,
+        position in its task, fingerprint]` per element. Evaluation and
         prediction (`per_task=True`): a batch never spans tasks, so results can
         be attributed to one task; each batch is `(seq, user_batch)`.
         """
         self.element_spec  # validate dataset_fn before anything runs  # noqa: B018
         tasks = tf.data.Dataset.from_generator(
             generator, output_signature=(tf.TensorSpec([], tf.int64),
+                                         tf.TensorSpec([], tf.int64),
                                          self.source.batched_spec()))
 
         def records_of(records):
             return self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
 
         if per_task:
-            def batches_of_task(seq, records):
+            def batches_of_task(seq, skip, records):
                 batched = self._batch_untagged(records_of(records))
                 return batched.map(lambda *b: (seq, b[0] if len(b) == 1 else b))
 
             batched = tasks.flat_map(batches_of_task)
+        elif self.batching is None and _fingerprint.is_dense(self.element_spec):
+            # Dense elements, plain batching: tag without a per-element
+            # function, fingerprint each batch in one pass.
+            def indexed_elements_of_task(seq, skip, records):
+                return tf.data.Dataset.zip((
+                    tf.data.Dataset.from_tensors(seq).repeat(),
+                    records_of(records).enumerate().skip(skip)))
+
+            deterministic = self.deterministic
+
+            def tag(seqs, indexed):
+                positions, batch = indexed
+                fingerprints = (_fingerprint.batch_fingerprints(batch) if deterministic
+                                else tf.zeros_like(positions))
+                return tf.stack([seqs, positions, fingerprints], axis=1), batch
+
+            batched = tasks.flat_map(indexed_elements_of_task).batch(
+                self.batch_size, drop_remainder=self.drop_remainder).map(tag)
         else:
-            def elements_of_task(seq, records):
-                return records_of(records).map(
-                    lambda *e: (seq, e[0] if len(e) == 1 else e))
+            fingerprint = self._fingerprint_fn()
+
+            def elements_of_task(seq, skip, records):
+                return records_of(records).enumerate().skip(skip).map(
+                    lambda i, e: (tf.stack([seq, i, fingerprint(e)]), e))
 
             elements = tasks.flat_map(elements_of_task)
             if self.batching is None:
@@ -206,6 +245,56 @@ class ElasticDataset:
             else:
                 batched = self._batch_tagged(elements)
         return batched.prefetch(self.prefetch or tf.data.AUTOTUNE)
+
+    def _fingerprint_fn(self) -> Callable:
+        if not self.deterministic:
+            return lambda e: tf.constant(0, tf.int64)
+        return _fingerprint.element_fingerprint
+
+    def check_deterministic(self, max_records: int = 256) -> None:
+        """Runs `dataset_fn` twice on the first records of the first shard and
+        raises `NondeterministicDatasetError` if the elements differ (training
+        with `deterministic=True`; done once, by `fit`)."""
+        if self._determinism_checked or not self.deterministic or (
+                self.mode != "training"):
+            return
+        from keras_elastic.worker.replay import NondeterministicDatasetError
+
+        shard, n = next(((s, n) for s, n in self.source.shards() if n), (None, 0))
+        if shard is None:
+            return
+        records = self.source.read(shard, 0, min(n, max_records,
+                                                 self.records_per_task))
+        fingerprint = self._fingerprint_fn()
+
+        def run() -> list[int]:
+            elements = self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
+            return [int(f) for f in elements.map(
+                lambda *e: fingerprint(e[0] if len(e) == 1 else e)).as_numpy_iterator()]
+
+        first, second = run(), run()
+        self._determinism_checked = True
+        if first == second:
+            return
+        where = (f"{len(first)} then {len(second)} elements" if len(first) != len(
+            second) else "element #" + str(next(
+                i for i, (a, b) in enumerate(zip(first, second)) if a != b)) + " differs")
+        raise NondeterministicDatasetError(
+            f"ElasticDataset '{self.name}': dataset_fn {_fn_name(self.dataset_fn)} gave "
+            f"other elements on a second run over the same records of {shard} ({where})."
+            " Exactly-once training replays a task after a failure by running "
+            "dataset_fn again and skipping what was already applied, which needs the "
+            "same elements in the same order. Seed its shuffles and random ops, or, if "
+            "it only augments each record at random (same records, same order), pass "
+            "ElasticDataset(..., deterministic=False).")
+
+    def _batch_untagged_pairs(self, tagged: tf.data.Dataset) -> tf.data.Dataset:
+        """Batches `(tag, element)` pairs like the training pipeline does."""
+        if self.batching is None:
+            return tagged.batch(self.batch_size)
+        from keras_elastic import batching as ke_batching
+
+        return ke_batching.batch(tagged, self.batch_size, components=(None, self.batching))
 
     def _batch_untagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
         if self.batching is None:

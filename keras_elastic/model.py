@@ -44,8 +44,8 @@ from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.checkpoint import ps_layout
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker.cluster import get_cluster
-from keras_elastic.worker.epoch_iterator import elastic_epochs
-from keras_elastic.worker.model_sync import ModelSync
+from keras_elastic.worker.epoch_iterator import elastic_epochs, segmented_function
+from keras_elastic.worker.model_sync import ModelSync, training_loss
 from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
@@ -98,20 +98,18 @@ class ElasticTrainerMixin:
         state = self._ke
         if not state.tagged:
             return super().train_step(data)
-        seq, data = data
+        tags, data = data
+        seq = tags[:, 0]
         sync = state.sync
-        # Records when the batch is available (for the input-wait/compute split).
-        marker = tf.py_function(sync.mark_data, [seq], Tout=tf.int64)
+        # Records when the batch is available (for the input-wait/compute split)
+        # and weighs out elements of tasks this worker abandoned.
+        live = tf.py_function(sync.mark_data, [seq], Tout=tf.float32)
+        live.set_shape(seq.shape)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        with tf.control_dependencies([marker]):
+        with tf.control_dependencies([live]):
             x = tf.nest.map_structure(tf.identity, x)
         with tf.GradientTape() as tape:
-            if self._call_has_training_arg:
-                y_pred = self(x, training=True)
-            else:
-                y_pred = self(x)
-            loss = self._compute_loss(x=x, y=y, y_pred=y_pred,
-                                      sample_weight=sample_weight, training=True)
+            y_pred, loss = training_loss(self, x, y, _weigh(sample_weight, live))
             self._loss_tracker.update_state(
                 loss, sample_weight=tf.shape(
                     next(i for i in tf.nest.flatten(x) if i is not None))[0])
@@ -121,7 +119,7 @@ class ElasticTrainerMixin:
         grads = tape.gradient(loss, trainable)
         pairs = [(k, g) for k, g in zip(sync.trainable_keys, grads) if g is not None]
         sync.grad_keys = [k for k, _ in pairs]
-        inputs = [tf.convert_to_tensor(g) for _, g in pairs] + [
+        inputs = [tags] + [tf.convert_to_tensor(g) for _, g in pairs] + [
             v.value for v in sync.non_trainable]
         new_values = tf.py_function(sync.exchange, inputs,
                                     Tout=[v.dtype for v in sync.variables])
@@ -179,6 +177,12 @@ class ElasticTrainerMixin:
             state.sync.pull()
         return state.sync
 
+    def make_train_function(self, force=False):
+        function = super().make_train_function(force)
+        # An elastic epoch may be made of segments (see worker/epoch_iterator).
+        self.train_function = segmented_function(self.train_function)
+        return function if function is None else self.train_function
+
     def _ke_set_tagged(self, tagged: bool) -> None:
         state = self._ke
         state.tagged = tagged
@@ -220,7 +224,9 @@ class ElasticTrainerMixin:
         stream = TaskStream(cluster.master, dataset.name, dataset.source,
                             cluster.timer, start_epoch=start_epoch,
                             shuffle_records=dataset.shuffle, seed=dataset.seed)
+        _exactly_once(self, dataset, sync, stream)
         tf_dataset = dataset.build(stream.generator)
+        stream.segmented = True
         validate = None
         if elastic_validation:
             def validate(epoch: int) -> dict[str, float] | None:
@@ -234,7 +240,7 @@ class ElasticTrainerMixin:
         if start_epoch >= epochs:
             logging.info("keras_elastic: the job is already past epoch %d", epochs)
         try:
-            with elastic_epochs():
+            with elastic_epochs(segmented={id(tf_dataset): stream.end_segment}):
                 history = super().fit(
                     tf_dataset, epochs=epochs, verbose=verbose,
                     callbacks=[reporter] + list(callbacks or []),
@@ -341,6 +347,19 @@ class ElasticTrainerMixin:
                                    verbose=1 if verbose == "auto" else verbose)
 
 
+def _weigh(sample_weight, live: tf.Tensor):
+    """Sample weights times `live` (one weight per element of the batch)."""
+    if sample_weight is None:
+        return live
+
+    def times(w):
+        w = tf.convert_to_tensor(w)
+        shape = tf.concat([tf.shape(live), tf.ones([tf.rank(w) - 1], tf.int32)], 0)
+        return w * tf.cast(tf.reshape(live, shape), w.dtype)
+
+    return tf.nest.map_structure(times, sample_weight)
+
+
 def _check_fit_arguments(model, dataset: ElasticDataset, validation_data,
                          steps_per_epoch, validation_split, class_weight) -> None:
     """Errors for `fit` arguments that do not apply to an ElasticDataset."""
@@ -369,6 +388,20 @@ def _check_fit_arguments(model, dataset: ElasticDataset, validation_data,
                              f"'{dataset.name}': give them different names.")
 
 
+def _exactly_once(model, dataset: ElasticDataset, sync: ModelSync,
+                  stream: TaskStream) -> None:
+    """Links the training stream and the model's PS link for exactly-once
+    updates: claims, replays, abandoned tasks, flushes (see worker/replay.py)."""
+    from keras_elastic.worker.replay import Replayer
+
+    dataset.check_deterministic()
+    sync.stream = stream
+    replayer = Replayer(model, dataset, sync)
+    stream.claimer = sync.claim
+    stream.replayer = replayer.run
+    stream.flusher = sync.ps.flush
+
+
 def _resume_request(request, resume) -> str:
     """Adds the resume point of checkpoint `resume` (or None) to a dataset
     registration; returns the parameter-server checkpoint to restore ("")."""
@@ -380,7 +413,7 @@ def _resume_request(request, resume) -> str:
         return ""
     # The servers load it as they initialize; the master skips the tasks it
     # records as done (a resume mid-epoch).
-    progress = resume.extra.get("progress", {}).get(request.dataset)
+    progress = (resume.extra.get("progress") or {}).get(request.dataset)
     if progress is not None:
         request.resume = True
         request.resume_epoch = progress["epoch"]

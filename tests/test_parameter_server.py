@@ -84,16 +84,28 @@ def test_large_model_is_streamed_in_chunks(servers):
 def test_grads_to_wait_averages_and_drops_stale_gradients():
     store = ParameterStore(grads_to_wait=2, max_staleness=1)
     store.init({"w": np.zeros(1, np.float32)}, {"w": True}, SGD)
-    assert store.push({"w": np.array([1.0], np.float32)}, {}, 0) == (True, 0)
-    assert store.push({"w": np.array([3.0], np.float32)}, {}, 0) == (True, 1)
+    assert store.push({"w": np.array([1.0], np.float32)}, {}, 0)[:2] == (True, 0)
+    assert store.push({"w": np.array([3.0], np.float32)}, {}, 0)[:2] == (True, 1)
     np.testing.assert_allclose(store.values_since(-1)["w"], [-1.0])  # 0 - 0.5 * 2
     store.push({"w": np.ones(1, np.float32)}, {}, 1)
     store.push({"w": np.ones(1, np.float32)}, {}, 1)
     store.push({"w": np.ones(1, np.float32)}, {}, 2)
     store.push({"w": np.ones(1, np.float32)}, {}, 2)
     assert store.version == 3
-    assert store.push({"w": np.ones(1, np.float32)}, {}, 0) == (False, 3)
+    assert tuple(store.push({"w": np.ones(1, np.float32)}, {}, 0)) == (False, 3, "stale")
     assert store.dropped == 1
+
+
+def test_flush_applies_a_partial_buffer_as_sum_over_grads_to_wait():
+    # Every buffered gradient is applied exactly once: a partial buffer at the
+    # end of an epoch counts as sum / grads_to_wait (missing ones as zero).
+    store = ParameterStore(grads_to_wait=4)
+    store.init({"w": np.zeros(1, np.float32)}, {"w": True}, SGD)
+    store.push({"w": np.array([2.0], np.float32)}, {}, 0)
+    assert store.version == 0
+    assert store.flush() == 1
+    np.testing.assert_allclose(store.values_since(-1)["w"], [-0.25])  # 0.5 * 2 / 4
+    assert store.flush() == 1  # nothing buffered: no new version
 
 
 def test_push_before_init_and_unknown_variables_are_errors(servers):

@@ -12,7 +12,8 @@ with learning rate 0.1.
 Records follow ElasticDL's layout: a `tf.train.Example` with "image" (32x32x3
 floats, 0..255) and "label" (one int64). `dataset_fn` parses them into
 `({"image": image / 255}, label)` and, in training mode, shuffles within a
-1024-element buffer, as ElasticDL's `dataset_fn` does.
+1024-element buffer, as ElasticDL's `dataset_fn` does (seeded here: exactly-once
+training replays a task through `dataset_fn` and needs the same order).
 
 Example:
 
@@ -40,6 +41,7 @@ import tensorflow as tf
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
 SHUFFLE_BUFFER = 1024
+SHUFFLE_SEED = 1
 
 
 def _conv_bn_relu(x, filters: int):
@@ -127,7 +129,11 @@ def make_dataset_fn(shuffle_buffer: int = SHUFFLE_BUFFER,
         dataset = records.map(lambda r: parse(r, mode),
                               num_parallel_calls=tf.data.AUTOTUNE)
         if mode == "training" and shuffle_buffer:
-            dataset = dataset.shuffle(buffer_size=shuffle_buffer)
+            # Seeded: a task's elements come out in the same order every time,
+            # which exactly-once training needs to replay a task after a
+            # failure (docs/exactly_once.md). The task order and the records
+            # within a task still change per epoch (ElasticDataset shuffle=True).
+            dataset = dataset.shuffle(buffer_size=shuffle_buffer, seed=SHUFFLE_SEED)
         return dataset
 
     return dataset_fn

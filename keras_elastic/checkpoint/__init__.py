@@ -23,32 +23,34 @@ ke.checkpoint.restore_model(model, "/tmp/ckpts")
 ```
 """
 
-from keras_elastic.checkpoint.errors import CheckpointError, ShardingCallbackError
-from keras_elastic.checkpoint.export import export_keras
-from keras_elastic.checkpoint.layout import (
-    delete_checkpoint,
-    latest,
-    list_checkpoints,
-    prune,
-    remove_stale,
-)
-from keras_elastic.checkpoint.manifest import (
-    MANIFEST_NAME,
-    SaveInfo,
-    read_manifest,
-    write_manifest,
-)
-from keras_elastic.checkpoint.reader import (
-    initial_epoch,
-    resolve,
-    restore_model,
-    restore_trackables,
-)
-from keras_elastic.checkpoint.validation import (
-    ValidatingShardingCallback,
-    validate_shards,
-)
-from keras_elastic.checkpoint.writer import CheckpointWriter, save_trackables
+import importlib
+
+# Imported on first use: the launcher reads and writes manifests (layout,
+# manifest, errors) without TensorFlow.
+_LAZY = {
+    "CheckpointError": "errors", "ShardingCallbackError": "errors",
+    "export_keras": "export",
+    "delete_checkpoint": "layout", "latest": "layout", "list_checkpoints": "layout",
+    "prune": "layout", "remove_stale": "layout",
+    "MANIFEST_NAME": "manifest", "SaveInfo": "manifest", "read_manifest": "manifest",
+    "write_manifest": "manifest",
+    "initial_epoch": "reader", "resolve": "reader", "restore_model": "reader",
+    "restore_trackables": "reader",
+    "ValidatingShardingCallback": "validation", "validate_shards": "validation",
+    "CheckpointWriter": "writer", "save_trackables": "writer",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(f"keras_elastic.checkpoint.{_LAZY[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'keras_elastic.checkpoint' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
 
 __all__ = [
     "MANIFEST_NAME",

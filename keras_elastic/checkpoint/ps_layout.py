@@ -32,8 +32,8 @@ import tensorflow as tf
 
 from keras_elastic.checkpoint.errors import CheckpointError
 from keras_elastic.checkpoint.manifest import SaveInfo, read_manifest
+from keras_elastic.checkpoint.ps_manifest import LAYOUT
 
-LAYOUT = "parameter_servers"
 _ATTR = "/.ATTRIBUTES/VARIABLE_VALUE"
 TRACKABLE = "ps"
 

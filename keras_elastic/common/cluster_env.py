@@ -19,9 +19,13 @@ JOB_DIR = "KERAS_ELASTIC_JOB_DIR"
 CONNECT_TIMEOUT = "KERAS_ELASTIC_CONNECT_TIMEOUT"
 
 
+DEFAULT_CONNECT_TIMEOUT = 300.0
+
+
 def connect_timeout() -> float:
-    """Seconds to wait for the master and parameter servers to answer."""
-    raw = os.environ.get(CONNECT_TIMEOUT, "60")
+    """Seconds a worker keeps trying to reach the master or a parameter server,
+    at start and after losing it (a restarting server), before giving up."""
+    raw = os.environ.get(CONNECT_TIMEOUT, str(DEFAULT_CONNECT_TIMEOUT))
     try:
         return float(raw)
     except ValueError:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
+import time
+from collections.abc import Callable
 from concurrent import futures
+from typing import TypeVar
 
 import grpc
+from absl import logging
 
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
@@ -17,6 +22,41 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+# A client reconnects to a restarted server within a second or so (gRPC's
+# default backoff grows to two minutes).
+_CHANNEL_OPTIONS = _OPTIONS + [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+T = TypeVar("T")
+
+
+def is_unreachable(error: grpc.RpcError) -> bool:
+    """The server could not be reached (down, restarting, or gone mid-call)."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def retry_unreachable(call: Callable[[], T], what: str, timeout: float) -> T:
+    """Runs `call()`, retrying with backoff while the server is unreachable, for
+    at most `timeout` seconds; then raises the last error. Only for calls that
+    are safe to repeat."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    first_failure = None
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as e:
+            if not is_unreachable(e) or time.monotonic() + delay > deadline:
+                raise
+            if first_failure is None:
+                first_failure = time.monotonic()
+                logging.warning("%s is unreachable (%s); retrying for up to %.0f s",
+                                what, e.details(), timeout)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
 
 
 def make_server(max_workers: int = 32) -> grpc.Server:
@@ -33,7 +73,7 @@ def bind(server: grpc.Server, host: str = "127.0.0.1", port: int = 0) -> str:
 
 
 def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS)
+    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
 
 
 def wait_ready(channel: grpc.Channel, address: str, what: str,

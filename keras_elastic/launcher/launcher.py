@@ -2,12 +2,21 @@
 
 `keras-elastic run --num_workers 2 --num_ps 1 -- python train.py` starts them
 on this machine, passes the cluster to each worker through environment
-variables, relaunches a worker that dies (up to `max_worker_restarts` times),
-keeps the number of workers within `[min_workers, max_workers]`, lets workers
-join (`keras-elastic join`) and leave, prints a progress line while the job
-runs, and a summary at the end. The job directory holds every process's log,
-`cluster.json` (for joining workers), `ledger.json` (every task completion)
-and `summary.json`.
+variables, relaunches a worker that dies (at most `max_worker_restarts` times
+in all: one more death fails the job), keeps the number of workers within
+`[min_workers, max_workers]`, lets workers join (`keras-elastic join`) and
+leave, prints a progress line while the job runs, and a summary at the end.
+
+Parameter servers are saved automatically (`ps_checkpoints.py`). A server
+that dies is restarted on its address from the latest of those checkpoints;
+the other servers restore it too and the master rolls training back to its
+progress, so the job goes on from one consistent point, every element's
+gradient applied exactly once (workers wait for the server and carry on). A
+server that keeps dying (`max_ps_restarts`) fails the job with its log.
+
+The job directory holds every process's log, `cluster.json` (for joining
+workers), `ps_checkpoints/`, `ledger.json` (every task completion) and
+`summary.json`.
 
 Example:
 
@@ -32,8 +41,14 @@ from absl import logging
 
 from keras_elastic.common import cluster_env
 from keras_elastic.common.timing import PHASE_HELP, format_table
-from keras_elastic.launcher.processes import ManagedProcess, start_service
+from keras_elastic.launcher.processes import (
+    ManagedProcess,
+    ProcessStartError,
+    start_service,
+)
+from keras_elastic.launcher.ps_checkpoints import INIT, AutoCheckpointer
 from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.client import PSClient
 
 DESIRED_WORKERS_FILE = "desired_workers"
 
@@ -51,6 +66,11 @@ class LaunchConfig:
     progress_interval: float = 10.0
     job_dir: str | None = None
     echo_worker_output: bool = True
+    max_ps_restarts: int = 3
+    ps_checkpoint_secs: float = 30.0
+    ps_checkpoint_versions: int = 0
+    ps_checkpoints_to_keep: int = 2
+    connect_timeout: float = cluster_env.DEFAULT_CONNECT_TIMEOUT
 
     def validate(self) -> None:
         if self.num_workers < 1:
@@ -68,6 +88,18 @@ class LaunchConfig:
                              f"{self.max_worker_restarts}")
         if self.grads_to_wait < 1:
             raise ValueError(f"--grads_to_wait must be >= 1, got {self.grads_to_wait}")
+        if self.max_ps_restarts < 0:
+            raise ValueError("--max_ps_restarts must be >= 0, got "
+                             f"{self.max_ps_restarts}")
+        if self.ps_checkpoint_secs < 0 or self.ps_checkpoint_versions < 0:
+            raise ValueError("--ps_checkpoint_secs and --ps_checkpoint_versions must "
+                             "be >= 0 (0: off)")
+        if self.ps_checkpoints_to_keep < 1:
+            raise ValueError("--ps_checkpoints_to_keep must be >= 1, got "
+                             f"{self.ps_checkpoints_to_keep}")
+        if self.connect_timeout <= 0:
+            raise ValueError(f"--connect_timeout must be positive, got "
+                             f"{self.connect_timeout}")
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -91,6 +123,11 @@ class Launcher:
         self.next_worker_id = 0
         self.restarts = 0
         self.lost = 0
+        self.ps_restarts = 0
+        self.recoveries: list[dict] = []
+        # (worker, last line of its log, tasks done then) per worker death
+        self.failures: list[tuple[int, str, int]] = []
+        self.checkpointer: AutoCheckpointer | None = None
         self.finished_ok: list[int] = []
         self.error: str | None = None
         self.master: MasterClient | None = None
@@ -99,6 +136,11 @@ class Launcher:
         self.started = time.time()
 
     # -- services ---------------------------------------------------------
+    def _ps_args(self, i: int, port: int = 0) -> list[str]:
+        return [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
+                f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
+                f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
+
     def _start_services(self) -> None:
         lo, hi = self.config.bounds
         self.master_proc, info = start_service(
@@ -108,19 +150,116 @@ class Launcher:
              f"--max_workers={hi}"], self.job_dir)
         self.master_address = info["address"]
         self.ps_addresses = []
+        self.ps_checkpoint_dir = os.path.join(self.job_dir, "ps_checkpoints")
+        os.makedirs(os.path.join(self.ps_checkpoint_dir, INIT), exist_ok=True)
         for i in range(self.config.num_ps):
-            proc, ps_info = start_service(
-                f"ps-{i}", "keras_elastic.ps",
-                [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
-                 f"--grads_to_wait={self.config.grads_to_wait}"], self.job_dir)
+            proc, ps_info = start_service(f"ps-{i}", "keras_elastic.ps",
+                                          self._ps_args(i), self.job_dir)
             self.ps_procs.append(proc)
             self.ps_addresses.append(ps_info["address"])
         self.master = MasterClient(self.master_address)
-        with open(os.path.join(self.job_dir, "cluster.json"), "w") as f:
-            json.dump({"master": self.master_address, "ps": self.ps_addresses,
-                       "launcher_pid": os.getpid()}, f)
+        self._write_cluster_file()
+        self.checkpointer = AutoCheckpointer(
+            self.ps_checkpoint_dir, self.ps_addresses, self.master,
+            every_secs=self.config.ps_checkpoint_secs,
+            every_versions=self.config.ps_checkpoint_versions,
+            keep=self.config.ps_checkpoints_to_keep)
+        self.checkpointer.start()
         logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
                      ", ".join(self.ps_addresses))
+
+    def _write_cluster_file(self) -> None:
+        path = os.path.join(self.job_dir, "cluster.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"master": self.master_address, "ps": self.ps_addresses,
+                       "ps_pids": [p.pid for p in self.ps_procs],
+                       "worker_pids": {str(i): p.pid for i, p in self.workers.items()},
+                       "master_pid": self.master_proc.pid,
+                       "launcher_pid": os.getpid()}, f)
+        os.replace(path + ".tmp", path)
+
+    # -- parameter-server recovery ------------------------------------------
+    def _check_ps(self) -> None:
+        for i, proc in enumerate(self.ps_procs):
+            code = proc.poll()
+            if code is not None:
+                self._recover_ps(i, code)
+                if self.error:
+                    return
+
+    def _recover_ps(self, i: int, code: int) -> None:
+        """Restarts parameter server `i` on its address from the latest
+        automatic checkpoint; the other servers and the master go back to it."""
+        proc = self.ps_procs[i]
+        proc.close()
+        reason = f"exited with code {code}"
+        if self.ps_restarts >= self.config.max_ps_restarts:
+            self.error = (f"parameter server {i} {reason} and was already restarted "
+                          f"{self.ps_restarts} time(s) (--max_ps_restarts="
+                          f"{self.config.max_ps_restarts}); its log ({proc.log_path}) "
+                          f"ends with:\n{proc.tail()}")
+            return
+        self.ps_restarts += 1
+        started = time.time()
+        logging.warning("parameter server %d %s; restarting it (restart %d of %d)", i,
+                        reason, self.ps_restarts, self.config.max_ps_restarts)
+        self.checkpointer.pause()
+        try:
+            checkpoint = self.checkpointer.latest()
+            port = int(self.ps_addresses[i].rsplit(":", 1)[1])
+            args = self._ps_args(i, port)
+            if checkpoint is not None:
+                # Paused until the master has rolled back too (see below).
+                args += [f"--restore_from={checkpoint.path}", "--paused"]
+            for attempt in range(5):
+                try:
+                    self.ps_procs[i], _ = start_service(f"ps-{i}", "keras_elastic.ps",
+                                                        args, self.job_dir)
+                    break
+                except ProcessStartError as e:
+                    if attempt == 4:
+                        self.error = f"parameter server {i} could not be restarted: {e}"
+                        return
+                    time.sleep(1.0)
+            undone = {}
+            if checkpoint is not None:
+                # One consistent point: every other server goes back too, then
+                # the master's progress.
+                # Every server is paused meanwhile: no worker claims, pushes or
+                # pulls against the restored state while the master still hands
+                # out tasks from before the rollback.
+                client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
+                                  reconnect_timeout=60)
+                try:
+                    others = [j for j in range(self.config.num_ps) if j != i]
+                    for j in others:
+                        client.call(j, "Pause", {}, timeout=60)
+                    for j in others:
+                        client.call(j, "Restore", {"path": checkpoint.path}, timeout=600)
+                    undone = self.master.rollback(
+                        checkpoint.extra.get("progress"),
+                        f"parameter server {i} {reason}")["undone"]
+                finally:
+                    for j in range(self.config.num_ps):
+                        try:
+                            client.call(j, "Resume", {}, timeout=60)
+                        except (ConnectionError, ValueError) as e:
+                            logging.error("could not resume parameter server %d: %s",
+                                          j, e)
+                    client.close()
+            self._write_cluster_file()
+            record = {"ps": i, "reason": reason, "checkpoint": getattr(
+                checkpoint, "path", None), "completions_undone": undone,
+                "seconds": round(time.time() - started, 2), "at": time.time()}
+            self.recoveries.append(record)
+            logging.warning("parameter server %d is back from %s in %.1f s; tasks "
+                            "undone: %s", i, record["checkpoint"] or "nothing (it was "
+                            "never initialized)", record["seconds"], undone)
+        except (ConnectionError, ValueError) as e:
+            # Another server died meanwhile: the next check recovers it.
+            logging.error("recovery of parameter server %d was interrupted: %s", i, e)
+        finally:
+            self.checkpointer.resume()
 
     def _start_worker(self) -> int:
         worker_id = self.next_worker_id
@@ -129,12 +268,14 @@ class Launcher:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
         env.update(cluster_env.to_env(self.master_address, self.ps_addresses, worker_id,
                                       self.job_dir))
+        env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
         self.workers[worker_id] = ManagedProcess(
             f"worker-{worker_id}", self.command,
             os.path.join(self.job_dir, f"worker-{worker_id}.log"), env=env,
             echo=self.config.echo_worker_output)
         logging.info("started worker %d (pid %d)", worker_id,
                      self.workers[worker_id].pid)
+        self._write_cluster_file()
         return worker_id
 
     # -- the loop ---------------------------------------------------------
@@ -160,6 +301,9 @@ class Launcher:
                 continue
             self.lost += 1
             reason = f"exited with code {code}"
+            tail = proc.tail()
+            done = (self._last_status or {}).get("tasks_done", 0)
+            self.failures.append((worker_id, _last_line(tail), done))
             logging.warning("worker %d %s; log: %s", worker_id, reason, proc.log_path)
             try:
                 self.master.report_worker_dead(worker_id, reason)
@@ -168,17 +312,42 @@ class Launcher:
             if self._job_over():
                 continue
             if self.restarts >= self.config.max_worker_restarts:
-                if not self.workers:
-                    self.error = (
-                        f"worker {worker_id} {reason} and the job has used all "
-                        f"{self.config.max_worker_restarts} worker restarts; its log "
-                        f"({proc.log_path}) ends with:\n{proc.tail()}")
-                continue
+                # The budget is a hard bound: one more death fails the job.
+                causes = {line for _, line, _ in self.failures}
+                same = (f" Every worker that died failed the same way: "
+                        f"{causes.pop()}" if len(causes) == 1 else "")
+                self.error = (
+                    f"worker {worker_id} {reason} and the job has used all "
+                    f"{self.config.max_worker_restarts} worker restarts "
+                    f"(--max_worker_restarts).{same} Its log ({proc.log_path}) ends "
+                    f"with:\n{tail}")
+                return
+            streak = self._same_failure_streak()
+            if streak:
+                self.error = (
+                    f"worker {worker_id} {reason}: the last {streak} workers all failed "
+                    f"the same way with no task done in between, so relaunching "
+                    f"cannot help (restart {self.restarts} of "
+                    f"{self.config.max_worker_restarts} used). Its log "
+                    f"({proc.log_path}) ends with:\n{tail}")
+                return
             self.restarts += 1
             new_id = self._start_worker()
             logging.warning("relaunched worker %d as worker %d (restart %d of %d)",
                             worker_id, new_id, self.restarts,
                             self.config.max_worker_restarts)
+
+    def _same_failure_streak(self) -> int:
+        """N if the last N = num_workers + 1 worker deaths had the same cause
+        and no task was done from the first to the last (a script that
+        crashes deterministically); else 0."""
+        n = self.config.num_workers + 1
+        last = self.failures[-n:]
+        if len(last) < n or len({line for _, line, _ in last}) != 1:
+            return 0
+        if not last[0][1] or last[-1][2] != last[0][2]:
+            return 0
+        return n
 
     def _job_over(self) -> bool:
         """Every registered dataset is done: a lost worker need not come back."""
@@ -235,6 +404,9 @@ class Launcher:
                 if self._stop_requested:
                     self.error = "interrupted"
                     break
+                self._check_ps()
+                if self.error:
+                    break
                 self._check_workers()
                 if self.error:
                     break
@@ -269,6 +441,9 @@ class Launcher:
                 json.dump(ledger, f)
             summary = dict(status, elapsed=time.time() - self.started,
                            worker_restarts=self.restarts, workers_lost=self.lost,
+                           ps_restarts=self.ps_restarts, ps_recoveries=self.recoveries,
+                           ps_checkpoints=self.checkpointer.saves
+                           if self.checkpointer else 0,
                            launcher_error=self.error)
             with open(os.path.join(self.job_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=1)
@@ -283,7 +458,13 @@ class Launcher:
         lines.append(f"[launcher] elapsed {summary['elapsed']:.1f} s; tasks done "
                      f"{summary['tasks_done']}, requeued {summary['requeued']}; workers "
                      f"lost {summary['workers_lost']}, restarts "
-                     f"{summary['worker_restarts']}")
+                     f"{summary['worker_restarts']}; parameter-server restarts "
+                     f"{summary['ps_restarts']}, automatic checkpoints "
+                     f"{summary['ps_checkpoints']}")
+        for r in summary.get("ps_recoveries", []):
+            lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "
+                         f"{r['seconds']:.1f} s from {r['checkpoint']}, completions "
+                         f"undone {r['completions_undone']}")
         for name, ds in summary["datasets"].items():
             unit = "epoch(s)" if ds["num_epochs"] else "round(s)"
             lines.append(f"[launcher] dataset '{name}' ({ds['mode']}): "
@@ -300,6 +481,8 @@ class Launcher:
         return "\n".join(lines)
 
     def _shutdown(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
         for proc in self.workers.values():
             proc.terminate()
         self.workers.clear()
@@ -309,3 +492,8 @@ class Launcher:
             proc.terminate()
         if self.master_proc is not None:
             self.master_proc.terminate()
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"

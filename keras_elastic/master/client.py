@@ -19,6 +19,8 @@ from absl import logging
 from keras_elastic.common import rpc
 from keras_elastic.proto import master_pb2, master_pb2_grpc
 
+# `get_task(..., return_on_wait=True)`: the master says to wait.
+WAIT = "wait"
 
 class JobFailedError(RuntimeError):
     """The master failed the job (for example a task failed too often)."""
@@ -28,9 +30,13 @@ class MasterClient:
     """Calls the master; turns gRPC failures into errors naming the master."""
 
     def __init__(self, address: str, worker_id: int = -1,
-                 connect_timeout: float = 60.0) -> None:
+                 connect_timeout: float = 60.0,
+                 reconnect_timeout: float | None = None) -> None:
         self.address = address
         self.worker_id = worker_id
+        # How long calls keep retrying a master that cannot be reached.
+        self.reconnect_timeout = (connect_timeout if reconnect_timeout is None
+                                  else reconnect_timeout)
         self._channel = rpc.make_channel(address)
         rpc.wait_ready(self._channel, address, "master", connect_timeout)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
@@ -39,7 +45,9 @@ class MasterClient:
 
     def _call(self, method: str, request, timeout: float | None = 60.0):
         try:
-            return getattr(self._stub, method)(request, timeout=timeout)
+            return rpc.retry_unreachable(
+                lambda: getattr(self._stub, method)(request, timeout=timeout),
+                f"the master at {self.address}", self.reconnect_timeout)
         except grpc.RpcError as e:
             code = e.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -101,21 +109,26 @@ class MasterClient:
         return self._call("RegisterDataset", request)
 
     def get_task(self, dataset: str, epoch: int,
-                 stop: threading.Event | None = None) -> master_pb2.Task | None:
+                 stop: threading.Event | None = None,
+                 return_on_wait: bool = False) -> master_pb2.Task | str | None:
         """Returns the next task, or None at the end of this worker's epoch.
 
-        Blocks (long-polling the master) while the master says to wait.
+        Blocks (long-polling the master) while the master says to wait, or,
+        with `return_on_wait`, returns `WAIT` at once.
         """
         while True:
             if stop is not None and stop.is_set():
                 return None
             response = self._call("GetTask", master_pb2.GetTaskRequest(
-                worker_id=self.worker_id, dataset=dataset, epoch=epoch))
+                worker_id=self.worker_id, dataset=dataset, epoch=epoch,
+                return_on_wait=return_on_wait))
             kind = response.kind
             if kind == master_pb2.GetTaskResponse.TASK:
                 return response.task
             if kind == master_pb2.GetTaskResponse.END_OF_EPOCH:
                 return None
+            if kind == master_pb2.GetTaskResponse.WAIT and return_on_wait:
+                return WAIT
             if kind == master_pb2.GetTaskResponse.JOB_FAILED:
                 raise JobFailedError(response.error)
 
@@ -124,6 +137,20 @@ class MasterClient:
         self._call("ReportTask", master_pb2.ReportTaskRequest(
             worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
             success=success, error=error, metric_states=metric_states or []))
+
+    def release_tasks(self, dataset: str, task_ids: list[int], reason: str) -> None:
+        """Gives tasks back to the master (they are handed out again)."""
+        self._call("ReportTask", master_pb2.ReportTaskRequest(
+            worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
+            success=False, release=True, error=reason))
+
+    def rollback(self, progress: dict | None, reason: str = "") -> dict:
+        """Training goes back to a parameter-server checkpoint's `progress`
+        (None: to the start). The launcher calls it after restoring the
+        servers."""
+        response = self._call("Rollback", master_pb2.StatusResponse(json=json.dumps(
+            {"progress": progress, "reason": reason})))
+        return json.loads(response.json)
 
     def get_result(self, dataset: str, epoch: int) -> tuple[int, dict]:
         """Blocks until round `epoch` of `dataset` is complete; returns

@@ -36,6 +36,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._max_task_retries = max_task_retries
         self._max_workers = max_workers
         self._error: str | None = None
+        self._last_lease = 0
         self._next_worker_id = 0
         self._lost = 0
         self._started = time.time()
@@ -43,6 +44,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._monitor = threading.Thread(target=self._watch_heartbeats, daemon=True,
                                          name="master-heartbeats")
         self._monitor.start()
+
+    def _next_lease(self) -> int:
+        """Leases grow with time (microseconds), so a restarted master never
+        hands out a lease below one that parameter servers have seen."""
+        self._last_lease = max(self._last_lease + 1, time.time_ns() // 1000)
+        return self._last_lease
 
     def stop(self) -> None:
         self._stop.set()
@@ -148,7 +155,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             existing = self._datasets.get(spec.name)
             if existing is None:
                 try:
-                    existing = DatasetTasks(spec, self._max_task_retries)
+                    existing = DatasetTasks(spec, self._max_task_retries,
+                                            self._next_lease)
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 if request.resume:
@@ -220,7 +228,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 task, epoch, attempt_no = decision
                 return kinds(kind=kinds.TASK, task=master_pb2.Task(
                     task_id=task.task_id, epoch=epoch, shard=task.shard,
-                    start=task.start, end=task.end, attempt=attempt_no))
+                    start=task.start, end=task.end, attempt=attempt_no,
+                    lease=ds.lease_of(task.task_id)))
+            if request.return_on_wait:
+                return kinds(kind=kinds.WAIT)
             if waiting.get(request.worker_id) != request.epoch:
                 waiting[request.worker_id] = request.epoch
                 self._cond.notify_all()  # a holder may now be allowed to end
@@ -247,6 +258,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if request.success:
                 states = dict(decode_all(request.metric_states)) or None
                 ds.report_done(request.worker_id, list(request.task_ids), states)
+            elif request.release:
+                given = ds.release(request.worker_id, list(request.task_ids))
+                logging.info("worker %d gave back %d task(s) of '%s': %s",
+                             request.worker_id, given, ds.spec.name,
+                             request.error or "-")
             else:
                 for task_id in request.task_ids:
                     ds.report_failed(request.worker_id, task_id, request.error)
@@ -297,10 +313,37 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     "registered": len(self._workers),
                 },
                 "datasets": datasets,
-                "tasks_done": sum(len(ds.ledger) for ds in self._datasets.values()),
+                "tasks_done": sum(ds.status()["tasks_done_total"]
+                                  for ds in self._datasets.values()),
                 "requeued": sum(ds.requeued for ds in self._datasets.values()),
                 "timings": timings,
             }
+
+    def rollback(self, progress: dict | None, reason: str = "") -> dict:
+        """Training datasets go back to `progress` ({dataset: {"epoch",
+        "done_task_ids"}}, a parameter-server checkpoint's; None: to where they
+        started). Returns {dataset: completions undone}."""
+        undone = {}
+        with self._cond:
+            for name, ds in self._datasets.items():
+                if ds.spec.mode != "training":
+                    continue
+                point = (progress or {}).get(name)
+                if point is None:
+                    undone[name] = ds.rollback()
+                else:
+                    undone[name] = ds.rollback(int(point["epoch"]),
+                                               set(point["done_task_ids"]))
+            self._cond.notify_all()
+        logging.warning("rolled back to %s (%s): completions undone %s",
+                        "the start" if progress is None else "a checkpoint",
+                        reason or "-", undone)
+        return undone
+
+    def Rollback(self, request, context):
+        args = json.loads(request.json)
+        return master_pb2.StatusResponse(json=json.dumps(
+            {"undone": self.rollback(args.get("progress"), args.get("reason", ""))}))
 
     def GetStatus(self, request, context):
         return master_pb2.StatusResponse(json=json.dumps(self.status(

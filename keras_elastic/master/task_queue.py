@@ -16,13 +16,21 @@ its lock. The rules:
 - A task is done once; a report from a worker that no longer owns it (it was
   presumed lost and the task went elsewhere) is ignored and counted.
 - A task that fails `max_task_retries` times fails the job with an error naming
-  the task, its shard, its records and the last cause.
+  the task, its shard, its records and the last cause. A worker may also give a
+  task back (*release* it: not a failure), and it is handed out again.
+- Every hand-out carries a *lease*, larger than every lease before it (the
+  servicer's clock): the parameter servers accept pushes for a task only from
+  its newest lease (see `ps/task_log.py`).
+- Rollback: when the parameter servers go back to a checkpoint, the dataset
+  goes back to that checkpoint's progress; the completions after it are marked
+  `rolled_back` in the ledger, and their tasks are handed out again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections import deque
 
 import numpy as np
@@ -96,13 +104,27 @@ class _InFlight:
     epoch: int
     worker: int
     attempt: int
+    lease: int = 0
+
+
+class _Counter:
+    """Leases when nobody gives a lease source: 1, 2, 3..."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def __call__(self) -> int:
+        self.last += 1
+        return self.last
 
 
 class DatasetTasks:
     """State of one registered dataset."""
 
-    def __init__(self, spec: DatasetSpec, max_task_retries: int = 3) -> None:
+    def __init__(self, spec: DatasetSpec, max_task_retries: int = 3,
+                 next_lease=None) -> None:
         self.spec = spec
+        self._next_lease = next_lease or _Counter()
         self.tasks = cut_tasks(spec.shards, spec.records_per_task)
         if not self.tasks:
             raise ValueError(f"dataset '{spec.name}' has no records")
@@ -114,8 +136,13 @@ class DatasetTasks:
         self.failures: dict[tuple[int, int], int] = {}  # (epoch, task_id) -> failures
         self.ledger: list[dict] = []  # one entry per completed task
         self.requeued = 0
+        self.released = 0
         self.late_reports = 0
+        self.rollbacks = 0
         self.error: str | None = None
+        # Where the dataset started (a resume point): a rollback to the initial
+        # model goes back there.
+        self.initial_progress: tuple[int, frozenset[int]] = (0, frozenset())
         # Evaluation: per epoch (round), the element-wise sum of the metric
         # states reported with its tasks, and how many tasks reported.
         self.sums: dict[int, dict[str, np.ndarray]] = {}
@@ -155,10 +182,39 @@ class DatasetTasks:
 
     def restore_progress(self, epoch: int, done_task_ids: set[int]) -> None:
         """Starts at `epoch` with `done_task_ids` already done (resume)."""
+        self.initial_progress = (epoch, frozenset(done_task_ids))
+        self._set_progress(epoch, done_task_ids)
+
+    def _set_progress(self, epoch: int, done_task_ids: set[int]) -> None:
         self._start_epoch(epoch)
         self.done = set(done_task_ids)
         self.todo = deque((t, a) for t, a in self.todo if t.task_id not in self.done)
         self._maybe_complete_epoch()
+
+    def rollback(self, epoch: int | None = None,
+                 done_task_ids: set[int] | None = None) -> int:
+        """Goes back to `epoch` with `done_task_ids` done (None: where the
+        dataset started). Tasks in flight are handed out again (with new
+        leases); completions after that point are marked rolled back. Returns
+        how many completions were undone."""
+        if epoch is None:
+            epoch, done_task_ids = self.initial_progress
+        done_task_ids = set(done_task_ids or ())
+        attempts = {t: f.attempt + 1 for t, f in self.doing.items()}
+        undone = 0
+        for entry in self.ledger:
+            if entry.get("rolled_back"):
+                continue
+            if entry["epoch"] > epoch or (entry["epoch"] == epoch
+                                          and entry["task_id"] not in done_task_ids):
+                entry["rolled_back"] = True
+                undone += 1
+        self.results = {e: r for e, r in self.results.items() if e < epoch}
+        self.sums = {e: r for e, r in self.sums.items() if e < epoch}
+        self._set_progress(epoch, done_task_ids)
+        self.todo = deque((t, max(a, attempts.get(t.task_id, 0))) for t, a in self.todo)
+        self.rollbacks += 1
+        return undone
 
     # -- handing out ------------------------------------------------------
     def next_task(self, worker: int, epoch: int, waiting: dict[int, int]
@@ -191,8 +247,13 @@ class DatasetTasks:
 
     def _hand_out(self, worker: int) -> tuple[Task, int, int]:
         task, attempt = self.todo.popleft()
-        self.doing[task.task_id] = _InFlight(task, self.epoch, worker, attempt)
+        self.doing[task.task_id] = _InFlight(task, self.epoch, worker, attempt,
+                                             self._next_lease())
         return task, self.epoch, attempt
+
+    def lease_of(self, task_id: int) -> int:
+        """The lease of a task in flight."""
+        return self.doing[task_id].lease
 
     # -- reports ----------------------------------------------------------
     def report_done(self, worker: int, task_ids: list[int],
@@ -212,8 +273,9 @@ class DatasetTasks:
             self.done.add(task_id)
             self.ledger.append({
                 "epoch": flight.epoch, "task_id": task_id, "worker": worker,
-                "attempt": flight.attempt, "shard": flight.task.shard,
-                "start": flight.task.start, "end": flight.task.end})
+                "attempt": flight.attempt, "lease": flight.lease,
+                "shard": flight.task.shard, "start": flight.task.start,
+                "end": flight.task.end, "time": round(time.time(), 3)})
             accepted.append(task_id)
         if accepted and states:
             sums = self.sums.setdefault(self.epoch, {})
@@ -239,6 +301,18 @@ class DatasetTasks:
         self.todo.appendleft((flight.task, flight.attempt + 1))
         self.requeued += 1
 
+    def release(self, worker: int, task_ids: list[int]) -> int:
+        """The worker gives tasks back (not a failure): they go to the front of
+        the queue. Returns how many it held."""
+        given = [self.doing[t] for t in task_ids
+                 if t in self.doing and self.doing[t].worker == worker]
+        for flight in sorted(given, key=lambda f: -f.task.task_id):
+            del self.doing[flight.task.task_id]
+            self.todo.appendleft((flight.task, flight.attempt + 1))
+        self.released += len(given)
+        self.late_reports += len(task_ids) - len(given)
+        return len(given)
+
     def requeue_worker(self, worker: int) -> int:
         """Puts the tasks of a lost worker back in front of the queue."""
         lost = [f for f in self.doing.values() if f.worker == worker]
@@ -259,9 +333,11 @@ class DatasetTasks:
             "todo": len(self.todo),
             "doing": len(self.doing),
             "done": len(self.done),
-            "tasks_done_total": len(self.ledger),
+            "tasks_done_total": sum(not e.get("rolled_back") for e in self.ledger),
             "requeued": self.requeued,
+            "released": self.released,
             "late_reports": self.late_reports,
+            "rollbacks": self.rollbacks,
             "finished": self.finished,
             "done_task_ids": sorted(self.done),
             "doing_by_worker": {str(w): sum(f.worker == w for f in self.doing.values())

@@ -1,10 +1,17 @@
 """A parameter server's share of a checkpoint: save it, restore it.
 
-The worker that saves (see `keras_elastic/worker/ps_checkpoint.py`) asks every
-server to write its variables and optimizer variables as one part, through the
-job's sharding callback (validated like any `keras_elastic.checkpoint` save),
-then writes the checkpoint's manifest. Restoring reads each name this server
-owns from whichever part holds it, so the number of servers may change.
+Saving asks every server to write its variables, optimizer variables and task
+log as one part, through the job's sharding callback (validated like any
+`keras_elastic.checkpoint` save); whoever asked (a worker's
+`ShardedModelCheckpoint`, or the launcher's automatic checkpoints) then writes
+the checkpoint's manifest. The values and the task log are copied in one step
+under the server's lock (so they agree), and written to disk after the lock
+is released: pushes wait only for the copy.
+
+Restoring reads each name this server owns from whichever part holds it, so the
+number of servers may change. A server started after a crash has no variables
+yet: `init_from_checkpoint` creates them from the checkpoint (each part records
+the variables' keys, whether they are trainable, and the optimizer's config).
 """
 
 from __future__ import annotations
@@ -12,13 +19,16 @@ from __future__ import annotations
 import base64
 
 import cloudpickle
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from keras_elastic.checkpoint import ps_layout
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.checkpoint.writer import save_trackables
+from keras_elastic.ps.partition import ps_for
 from keras_elastic.ps.store import ParameterStore
+from keras_elastic.ps.task_log import TaskLog
 
 
 def encode_callback(callback) -> str:
@@ -41,30 +51,75 @@ def named_variables(store: ParameterStore) -> dict[str, tf.Variable]:
     return named
 
 
-def save_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict) -> dict:
-    """Writes this server's part into `args["directory"]`; returns its manifest."""
+def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
+    """Copies of every value, and the manifest fields that go with them, taken
+    in one step (buffered gradients are applied first)."""
     with store.lock:
         if not store.initialized:
             raise ValueError("nothing to save: the server was never initialized")
-        module = tf.Module()
-        for name, variable in named_variables(store).items():
-            setattr(module, name, getattr(variable, "value", variable))
-        info = save_trackables(
-            args["directory"], f"ps-{ps_index:03d}", {ps_layout.TRACKABLE: module},
-            decode_callback(args.get("callback")),
-            extra_manifest=dict(args.get("extra", {}), ps_index=ps_index,
-                                num_ps=num_ps, model_version=store.version))
+        store.flush()
+        values = {name: np.array(keras_value(v))
+                  for name, v in named_variables(store).items()}
+        fields = {
+            "model_version": store.version,
+            "variables": {k: bool(t) for k, t in store.trainable.items()},
+            "optimizer_config": store.optimizer_config,
+            "task_log": store.log.to_json(),
+        }
+    return values, fields
+
+
+def keras_value(variable):
+    value = getattr(variable, "value", variable)
+    return value.numpy() if hasattr(value, "numpy") else value
+
+
+def _required(args: dict, key: str, method: str) -> str:
+    value = args.get(key) if isinstance(args, dict) else None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{method} needs a '{key}' argument (a path), got "
+                         f"{sorted(args) if isinstance(args, dict) else args!r}")
+    return value
+
+
+def save_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict) -> dict:
+    """Writes this server's part into `args["directory"]`; returns its manifest."""
+    directory = _required(args, "directory", "Save")
+    values, fields = snapshot(store)
+    module = tf.Module()
+    with tf.device("/cpu:0"):
+        for name, value in values.items():
+            setattr(module, name, tf.Variable(value, trainable=False))
+    info = save_trackables(
+        directory, f"ps-{ps_index:03d}", {ps_layout.TRACKABLE: module},
+        decode_callback(args.get("callback")),
+        extra_manifest=dict(args.get("extra", {}), ps_index=ps_index, num_ps=num_ps,
+                            **fields))
     data = info.to_json()
     data["path"] = info.path
     return data
 
 
+def _owned_log(info, ps_index: int, num_ps: int) -> tuple[TaskLog, int]:
+    """The task log this server takes from the checkpoint `info`."""
+    parts = ps_layout.part_infos(info)
+    saved_num_ps = info.extra.get("num_ps", len(parts))
+    if saved_num_ps == num_ps:
+        for part in parts:
+            if part.extra.get("ps_index") == ps_index:
+                return TaskLog.from_json(part.extra.get("task_log")), 0
+    return TaskLog.intersection([TaskLog.from_json(p.extra.get("task_log"))
+                                 for p in parts])
+
+
 def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict) -> dict:
-    """Loads this server's variables and optimizer variables from a checkpoint."""
-    info = resolve(args["path"])
+    """Loads this server's variables, optimizer variables and task log from a
+    checkpoint."""
+    info = resolve(_required(args, "path", "Restore"))
     if not ps_layout.is_ps_checkpoint(info):
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
     values = ps_layout.read_values(info)
+    log, differing = _owned_log(info, ps_index, num_ps)
     with store.lock:
         named = named_variables(store)
         missing = sorted(ps_layout.variable_name(k) for k in store.variables
@@ -80,6 +135,36 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict)
         for name, variable in named.items():
             if name in values:
                 variable.assign(values[name])
-        store.restored_from = info.path
+        store.log = log
+        store.mark_restored(info.path)
+    if differing:
+        logging.warning(
+            "parameter server %d: %s was saved by %s servers and is restored onto %d; "
+            "%d element(s) of tasks in flight at the save were applied to some of its "
+            "variables and not others, and may now be applied twice to some.",
+            ps_index, info.path, info.extra.get("num_ps"), num_ps, differing)
     return {"ps_index": ps_index, "restored": len(named) - len(skipped),
-            "path": info.path}
+            "path": info.path, "version": store.version,
+            "incarnation": store.incarnation}
+
+
+def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
+                         path: str) -> dict:
+    """Creates the variables of a server that has none from a checkpoint, then
+    restores them (a server restarted after a crash)."""
+    info = resolve(path)
+    if not ps_layout.is_ps_checkpoint(info):
+        raise ValueError(f"{info.path} is not a parameter-server checkpoint")
+    trainable: dict[str, bool] = {}
+    config = None
+    for part in ps_layout.part_infos(info):
+        trainable.update(part.extra.get("variables") or {})
+        config = config or part.extra.get("optimizer_config")
+    if not trainable or config is None:
+        raise ValueError(f"{info.path} does not record its variables and optimizer "
+                         "(saved by an older keras_elastic): it cannot start a server")
+    owned = sorted(k for k in trainable if ps_for(k, num_ps) == ps_index)
+    values = ps_layout.read_values(info, [ps_layout.variable_name(k) for k in owned])
+    store.init({k: values[ps_layout.variable_name(k)] for k in owned},
+               {k: trainable[k] for k in owned}, config)
+    return restore_shard(store, ps_index, num_ps, {"path": info.path})

@@ -2,6 +2,10 @@
 
 Variables are partitioned over the servers by `ps_for(name)`; every call goes
 to the servers concerned in parallel, and large tensors are streamed in chunks.
+A server that cannot be reached (it crashed and is being restarted) is retried
+with backoff for `reconnect_timeout` seconds: pushes carry the element ranges
+they contain, so a push repeated after a lost reply is recognized and not
+applied twice.
 
 Example:
 
@@ -12,13 +16,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
 import numpy as np
 
-from keras_elastic.common import rpc
+from keras_elastic.common import faults, rpc
 from keras_elastic.common.tensor_codec import (
     decode_all,
     encode,
@@ -26,8 +32,7 @@ from keras_elastic.common.tensor_codec import (
     read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
-from keras_elastic.ps.partition import ps_for
-from keras_elastic.ps.servicer import ASSIGN_PREFIX
+from keras_elastic.ps.partition import ASSIGN_PREFIX, ps_for
 
 # Pushes up to this size (gradients + values, each way) travel as one unary
 # message: a stream costs milliseconds more per call in gRPC Python. Replies carry
@@ -35,15 +40,41 @@ from keras_elastic.ps.servicer import ASSIGN_PREFIX
 SMALL_PUSH_BYTES = 16 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskClaim:
+    """What one server has applied of a task (see `ps/task_log.py`)."""
+
+    applied: list[tuple[int, int]]
+    fingerprint: int | None
+
+
+@dataclasses.dataclass
+class PushReply:
+    values: dict[str, np.ndarray]
+    # Per server pushed to: "applied", "duplicate", "stale", "fenced", "overlap".
+    statuses: dict[int, str]
+
+    @property
+    def accepted(self) -> bool:
+        return all(s in ("applied", "duplicate") for s in self.statuses.values())
+
+    def refusals(self) -> dict[int, str]:
+        return {i: s for i, s in self.statuses.items()
+                if s not in ("applied", "duplicate")}
+
+
 class PSClient:
     """Talks to `len(addresses)` parameter servers."""
 
     def __init__(self, addresses: list[str], worker_id: int = 0,
-                 connect_timeout: float = 60.0) -> None:
+                 connect_timeout: float = 60.0,
+                 reconnect_timeout: float | None = None) -> None:
         if not addresses:
             raise ValueError("PSClient needs at least one parameter server address")
         self.addresses = list(addresses)
         self.worker_id = worker_id
+        self.reconnect_timeout = (connect_timeout if reconnect_timeout is None
+                                  else reconnect_timeout)
         self._channels = []
         for address in self.addresses:
             channel = rpc.make_channel(address)
@@ -51,6 +82,7 @@ class PSClient:
             self._channels.append(channel)
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self.versions = [-1] * len(self.addresses)
+        self.incarnations = [0] * len(self.addresses)
         self._pool = (futures.ThreadPoolExecutor(len(self.addresses), "ke-ps")
                       if len(self.addresses) > 1 else None)
         self.dropped_pushes = 0
@@ -77,6 +109,21 @@ class PSClient:
         return ValueError(f"parameter server {index} at {self.addresses[index]}: "
                           f"{e.details()}")
 
+    def _call(self, index: int, method: str, call, retry: bool = True):
+        """`call()` against server `index`, retried while it is unreachable."""
+        try:
+            if not retry:
+                return call()
+            return rpc.retry_unreachable(
+                call, f"parameter server {index} at {self.addresses[index]}",
+                self.reconnect_timeout)
+        except grpc.RpcError as e:
+            raise self._error(index, method, e) from None
+
+    def _took(self, index: int, header) -> None:
+        self.versions[index] = header.version
+        self.incarnations[index] = header.incarnation
+
     def init(self, variables: dict[str, tuple[np.ndarray, bool]],
              optimizer_config: dict, restore_from: str = "") -> dict[str, np.ndarray]:
         """Initializes every server (first caller wins; it also loads the
@@ -99,10 +146,7 @@ class PSClient:
                 for n, (v, _) in parts[i].items():
                     for chunk in encode(n, np.asarray(v)):
                         yield ps_pb2.InitRequest(chunk=chunk)
-            try:
-                self._stubs[i].Init(requests(), timeout=600)
-            except grpc.RpcError as e:
-                raise self._error(i, "Init", e) from None
+            self._call(i, "Init", lambda: self._stubs[i].Init(requests(), timeout=600))
 
         self._map(send, range(self.num_ps))
         return self.pull()
@@ -112,12 +156,11 @@ class PSClient:
 
         def pull_one(i: int) -> dict[str, np.ndarray]:
             since = -1 if since_version is None else since_version
-            try:
-                header, values = read_stream(self._stubs[i].Pull(
-                    ps_pb2.PullRequest(since_version=since), timeout=600))
-            except grpc.RpcError as e:
-                raise self._error(i, "Pull", e) from None
-            self.versions[i] = header.version
+            header, values = self._call(i, "Pull", lambda: read_stream(
+                self._stubs[i].Pull(ps_pb2.PullRequest(
+                    since_version=since, incarnation=self.incarnations[i]),
+                    timeout=600)))
+            self._took(i, header)
             if since_version is None:
                 self._owned_bytes[i] = sum(v.nbytes for v in values.values())
             return values
@@ -131,73 +174,112 @@ class PSClient:
              ) -> dict[str, np.ndarray]:
         """Sends gradients and non-trainable values; returns the new values of
         every variable that changed since this worker's last exchange."""
+        return self.exchange(grads, assigns).values
+
+    def exchange(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
+                 ranges: Sequence[ps_pb2.TaskRange] = (),
+                 targets: Sequence[int] | None = None) -> PushReply:
+        """Pushes gradients that contain the elements `ranges`, and
+        non-trainable values, to the servers `targets` (default: every server
+        owning one of them); returns what changed and each server's answer."""
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
             grad_parts[self.owner(name)][name] = g
         for name, v in assigns.items():
             assign_parts[self.owner(name)][name] = v
+        ranges = list(ranges)
+        # A gradient push without ranges could be applied twice if repeated.
+        retry = bool(ranges) or not grads
 
-        def push_one(i: int) -> dict[str, np.ndarray]:
+        def header(i: int) -> ps_pb2.PushHeader:
+            return ps_pb2.PushHeader(worker_id=self.worker_id,
+                                     base_version=self.versions[i],
+                                     incarnation=self.incarnations[i], ranges=ranges)
+
+        def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
             size = sum(g.nbytes for g in grad_parts[i].values()) + sum(
                 v.nbytes for v in assign_parts[i].values())
             if max(size, self._owned_bytes[i]) <= SMALL_PUSH_BYTES:
                 return push_small(i)
 
             def requests():
-                yield ps_pb2.PushRequest(header=ps_pb2.PushHeader(
-                    worker_id=self.worker_id, base_version=self.versions[i]))
+                yield ps_pb2.PushRequest(header=header(i))
                 for n, g in grad_parts[i].items():
                     for chunk in encode(n, g):
                         yield ps_pb2.PushRequest(chunk=chunk)
                 for n, v in assign_parts[i].items():
                     for chunk in encode(ASSIGN_PREFIX + n, v):
                         yield ps_pb2.PushRequest(chunk=chunk)
-            try:
-                header, values = read_stream(self._stubs[i].Push(
-                    requests(), timeout=600))
-            except grpc.RpcError as e:
-                raise self._error(i, "Push", e) from None
-            if not header.accepted:
-                self.dropped_pushes += 1
-            self.versions[i] = header.version
-            return values
+            reply, values = self._call(i, "Push", lambda: read_stream(
+                self._stubs[i].Push(requests(), timeout=600)), retry)
+            return self._received(i, reply), values
 
-        def push_small(i: int) -> dict[str, np.ndarray]:
+        def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:
             tensors = list(encode_all(grad_parts[i].items(), chunk_bytes=1 << 62))
             tensors += list(encode_all(((ASSIGN_PREFIX + n, v) for n, v in
                                         assign_parts[i].items()), chunk_bytes=1 << 62))
-            try:
-                reply = self._stubs[i].PushSmall(ps_pb2.PushBundle(
-                    header=ps_pb2.PushHeader(worker_id=self.worker_id,
-                                             base_version=self.versions[i]),
-                    tensors=tensors), timeout=600)
-            except grpc.RpcError as e:
-                raise self._error(i, "Push", e) from None
-            if not reply.header.accepted:
-                self.dropped_pushes += 1
-            self.versions[i] = reply.header.version
-            return dict(decode_all(reply.tensors))
+            reply = self._call(i, "Push", lambda: self._stubs[i].PushSmall(
+                ps_pb2.PushBundle(header=header(i), tensors=tensors), timeout=600),
+                retry)
+            return self._received(i, reply.header), dict(decode_all(reply.tensors))
 
-        targets = [i for i in range(self.num_ps) if grad_parts[i] or assign_parts[i]]
+        if targets is None:
+            targets = [i for i in range(self.num_ps)
+                       if grad_parts[i] or assign_parts[i]]
+        targets = list(targets)
+        if targets and grads and faults.due("mid_push"):
+            # Fault injection (tests): the first server gets the push, then this
+            # process dies before the others do and before it sees the reply.
+            push_one(targets[0])
+            faults.die("mid_push")
         merged: dict[str, np.ndarray] = {}
-        for values in self._map(push_one, targets):
+        statuses: dict[int, str] = {}
+        for i, (status, values) in zip(targets, self._map(push_one, targets)):
+            statuses[i] = status
             merged.update(values)
-        return merged
+        return PushReply(merged, statuses)
+
+    def _received(self, i: int, header) -> str:
+        self._took(i, header)
+        if header.status == "stale":
+            self.dropped_pushes += 1
+        return header.status or ("applied" if header.accepted else "stale")
+
+    def claim(self, dataset: str, epoch: int, task_id: int, lease: int
+              ) -> list[TaskClaim] | None:
+        """Claims a task on every server for `lease`; returns what each has
+        applied of it, or None if a newer lease holds it somewhere."""
+
+        def claim_one(i: int):
+            return self._call(i, "Claim", lambda: self._stubs[i].Claim(
+                ps_pb2.ClaimRequest(dataset=dataset, epoch=epoch, task_id=task_id,
+                                    lease=lease, worker_id=self.worker_id),
+                timeout=60))
+
+        replies = self._map(claim_one, range(self.num_ps))
+        if not all(r.ok for r in replies):
+            return None
+        return [TaskClaim(list(zip(r.applied[::2], r.applied[1::2])),
+                          r.fingerprint if r.fingerprint_known else None)
+                for r in replies]
+
+    def flush(self) -> None:
+        """Has every server apply the gradients it buffers (grads_to_wait > 1)."""
+        self.call_all("Flush", {}, timeout=600)
+
+    def call(self, index: int, method: str, payload: dict, timeout: float = 3600
+             ) -> dict:
+        """Calls a JSON method (Save, Restore, Status, Flush) on server `index`."""
+        response = self._call(index, method, lambda: getattr(self._stubs[index], method)(
+            ps_pb2.SaveRequest(json=json.dumps(payload)), timeout=timeout))
+        return json.loads(response.json)
 
     def call_all(self, method: str, payload: dict, timeout: float = 3600
                  ) -> list[dict]:
-        """Calls a JSON method (Save, Restore, Status) on every server."""
-
-        def call(i: int) -> dict:
-            try:
-                response = getattr(self._stubs[i], method)(
-                    ps_pb2.SaveRequest(json=json.dumps(payload)), timeout=timeout)
-            except grpc.RpcError as e:
-                raise self._error(i, method, e) from None
-            return json.loads(response.json)
-
-        return self._map(call, range(self.num_ps))
+        """Calls a JSON method on every server."""
+        return self._map(lambda i: self.call(i, method, payload, timeout),
+                         range(self.num_ps))
 
     def close(self) -> None:
         for channel in self._channels:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import zlib
 
+ASSIGN_PREFIX = "="  # chunk names of non-trainable values in a push
+
 
 def ps_for(name: str, num_ps: int) -> int:
     """Index of the parameter server that owns variable `name`."""

@@ -23,9 +23,19 @@ class ParameterServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, ps_index: int = 0,
                  num_ps: int = 1, grads_to_wait: int = 1,
-                 max_staleness: int = 0) -> None:
+                 max_staleness: int = 0, restore_from: str | None = None,
+                 init_checkpoint_dir: str | None = None, paused: bool = False) -> None:
         self.store = ParameterStore(grads_to_wait, max_staleness)
-        self.servicer = ParameterServerServicer(self.store, ps_index, num_ps)
+        if restore_from:
+            # A server restarted after a crash: its state comes back before it
+            # serves anybody.
+            from keras_elastic.ps.checkpointing import init_from_checkpoint
+
+            info = init_from_checkpoint(self.store, ps_index, num_ps, restore_from)
+            logging.info("parameter server %d restored %d variables from %s",
+                         ps_index, info["restored"], info["path"])
+        self.servicer = ParameterServerServicer(self.store, ps_index, num_ps,
+                                                init_checkpoint_dir, paused)
         self._server = rpc.make_server(max_workers=32)
         ps_pb2_grpc.add_ParameterServerServicer_to_server(self.servicer, self._server)
         self.address = rpc.bind(self._server, host, port)
@@ -49,12 +59,21 @@ def define_flags() -> None:
                          "With grads_to_wait > 1, drop gradients older than this many "
                          "versions (0: 4 x grads_to_wait).")
     flags.DEFINE_string("ready_file", None, "Write {'address': ...} here once serving.")
+    flags.DEFINE_string("restore_from", None, "Start from this parameter-server "
+                        "checkpoint (a server restarted after a crash).")
+    flags.DEFINE_bool("paused", False, "Start paused (Init, Push, Pull, Claim answer "
+                      "UNAVAILABLE until Resume): a restarted server while the job "
+                      "rolls back.")
+    flags.DEFINE_string("init_checkpoint_dir", None, "Save this server's share of "
+                        "the initial model here when a worker initializes it.")
 
 
 def main(argv) -> None:
     del argv
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
-                             FLAGS.grads_to_wait, FLAGS.max_staleness)
+                             FLAGS.grads_to_wait, FLAGS.max_staleness,
+                             FLAGS.restore_from, FLAGS.init_checkpoint_dir,
+                             FLAGS.paused)
     logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
                  server.address)
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -9,7 +9,10 @@ Pure TensorFlow/Keras, no gRPC: `ps/servicer.py` drives it. The store
 - with `grads_to_wait=k > 1` averages k gradients per update and drops
   gradients computed on a model more than `max_staleness` versions old,
 - counts a model version and remembers, per variable, the version that last
-  changed it, so `values_since(v)` returns only what changed after `v`.
+  changed it, so `values_since(v)` returns only what changed after `v`,
+- keeps a `TaskLog`: which elements of which task its variables contain,
+  changed in the same step as the variables, so a gradient is applied at most
+  once (see `ps/task_log.py`).
 
 Example:
 
@@ -19,19 +22,39 @@ Example:
 ...            {"class_name": "SGD", "config": {"learning_rate": 0.5}})
 True
 >>> store.push({"w": np.ones(2, "float32")}, {}, base_version=0)
-(True, 1)
+PushResult(accepted=True, version=1, status='applied')
 >>> store.values_since(0)["w"].tolist()
 [0.5, 0.5]
 """
 
 from __future__ import annotations
 
+import random
 import re
 import threading
+from typing import NamedTuple
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from keras_elastic.ps.task_log import DUPLICATE, Range, TaskKey, TaskLog
+
+APPLIED = "applied"
+STALE = "stale"
+
+
+class PushResult(NamedTuple):
+    accepted: bool
+    version: int
+    # APPLIED (or buffered), DUPLICATE (already applied: nothing done), STALE
+    # (too old, dropped), or a TaskLog refusal: "fenced" or "overlap".
+    status: str
+
+
+def new_incarnation() -> int:
+    """A random id for one life of a server's state (a start or a restore)."""
+    return random.SystemRandom().getrandbits(62) + 1
 
 
 class ParameterStore:
@@ -51,7 +74,11 @@ class ParameterStore:
         self._apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
         self.pushes = 0
         self.dropped = 0
+        self.duplicates = 0
+        self.refused = 0
         self.restored_from: str | None = None
+        self.log = TaskLog()
+        self.incarnation = new_incarnation()
 
     @property
     def initialized(self) -> bool:
@@ -119,10 +146,11 @@ class ParameterStore:
         return fn
 
     def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
-             base_version: int) -> tuple[bool, int]:
+             base_version: int, ranges: list[Range] | tuple = ()) -> PushResult:
         """Applies (or buffers) gradients, assigns non-trainable values.
 
-        Returns `(accepted, version)`.
+        `ranges`: the elements of each task the gradients contain; the push is
+        applied only if the task log allows it (nothing changes otherwise).
         """
         with self._lock:
             if not self.initialized:
@@ -133,27 +161,57 @@ class ParameterStore:
             if unknown:
                 raise KeyError(f"this parameter server does not own {unknown}")
             self.pushes += 1
+            if ranges:
+                refusal = self.log.check(list(ranges))
+                if refusal == DUPLICATE:
+                    self.duplicates += 1
+                    return PushResult(True, self.version, DUPLICATE)
+                if refusal is not None:
+                    self.refused += 1
+                    return PushResult(False, self.version, refusal)
+            if (grads and self.grads_to_wait > 1
+                    and base_version < self.version - self.max_staleness):
+                self.dropped += 1
+                return PushResult(False, self.version, STALE)
             for name, value in assigns.items():
                 self.variables[name].assign(value)
                 self.updated_at[name] = self.version + 1 if grads else self.version
             if not grads:
-                return True, self.version
+                return PushResult(True, self.version, APPLIED)
             if self.grads_to_wait == 1:
                 self._apply(grads)
-                return True, self.version
-            if base_version < self.version - self.max_staleness:
-                self.dropped += 1
-                return False, self.version
-            self._pending.append(grads)
-            if len(self._pending) >= self.grads_to_wait:
-                names = sorted(set().union(*self._pending))
-                mean = {}
-                for n in names:
-                    parts = [g[n] for g in self._pending if n in g]
-                    mean[n] = np.sum(parts, axis=0) / len(self._pending)
-                self._pending = []
-                self._apply(mean)
-            return True, self.version
+            else:
+                self._pending.append(grads)
+                if len(self._pending) >= self.grads_to_wait:
+                    self._apply_pending()
+            self.log.record(list(ranges))
+            return PushResult(True, self.version, APPLIED)
+
+    def _apply_pending(self) -> None:
+        """Applies the buffered gradients: their sum over `grads_to_wait` (the
+        mean of a full buffer)."""
+        if not self._pending:
+            return
+        names = sorted(set().union(*self._pending))
+        total = {}
+        for n in names:
+            parts = [g[n] for g in self._pending if n in g]
+            total[n] = np.sum(parts, axis=0) / self.grads_to_wait
+        self._pending = []
+        self._apply(total)
+
+    def flush(self) -> int:
+        """Applies gradients still buffered (`grads_to_wait > 1`) at once;
+        returns the version."""
+        with self._lock:
+            self._apply_pending()
+            return self.version
+
+    def claim(self, task: TaskKey, lease: int
+              ) -> tuple[list[tuple[int, int]], int | None]:
+        """See `TaskLog.claim`."""
+        with self._lock:
+            return self.log.claim(task, lease)
 
     def _apply(self, grads: dict[str, np.ndarray]) -> None:
         names = tuple(sorted(grads))
@@ -172,3 +230,13 @@ class ParameterStore:
 
     def optimizer_variables(self) -> list[keras.Variable]:
         return list(self.optimizer.variables) if self.optimizer else []
+
+    def mark_restored(self, path: str) -> None:
+        """Values were replaced from a checkpoint: a new life of this state, in
+        which every variable counts as changed (workers take all of them)."""
+        with self._lock:
+            self._pending = []
+            self.version += 1
+            self.updated_at = dict.fromkeys(self.variables, self.version)
+            self.incarnation = new_incarnation()
+            self.restored_from = path

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_elastic.common import faults
 from keras_elastic.common.tensor_codec import encode_all
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker.task_stream import TaskStream
@@ -89,6 +90,7 @@ class _TaskSwitcher:
         if self.current is not None:
             states = read_states(self.variables)
             self.stream.report_one(self.current, list(encode_all(states.items())))
+            faults.reached("validation")
             self.model.reset_metrics()
             self.current = None
         # Tasks whose records dataset_fn filtered out entirely: no states.

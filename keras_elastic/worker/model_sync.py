@@ -15,6 +15,7 @@ import time
 import keras
 import numpy as np
 
+from keras_elastic.common import faults
 from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.ps.client import PSClient
@@ -36,6 +37,7 @@ class ModelSync:
         self._values: dict[str, np.ndarray] = {}
         self.grad_keys: list[str] = []  # set when the train step is traced
         self.t_data = 0.0
+        self.stream = None  # the training TaskStream (set by fit)
 
     def initialize(self, restore_from: str = "") -> None:
         """Initializes the PS with this model (first worker wins; it has the
@@ -56,32 +58,72 @@ class ModelSync:
         self._values.update(self.ps.pull())
         self.assign_all()
 
+    def take(self, values: dict[str, np.ndarray]) -> None:
+        """New values from a push made outside the train step: into the model."""
+        self._values.update(values)
+        for key, variable in zip(self.keys, self.variables):
+            if key in values:
+                variable.assign(values[key])
+
+    def claim(self, task):
+        """Claims a task on every server (see `PSClient.claim`)."""
+        return self.ps.claim(self.stream.dataset, task.epoch, task.task_id, task.lease)
+
     def assign_all(self) -> None:
         for key, variable in zip(self.keys, self.variables):
             if key in self._values:
                 variable.assign(self._values[key])
 
     # -- called from the compiled train step ------------------------------
-    def mark_data(self, _seq) -> np.int64:
-        """The batch has arrived (the step's input is ready)."""
+    def mark_data(self, seqs) -> np.ndarray:
+        """The batch has arrived (the step's input is ready); returns the weight
+        of each element: 0 for tasks abandoned."""
         self.t_data = time.perf_counter()
-        return np.int64(0)
+        seqs = seqs.numpy()
+        if self.stream is None:
+            return np.ones(len(seqs), np.float32)
+        return self.stream.live_mask(seqs)
 
-    def exchange(self, *tensors) -> list[np.ndarray]:
-        """Pushes gradients + non-trainable values; returns every variable's value."""
+    def exchange(self, tags, *tensors) -> list[np.ndarray]:
+        """Pushes gradients + non-trainable values; returns every variable's value.
+
+        `tags`: `[seq, position, fingerprint]` of each element of the batch.
+        """
         t_grads = time.perf_counter()
         if self.t_data:
             self.timer.add("compute", t_grads - self.t_data)
         n = len(self.grad_keys)
         grads = {k: t.numpy() for k, t in zip(self.grad_keys, tensors[:n])}
         assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys, tensors[n:])}
-        new = self.ps.push(grads, assigns)
+        ranges, live = [], []
+        if self.stream is not None:
+            ranges, live = self.stream.batch_ranges(tags.numpy())
+            if not ranges:
+                grads = {}  # every element belongs to an abandoned task
+        reply = self.ps.exchange(grads, assigns, ranges)
+        faults.reached("after_push")
+        if not reply.accepted:
+            self.stream.abandon(live, f"push refused: {reply.refusals()}")
+        new = reply.values
         t_pushed = time.perf_counter()
         self.timer.add("push", t_pushed - t_grads)
         self._values.update(new)
         out = [self._values[k] for k in self.keys]
         self.timer.add("pull", time.perf_counter() - t_pushed)
         return out
+
+
+def training_loss(model: keras.Model, x, y, sample_weight):
+    """`(y_pred, loss)` of one training forward pass of `model` (call it under a
+    `GradientTape`): the train step's and a replay's catch-up gradients come
+    from the same computation."""
+    if model._call_has_training_arg:
+        y_pred = model(x, training=True)
+    else:
+        y_pred = model(x)
+    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=True)
+    return y_pred, loss
 
 
 def _jsonable(value):

@@ -21,8 +21,9 @@ from typing import Any
 
 import keras
 
-from keras_elastic.checkpoint import layout, ps_layout
-from keras_elastic.checkpoint.manifest import SaveInfo, write_manifest
+from keras_elastic.checkpoint import layout
+from keras_elastic.checkpoint.manifest import SaveInfo
+from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
 from keras_elastic.ps.checkpointing import encode_callback
 from keras_elastic.worker.cluster import Cluster
 
@@ -35,9 +36,7 @@ def is_chief(cluster: Cluster) -> bool:
 
 def master_progress(cluster: Cluster) -> dict[str, dict]:
     """Per training dataset: the epoch in progress and its tasks done."""
-    status = cluster.master.status()
-    return {name: {"epoch": ds["epoch"], "done_task_ids": ds["done_task_ids"]}
-            for name, ds in status["datasets"].items() if ds["mode"] == "training"}
+    return training_progress(cluster.master.status())
 
 
 def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
@@ -52,32 +51,17 @@ def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
     os.makedirs(temp)
     callback = sharding_callback or __import__(
         "tensorflow").train.experimental.ShardByTaskPolicy()
-    progress = master_progress(cluster)
+    progress = master_progress(cluster)  # before the saves: its done tasks are in
     parts = cluster.ps.call_all("Save", {
         "directory": temp, "callback": encode_callback(callback),
         "extra": {k: v for k, v in extra.items() if k in ("epoch", "batch", "step")}})
     sync = model._ke.sync
-    info = SaveInfo(
-        path=os.path.join(directory, name), name=name,
-        sequence=layout.next_sequence(directory), created=start, prefix="",
-        trackables=[ps_layout.TRACKABLE], description=parts[0]["description"],
-        callback_class=parts[0]["callback_class"],
-        latency_s=sum(p["latency_s"] for p in parts),
-        validation_s=sum(p["validation_s"] for p in parts),
-        write_s=time.time() - start,
-        num_shards=sum(p["num_shards"] for p in parts),
-        shard_sizes=[s for p in parts for s in p["shard_sizes"]],
-        shard_tensors=[[f"{p['name']}:{t}" for t in shard] for p in parts
-                       for shard in p["shard_tensors"]],
+    info = write_ps_manifest(
+        temp, os.path.join(directory, name), parts, progress, started=start,
         epoch=extra.get("epoch"), batch=extra.get("batch"), step=extra.get("step"),
         extra=dict({k: v for k, v in extra.items() if k not in ("epoch", "batch",
                                                                  "step")},
-                   layout=ps_layout.LAYOUT, num_ps=cluster.num_ps,
-                   parts=[p["name"] for p in parts], progress=progress,
-                   model_versions=[p.get("model_version") for p in parts],
                    variable_keys=dict(zip(sync.keys, (v.path for v in sync.variables)))))
-    write_manifest(temp, info)
-    layout.commit(temp, info.path)
     if max_to_keep:
         layout.prune(directory, max_to_keep)
     return info

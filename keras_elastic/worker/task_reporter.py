@@ -34,6 +34,7 @@ class TaskReporter(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self._sync is not None and self._sync.t_data > self._batch_start:
             self.stream.timer.add("input_wait", self._sync.t_data - self._batch_start)
+        self.stream.run_replays()
         seq = int(self._trained_seq.numpy())
         if seq > self._last_seq:
             self._last_seq = seq

@@ -11,6 +11,15 @@ after a batch whose largest tag is `s` has been trained, every task with
 `seq < s` has had all of its elements trained; when the stream is exhausted,
 all of them have. `mark_trained(s)` and `finish_epoch()` report exactly those
 tasks to the master, once.
+
+Exactly-once updates (training): before yielding a task the stream *claims*
+it on the parameter servers with the master's lease, which says what they
+already applied of it. The pipeline then skips that many elements, and a
+`Replay` (see `worker/replay.py`) is queued to check them and catch up any
+server that lacks some; the task is not reported before its replay ran. A
+task whose push a server refused (its lease is no longer current, or the
+gradient was too stale) is *abandoned*: its elements still in the pipeline get
+weight 0, it is never reported done, and it goes back to the master.
 """
 
 from __future__ import annotations
@@ -23,9 +32,13 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from keras_elastic.common import faults
 from keras_elastic.common.timing import PhaseTimer
+from keras_elastic.data.fingerprint import range_fingerprint
 from keras_elastic.data.source import DataSource
-from keras_elastic.master.client import MasterClient
+from keras_elastic.master.client import WAIT, MasterClient
+from keras_elastic.proto import ps_pb2
+from keras_elastic.worker.replay import Replay, plan_replay
 
 
 class TaskStream:
@@ -45,6 +58,17 @@ class TaskStream:
         self._exhausted = False
         self.error: BaseException | None = None
         self._stop = threading.Event()
+        # Training only (set by fit): claim(task) -> [TaskClaim] or None; the
+        # replay runner; flush() before the last report of an epoch.
+        self.claimer = None
+        self.replayer = None
+        self.flusher = None
+        self._replays: dict[int, Any] = {}  # seq -> Replay not yet run
+        self._dead: set[int] = set()        # seqs abandoned
+        # Training streams end a *segment* rather than block while holding
+        # tasks; `end_segment()` then reports them and the epoch goes on.
+        self.segmented = False
+        self._segment_break = False
 
     # -- epochs -----------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -57,14 +81,24 @@ class TaskStream:
 
     # -- the generator ----------------------------------------------------
     def generator(self):
-        """Yields `(seq, records)` per task of the current epoch."""
+        """Yields `(seq, skip, records)` per task of the current epoch: the
+        pipeline drops the task's first `skip` elements (already applied)."""
         epoch = self.epoch
         self._exhausted = False
+        self._segment_break = False
         self._stop.clear()
         try:
             while True:
                 start = time.perf_counter()
-                task = self.master.get_task(self.dataset, epoch, stop=self._stop)
+                # Training: never block on the master while holding tasks whose
+                # elements may sit in a partial batch (the master may be waiting
+                # for exactly those): end the segment instead (see end_segment).
+                holding = self.segmented and bool(self._outstanding)
+                task = self.master.get_task(self.dataset, epoch, stop=self._stop,
+                                            return_on_wait=holding)
+                if task == WAIT:
+                    self._segment_break = True
+                    return
                 if task is None:
                     break
                 try:
@@ -78,16 +112,36 @@ class TaskStream:
                                              error=f"{type(e).__name__}: {e}")
                     continue
                 if self.shuffle_records:
-                    rng = np.random.default_rng(
-                        (self.seed, task.epoch, task.task_id, task.attempt))
+                    # The same order on every attempt: a replay skips by position.
+                    rng = np.random.default_rng((self.seed, task.epoch, task.task_id))
                     order = rng.permutation(task.end - task.start)
                     records = _take(records, order)
+                replay = None
+                if self.claimer is not None:
+                    claims = self.claimer(task)
+                    if claims is None:
+                        # The servers refuse this hand-out (a newer one holds the
+                        # task): give it back, the master decides again.
+                        logging.warning("worker %d: the parameter servers refused the "
+                                        "claim of task %d of epoch %d; giving it back",
+                                        self.master.worker_id, task.task_id, task.epoch)
+                        self.master.release_tasks(self.dataset, [task.task_id],
+                                                  "claim refused")
+                        continue
+                    plan = plan_replay(claims)
+                    if plan.needed:
+                        replay = Replay(-1, task, records, claims, plan)
+                    faults.reached("after_claim")
                 with self._lock:
                     seq = self._next_seq
                     self._next_seq += 1
                     self._outstanding[seq] = task
+                    if replay is not None:
+                        replay.seq = seq
+                        self._replays[seq] = replay
                 self.timer.add("get_batch", time.perf_counter() - start)
-                yield np.int64(seq), records
+                skip = replay.plan.frontier if replay is not None else 0
+                yield np.int64(seq), np.int64(skip), records
         except BaseException as e:
             self.error = e
             raise
@@ -101,14 +155,95 @@ class TaskStream:
     def finish_epoch(self) -> None:
         """The pipeline was exhausted and every batch trained: report the rest."""
         if self._exhausted:
+            self.run_replays()
+            if self.flusher is not None:
+                self.flusher()  # buffered gradients applied before the report
+            faults.reached("epoch_end")
             self._report(lambda seq: True)
+
+    def end_segment(self) -> bool:
+        """The pipeline ran out and every batch was trained. If the stream only
+        ended a segment (the epoch goes on), reports its tasks and returns True:
+        the caller iterates the pipeline again, continuing the same epoch."""
+        if not self._segment_break:
+            return False
+        self._segment_break = False
+        self.run_replays()
+        if self.flusher is not None:
+            self.flusher()
+        faults.reached("epoch_end")
+        self._report(lambda seq: True)
+        return True
 
     def _report(self, is_done) -> None:
         with self._lock:
-            done = [s for s in self._outstanding if is_done(s)]
+            done = [s for s in self._outstanding
+                    if is_done(s) and s not in self._replays]
             task_ids = [self._outstanding.pop(s).task_id for s in done]
         if task_ids:
             self.master.report_tasks(self.dataset, task_ids, success=True)
+
+    # -- exactly-once updates (training) ----------------------------------
+    def run_replays(self) -> None:
+        """Runs the pending replays (on the training thread, between steps)."""
+        while self._replays:
+            with self._lock:
+                seq, replay = next(iter(self._replays.items()))
+            ok = self.replayer(replay) if self.replayer is not None else True
+            with self._lock:
+                self._replays.pop(seq, None)
+            if not ok:
+                self.abandon([seq], "catching up was refused")
+
+    def live_mask(self, seqs: np.ndarray) -> np.ndarray:
+        """1.0 for elements of tasks still ours, 0.0 for abandoned ones."""
+        if not self._dead:
+            return np.ones(len(seqs), np.float32)
+        return (~np.isin(seqs, list(self._dead))).astype(np.float32)
+
+    def batch_ranges(self, tags: np.ndarray) -> tuple[list, list[int]]:
+        """The `TaskRange`s of a batch's elements of live tasks, and their seqs.
+
+        `tags` is the batch's `[seq, position, fingerprint]` per element; a
+        task's elements in a batch are consecutive.
+        """
+        seqs, positions, fps = tags[:, 0], tags[:, 1], tags[:, 2]
+        cuts = np.flatnonzero(np.diff(seqs)) + 1
+        ranges, live = [], []
+        with self._lock:
+            for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(seqs)]):
+                seq = int(seqs[lo])
+                task = self._outstanding.get(seq)
+                if task is None or seq in self._dead:
+                    continue
+                start, end = int(positions[lo]), int(positions[hi - 1]) + 1
+                if end - start != hi - lo:
+                    raise RuntimeError(f"elements of task {task.task_id} are not "
+                                       f"consecutive in a batch ({start}..{end})")
+                ranges.append(ps_pb2.TaskRange(
+                    dataset=self.dataset, epoch=task.epoch, task_id=task.task_id,
+                    lease=task.lease, start=start, end=end,
+                    fingerprint=range_fingerprint(positions[lo:hi], fps[lo:hi])))
+                live.append(seq)
+        return ranges, live
+
+    def abandon(self, seqs: list[int], reason: str) -> None:
+        """Gives up tasks whose pushes were refused: their remaining elements
+        are masked, and the master hands them out again."""
+        with self._lock:
+            tasks = [self._outstanding.pop(s) for s in seqs if s in self._outstanding]
+            self._dead.update(seqs)
+            for s in seqs:
+                self._replays.pop(s, None)
+        if not tasks:
+            return
+        logging.warning("worker %d: giving back %d task(s) (%s): %s",
+                        self.master.worker_id, len(tasks), reason,
+                        [t.task_id for t in tasks])
+        try:
+            self.master.release_tasks(self.dataset, [t.task_id for t in tasks], reason)
+        except (ConnectionError, ValueError) as e:  # the master requeues them anyway
+            logging.warning("could not give the tasks back: %s", e)
 
     def report_one(self, seq: int, metric_states=None) -> None:
         """Reports the task of `seq` done, with its metric states (evaluation)."""

@@ -1,0 +1,69 @@
+"""The manifest of a parameter-server checkpoint, written by whoever asked the
+servers to save (a worker's `ShardedModelCheckpoint`, or the launcher's
+automatic checkpoints). No TensorFlow: the launcher uses it.
+
+A checkpoint is one directory with one part per server and a manifest written
+last (see `ps_layout.py`); the manifest records the master's progress at the
+moment before the servers saved, so every task it lists as done is wholly in
+every part.
+
+Example:
+
+```python
+temp = layout.temp_dir_for(directory, "ckpt-0007")
+parts = ps_client.call_all("Save", {"directory": temp})
+info = write_ps_manifest(temp, os.path.join(directory, "ckpt-0007"), parts,
+                         progress=training_progress(master.status()))
+```
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from keras_elastic.checkpoint import layout
+from keras_elastic.checkpoint.manifest import SaveInfo, write_manifest
+
+LAYOUT = "parameter_servers"
+
+
+def training_progress(status: dict) -> dict[str, dict]:
+    """Per training dataset of a master status: the epoch in progress and its
+    tasks done."""
+    return {name: {"epoch": ds["epoch"], "done_task_ids": ds["done_task_ids"]}
+            for name, ds in status["datasets"].items() if ds["mode"] == "training"}
+
+
+def write_ps_manifest(temp: str, final: str, parts: list[dict],
+                      progress: dict[str, dict] | None, *, started: float | None = None,
+                      epoch: int | None = None, batch: int | None = None,
+                      step: int | None = None, extra: dict[str, Any] | None = None,
+                      sequence: int | None = None) -> SaveInfo:
+    """Writes the manifest over `parts` (the servers' Save answers) into `temp`
+    and commits it as `final` (`temp == final`: the parts are in place
+    already). `progress=None` means "the start of the job" (the initial
+    model)."""
+    started = time.time() if started is None else started
+    directory = os.path.dirname(final)
+    info = SaveInfo(
+        path=final, name=os.path.basename(final),
+        sequence=layout.next_sequence(directory) if sequence is None else sequence,
+        created=started, prefix="", trackables=["ps"],
+        description=parts[0]["description"], callback_class=parts[0]["callback_class"],
+        latency_s=sum(p["latency_s"] for p in parts),
+        validation_s=sum(p["validation_s"] for p in parts),
+        write_s=time.time() - started,
+        num_shards=sum(p["num_shards"] for p in parts),
+        shard_sizes=[s for p in parts for s in p["shard_sizes"]],
+        shard_tensors=[[f"{p['name']}:{t}" for t in shard] for p in parts
+                       for shard in p["shard_tensors"]],
+        epoch=epoch, batch=batch, step=step,
+        extra=dict(extra or {}, layout=LAYOUT, num_ps=len(parts),
+                   parts=[p["name"] for p in parts], progress=progress,
+                   model_versions=[p.get("model_version") for p in parts]))
+    write_manifest(temp, info)
+    if os.path.abspath(temp) != os.path.abspath(final):
+        layout.commit(temp, final)
+    return info

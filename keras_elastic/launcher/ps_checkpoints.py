@@ -1,0 +1,194 @@
+"""Automatic parameter-server checkpoints: the recovery points of a job.
+
+The launcher keeps them in `JOB_DIR/ps_checkpoints/`:
+
+- `init/`: each server saves its share of the initial model there when a worker
+  initializes it, before any gradient can reach it; once every server's part
+  is there, the manifest is written (its progress is "the start of the job").
+- `ckpt-NNNNNN/`: every `every_secs` seconds and/or `every_versions` model
+  versions (whichever comes first), while the model changes, and once more
+  when training ends, every server saves its share through the same sharded,
+  validated writer as `ShardedModelCheckpoint`; the manifest holds the master's
+  progress read just before.
+
+Each part holds its server's task log with the variables, so a restore is
+exact even though the servers do not save at the very same instant (see
+`ps/task_log.py`). The newest `keep` checkpoints are kept.
+
+Example:
+
+```python
+checkpointer = AutoCheckpointer(directory, ps_addresses, master, every_secs=30)
+checkpointer.start()
+...
+info = checkpointer.latest()      # what a recovery restores
+```
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from absl import logging
+
+from keras_elastic.checkpoint import layout
+from keras_elastic.checkpoint.manifest import read_manifest
+from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
+from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.client import PSClient
+
+INIT = "init"
+
+
+class AutoCheckpointer:
+    """Saves the parameter servers periodically from a background thread."""
+
+    def __init__(self, directory: str, ps_addresses: list[str], master: MasterClient,
+                 every_secs: float = 30.0, every_versions: int = 0, keep: int = 2,
+                 poll_secs: float = 0.5) -> None:
+        self.directory = os.path.abspath(directory)
+        self.init_dir = os.path.join(self.directory, INIT)
+        os.makedirs(self.init_dir, exist_ok=True)
+        self.ps_addresses = list(ps_addresses)
+        self.master = master
+        self.every_secs = every_secs
+        self.every_versions = every_versions
+        self.keep = max(1, keep)
+        self.poll_secs = poll_secs
+        self.saves = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()  # held during a save; recovery takes it
+        self._paused = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ps: PSClient | None = None
+        self._last_save = time.time()
+        self._last_versions: list[int] | None = None
+        self._finished_saved = False
+
+    # -- control ------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="ps-checkpoints")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        if self._ps is not None:
+            self._ps.close()
+
+    def pause(self) -> None:
+        """No saves until `resume`; waits for a save in progress to end."""
+        self._paused.set()
+        with self._lock:
+            pass
+
+    def resume(self) -> None:
+        self._last_save = time.time()
+        self._last_versions = None
+        self._paused.clear()
+
+    # -- what a recovery restores ---------------------------------------------
+    def init_ready(self) -> bool:
+        """Every server saved its share of the initial model."""
+        return all(os.path.isdir(os.path.join(self.init_dir, f"ps-{i:03d}"))
+                   for i in range(len(self.ps_addresses)))
+
+    def _write_init_manifest(self) -> None:
+        if os.path.isfile(os.path.join(self.init_dir, "manifest.json")):
+            return
+        parts = []
+        for i in range(len(self.ps_addresses)):
+            part = read_manifest(os.path.join(self.init_dir, f"ps-{i:03d}"))
+            data = part.to_json()
+            data["name"] = part.name
+            parts.append(data)
+        write_ps_manifest(self.init_dir, self.init_dir, parts, progress=None,
+                          sequence=0, extra={"initial": True})
+        logging.info("initial model of the parameter servers saved in %s",
+                     self.init_dir)
+
+    def latest(self):
+        """The newest complete automatic checkpoint (the initial model's if no
+        other), or None if the servers were never all initialized."""
+        if self.init_ready():
+            self._write_init_manifest()
+        return layout.latest(self.directory)
+
+    # -- the loop ---------------------------------------------------------------
+    def _client(self) -> PSClient:
+        if self._ps is None:
+            self._ps = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=30,
+                                reconnect_timeout=5)
+        return self._ps
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_secs):
+            if self._paused.is_set():
+                continue
+            with self._lock:
+                if self._paused.is_set():
+                    continue
+                try:
+                    self._tick()
+                except (ConnectionError, ValueError, OSError) as e:
+                    # A server being down is the launcher's business; try later.
+                    self.failures += 1
+                    self.last_error = str(e)
+                    logging.log_every_n_seconds(
+                        logging.WARNING, "automatic checkpoint failed: %s", 30, e)
+
+    def _tick(self) -> None:
+        if not self.init_ready():
+            return
+        self._write_init_manifest()
+        statuses = self._client().call_all("Status", {}, timeout=30)
+        versions = [s["version"] for s in statuses]
+        if self._last_versions is None:
+            self._last_versions = versions
+        changed = sum(versions) - sum(self._last_versions)
+        status = self.master.status()
+        training = [ds for ds in status["datasets"].values() if ds["mode"] == "training"]
+        finished = bool(training) and all(ds["finished"] for ds in training)
+        if finished:
+            if not self._finished_saved and changed:
+                self.save(status)
+            self._finished_saved = True
+            return
+        self._finished_saved = False
+        due = (self.every_secs > 0 and time.time() - self._last_save >= self.every_secs
+               or self.every_versions > 0 and changed >= self.every_versions)
+        if due and changed:
+            self.save(status)
+
+    def save(self, status: dict | None = None):
+        """Saves every server now (the master's progress first)."""
+        start = time.time()
+        status = status or self.master.status()
+        progress = training_progress(status)
+        name = f"ckpt-{layout.next_sequence(self.directory):06d}"
+        temp = layout.temp_dir_for(self.directory, name)
+        os.makedirs(temp)
+        try:
+            parts = self._client().call_all("Save", {"directory": temp,
+                                                     "extra": {"automatic": True}})
+            info = write_ps_manifest(temp, os.path.join(self.directory, name), parts,
+                                     progress, started=start,
+                                     extra={"automatic": True})
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        self._last_save = time.time()
+        self._last_versions = [p.get("model_version", 0) for p in parts]
+        self.saves += 1
+        layout.prune(self.directory, self.keep)
+        logging.info("automatic parameter-server checkpoint %s (%.2f s)", info.path,
+                     time.time() - start)
+        return info

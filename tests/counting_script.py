@@ -1,0 +1,119 @@
+"""The counting model: a worker program whose weights count applied gradients.
+
+Every weight `c_k` of the model gets gradient -1 per record (loss = minus the
+sum over the batch of `x0 * sum_k c_k`, with x0 = 1), and SGD with learning rate
+1 adds 1 per record whose gradient is applied: after the job every weight
+equals the number of record gradients applied, which exactly-once training
+makes `epochs x records` (divided by grads_to_wait, whose updates average).
+
+Run by `keras-elastic run` in the exactly-once tests; workers write the final
+weights and the parameter servers' status as JSON to `--output` (each
+worker that finishes; they all end with the same model).
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+import keras_elastic as ke
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data", None, "TFRecord pattern.")
+flags.DEFINE_integer("epochs", 2, "Epochs.")
+flags.DEFINE_integer("batch_size", 16, "Batch size.")
+flags.DEFINE_integer("minibatches_per_task", 4, "Minibatches per task.")
+flags.DEFINE_integer("weights", 8, "Counting weights (spread over the servers).")
+flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
+flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
+flags.DEFINE_bool("validate", False, "Validate on the data after each epoch.")
+flags.DEFINE_bool("filter_odd", False, "dataset_fn drops records with an odd id "
+                  "(tasks' element counts then differ from their record counts).")
+
+
+class Counting(keras.layers.Layer):
+    def build(self, input_shape):
+        self.counts = [self.add_weight(shape=(), initializer="zeros", name=f"c{k}")
+                       for k in range(FLAGS.weights)]
+
+    def call(self, x):
+        return x[:, :1] * tf.add_n([c for c in self.counts])
+
+
+class MinusSum(keras.losses.Loss):
+    def __init__(self):
+        super().__init__(reduction="sum", name="minus_sum")
+
+    def call(self, y_true, y_pred):
+        return -y_pred[:, 0]
+
+
+def dataset_fn(records, mode):
+    spec = {"x": tf.io.FixedLenFeature([2], tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.int64)}
+    parsed = records.map(lambda r: tf.io.parse_single_example(r, spec))
+    if FLAGS.filter_odd:
+        parsed = parsed.filter(lambda e: tf.equal(tf.cast(e["x"][1], tf.int64) % 2, 0))
+    return parsed.map(lambda e: (e["x"], e["y"]))
+
+
+def write_data(directory: str, records: int, shards: int) -> list[str]:
+    """TFRecord shards of `records` records: x = [1, id], y = 0."""
+    os.makedirs(directory, exist_ok=True)
+    files = []
+    per = records // shards
+    for s in range(shards):
+        path = os.path.join(directory, f"count-{s:02d}.tfrecord")
+        with tf.io.TFRecordWriter(path) as w:
+            for i in range(s * per, (s + 1) * per):
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(
+                        value=[1.0, float(i)])),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[0])),
+                })).SerializeToString())
+        files.append(path)
+    return files
+
+
+def main(argv):
+    del argv
+    cluster = ke.worker.get_cluster()
+    job_dir = os.environ.get("KERAS_ELASTIC_JOB_DIR")
+    if job_dir:
+        with open(os.path.join(job_dir, f"pid-{cluster.worker_id}"), "w") as f:
+            f.write(str(os.getpid()))
+    inputs = keras.Input((2,))
+    model = ke.Model(inputs, Counting()(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=MinusSum())
+    callbacks = []
+    if FLAGS.sleep_per_batch:
+        callbacks.append(keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda b, logs: __import__("time").sleep(
+                FLAGS.sleep_per_batch)))
+    validation = None
+    if FLAGS.validate:
+        validation = ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
+                                       batch_size=FLAGS.batch_size,
+                                       minibatches_per_task=FLAGS.minibatches_per_task,
+                                       mode="evaluation", name="validation")
+    model.fit(ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
+                                batch_size=FLAGS.batch_size,
+                                minibatches_per_task=FLAGS.minibatches_per_task),
+              epochs=FLAGS.epochs, verbose=2, callbacks=callbacks,
+              validation_data=validation)
+    if FLAGS.output:
+        # Every worker that finishes writes the final model (the same for all;
+        # worker 0 may have been killed).
+        counts = [float(np.asarray(c)) for c in model.layers[-1].counts]
+        temp = f"{FLAGS.output}.{cluster.worker_id}.tmp"
+        with open(temp, "w") as f:
+            json.dump({"counts": counts, "ps": cluster.ps.call_all("Status", {}),
+                       "worker": cluster.worker_id}, f)
+        os.replace(temp, FLAGS.output)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -59,11 +59,13 @@ def _env() -> dict[str, str]:
 
 
 def _status(job_dir: str) -> dict | None:
+    from keras_elastic.common import auth
     from keras_elastic.master.client import MasterClient
 
     try:
         with open(os.path.join(job_dir, "cluster.json")) as f:
             cluster = json.load(f)
+        os.environ[auth.TOKEN_ENV] = auth.read_token_file(job_dir)  # the job's token
         client = MasterClient(cluster["master"], connect_timeout=5)
         try:
             return client.status(include_ledger=True)

@@ -57,6 +57,13 @@ def _define_run() -> None:
                         "(default: a new temporary directory).")
     flags.DEFINE_integer("max_ps_restarts", 3,
                          "Restarts of dead parameter servers before the job fails.")
+    flags.DEFINE_integer("max_master_restarts", 3,
+                         "Restarts of a dead master (from its journal) before the job "
+                         "fails.")
+    flags.DEFINE_bool("resume", False,
+                      "Continue the job of --job_dir (after the launcher died): from "
+                      "its master journal and latest parameter-server checkpoint; "
+                      "tasks done are not trained again.")
     flags.DEFINE_float("ps_checkpoint_secs", 30.0,
                        "Save the parameter servers to JOB_DIR/ps_checkpoints every "
                        "this many seconds (0: off); a restarted server goes back to "
@@ -68,6 +75,24 @@ def _define_run() -> None:
     flags.DEFINE_float("connect_timeout", 300.0,
                        "Seconds a worker keeps retrying a master or parameter server "
                        "it cannot reach (at start, or while one restarts).")
+    flags.DEFINE_string("bind", "127.0.0.1",
+                        "Interface the master and parameter servers listen on. Beyond "
+                        "loopback (for workers on other machines) it needs --tls or "
+                        "--insecure.")
+    flags.DEFINE_string("advertise", None,
+                        "Host name or address at which the job's processes reach the "
+                        "services (default: --bind; required with --bind=0.0.0.0).")
+    flags.DEFINE_bool("tls", False,
+                      "Serve over TLS, also on loopback: with a self-signed certificate "
+                      "made for the job (JOB_DIR/tls) unless --tls_cert is given.")
+    flags.DEFINE_string("tls_cert", None, "The services' certificate chain (PEM); "
+                        "turns TLS on.")
+    flags.DEFINE_string("tls_key", None, "The private key of --tls_cert (PEM).")
+    flags.DEFINE_string("tls_ca", None, "The CA certificate (PEM) clients trust "
+                        "(default: the system's CAs).")
+    flags.DEFINE_bool("insecure", False,
+                      "Allow --bind beyond loopback without TLS: the job's token and "
+                      "data cross the network in clear text.")
 
 
 def _main_run(command: list[str]) -> int:
@@ -81,10 +106,13 @@ def _main_run(command: list[str]) -> int:
         max_task_retries=FLAGS.max_task_retries,
         progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
         max_ps_restarts=FLAGS.max_ps_restarts,
+        max_master_restarts=FLAGS.max_master_restarts, resume=FLAGS.resume,
         ps_checkpoint_secs=FLAGS.ps_checkpoint_secs,
         ps_checkpoint_versions=FLAGS.ps_checkpoint_versions,
         ps_checkpoints_to_keep=FLAGS.ps_checkpoints_to_keep,
-        connect_timeout=FLAGS.connect_timeout)
+        connect_timeout=FLAGS.connect_timeout, bind=FLAGS.bind,
+        advertise=FLAGS.advertise, tls=FLAGS.tls, tls_cert=FLAGS.tls_cert,
+        tls_key=FLAGS.tls_key, tls_ca=FLAGS.tls_ca, insecure=FLAGS.insecure)
     try:
         launcher = Launcher(command, config)
     except ValueError as e:
@@ -139,6 +167,29 @@ def _read_cluster(job_dir: str) -> dict:
                          f"--job_dir={job_dir}?") from None
 
 
+def _client_env(job_dir: str, cluster: dict) -> dict[str, str]:
+    """What a client of the job in `job_dir` needs: its token, and the CA
+    when it serves TLS (cluster.json's "tls")."""
+    from keras_elastic.common import auth, tls
+
+    try:
+        env = {auth.TOKEN_ENV: auth.read_token_file(job_dir)}
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if cluster.get("tls"):
+        env.update(tls.TLSConfig(ca=cluster["tls"].get("ca")).to_env())
+    return env
+
+
+def _use_client_env(env: dict[str, str], job_env: dict[str, str]) -> None:
+    """Replaces the token and TLS settings in `env` by the job's."""
+    from keras_elastic.common import tls
+
+    for name in (tls.TLS_ENV, tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV):
+        env.pop(name, None)
+    env.update(job_env)
+
+
 def _define_join() -> None:
     flags.DEFINE_string("job_dir", None, "The running job's --job_dir.")
 
@@ -152,6 +203,7 @@ def _main_join(command: list[str]) -> int:
         raise UsageError("no worker command: put it after `--`")
     cluster = _read_cluster(FLAGS.job_dir)
     env = dict(os.environ)
+    _use_client_env(env, _client_env(FLAGS.job_dir, cluster))
     env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, FLAGS.job_dir))
     return subprocess.call(command, env=env)
 
@@ -188,16 +240,28 @@ def _define_status() -> None:
 
 
 def _main_status(command: list[str]) -> int:
+    import grpc
+
     from keras_elastic.master.client import MasterClient
 
-    address = FLAGS.master or (
-        _read_cluster(FLAGS.job_dir)["master"] if FLAGS.job_dir else None)
+    address = None
+    if FLAGS.job_dir:
+        cluster = _read_cluster(FLAGS.job_dir)
+        address = cluster["master"]
+        _use_client_env(os.environ, _client_env(FLAGS.job_dir, cluster))
+    address = FLAGS.master or address
     if not address:
         raise UsageError("give --job_dir or --master")
     try:
         status = MasterClient(address, connect_timeout=5).status()
     except ConnectionError as e:
         print(f"keras-elastic status: {e}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+            raise
+        print(f"keras-elastic status: {e.details()}; give --job_dir (the token is "
+              "in JOB_DIR/token) or set KERAS_ELASTIC_TOKEN", file=sys.stderr)
         return 1
     print(json.dumps(status, indent=1))
     return 0

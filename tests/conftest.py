@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -12,11 +13,17 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# One job token for the session, kept by subprocess_env: in-process servers and
+# clients, and the jobs tests launch, all use it (see keras_elastic/common/auth.py).
+TOKEN_ENV = "KERAS_ELASTIC_TOKEN"
+os.environ.setdefault(TOKEN_ENV, secrets.token_hex(32))
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for child processes: the repo importable, TF quiet, no cluster."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_ELASTIC_")}
+    """Environment for child processes: the repo importable, TF quiet, no cluster
+    (the session's job token kept)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KERAS_ELASTIC_") or k == TOKEN_ENV}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.update(extra)
@@ -92,7 +99,8 @@ def embedded_cluster():
     from keras_elastic.worker import cluster as cluster_mod
 
     for key in list(os.environ):
-        if key.startswith("KERAS_ELASTIC_") and key != "KERAS_ELASTIC_INDEX_DIR":
+        if key.startswith("KERAS_ELASTIC_") and key not in ("KERAS_ELASTIC_INDEX_DIR",
+                                                             TOKEN_ENV):
             os.environ.pop(key)
     cluster_mod.reset_cluster()
     cluster = cluster_mod.get_cluster()

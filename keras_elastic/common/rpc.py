@@ -1,4 +1,24 @@
-"""gRPC servers and channels with the project's settings."""
+"""gRPC servers and channels with the project's settings.
+
+Message size limits: every server (`make_server`) and channel (`make_channel`)
+sets both `grpc.max_send_message_length` and `grpc.max_receive_message_length`
+to `tensor_codec.MAX_MESSAGE_BYTES` (64 MiB), explicitly rather than relying on
+gRPC's defaults (4 MiB receive, unlimited send). Tensors larger than that never
+travel in one message: they are cut into chunks of `tensor_codec.CHUNK_BYTES`
+(2 MiB) and streamed (`Init`, `Push`, `Pull`); only pushes below
+`ps.client.SMALL_PUSH_BYTES` (16 MiB) go in one unary message. A message above
+the limit is refused by gRPC itself with RESOURCE_EXHAUSTED, before any of our
+code sees it, and the server goes on serving. Services are registered with
+`rpc_service.add_service`, which answers a request that does not parse with
+INVALID_ARGUMENT naming the method.
+
+Example:
+
+>>> server = make_server()
+>>> address = bind(server)
+>>> server.start()          # doctest: +SKIP
+>>> channel = make_channel(address)
+"""
 
 from __future__ import annotations
 
@@ -8,13 +28,14 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from absl import logging
 
+from keras_elastic.common import auth, tls
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
 _OPTIONS = [
@@ -60,20 +81,63 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float) -> T:
 
 
 def make_server(max_workers: int = 32) -> grpc.Server:
+    """A server that answers only calls carrying this process's job token
+    (`auth.job_token()`); others get UNAUTHENTICATED."""
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                       options=_OPTIONS)
+                       options=_OPTIONS,
+                       interceptors=[auth.TokenInterceptor(auth.job_token())])
+
+
+def check_bind(host: str, tls_on: bool, insecure: bool) -> None:
+    """Refuses (ValueError) to serve beyond loopback in clear text, unless
+    `insecure` says the user wants that.
+
+    >>> check_bind("0.0.0.0", tls_on=False, insecure=False)  # doctest: +SKIP
+    ValueError: refusing to serve on 0.0.0.0 without TLS: ...
+    """
+    if not tls.is_loopback(host) and not tls_on and not insecure:
+        raise ValueError(
+            f"refusing to serve on {host or 'every interface'} without TLS: the job's "
+            "token and data would cross the network in clear text. Turn TLS on (--tls, "
+            "or your own certificate with --tls_cert/--tls_key/--tls_ca), or pass "
+            "--insecure if the network is trusted")
 
 
 def bind(server: grpc.Server, host: str = "127.0.0.1", port: int = 0) -> str:
-    """Binds `server` to `host:port` (0: any free port); returns the address."""
-    bound = server.add_insecure_port(f"{host}:{port}")
+    """Binds `server` to `host:port` (0: any free port); returns the address.
+    The port serves TLS when it is on (`tls.TLSConfig.from_env()`), which it
+    must be beyond loopback unless KERAS_ELASTIC_INSECURE=1 (`check_bind`)."""
+    config = tls.TLSConfig.from_env()
+    check_bind(host, config is not None, os.environ.get(tls.INSECURE_ENV) == "1")
+    if config is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        bound = server.add_secure_port(f"{host}:{port}", config.server_credentials())
     if bound == 0:
         raise OSError(f"could not bind a gRPC server to {host}:{port}")
     return f"{host}:{bound}"
 
 
-def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def make_channel(address: str, options: Sequence[tuple[str, Any]] = ()
+                 ) -> grpc.Channel:
+    """A channel to `address` with the project's options, whose calls carry
+    this process's job token (`auth.job_token()`), over TLS when it is on
+    (`tls.TLSConfig.from_env()`). `options` (gRPC channel arguments) override
+    the project's, e.g. a test's client raising its own send limit above the
+    server's:
+
+    >>> limit = ("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)
+    >>> channel = make_channel("127.0.0.1:5000", [limit])
+    """
+    overridden = {key for key, _ in options}
+    merged = [o for o in _CHANNEL_OPTIONS if o[0] not in overridden] + list(options)
+    config = tls.TLSConfig.from_env()
+    if config is None:
+        channel = grpc.insecure_channel(address, options=merged)
+    else:
+        channel = grpc.secure_channel(address, config.channel_credentials(),
+                                      options=merged)
+    return auth.with_token(channel, auth.job_token())
 
 
 def wait_ready(channel: grpc.Channel, address: str, what: str,

@@ -39,18 +39,23 @@ from collections.abc import Sequence
 
 from absl import logging
 
-from keras_elastic.common import cluster_env
+from keras_elastic.common import auth, cluster_env, rpc, tls
 from keras_elastic.common.timing import PHASE_HELP, format_table
 from keras_elastic.launcher.processes import (
     ManagedProcess,
     ProcessStartError,
     start_service,
 )
-from keras_elastic.launcher.ps_checkpoints import INIT, AutoCheckpointer
+from keras_elastic.launcher.ps_checkpoints import (
+    INIT,
+    AutoCheckpointer,
+    latest_checkpoint,
+)
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient
 
 DESIRED_WORKERS_FILE = "desired_workers"
+JOURNAL_FILE = "master.journal"
 
 
 @dataclasses.dataclass
@@ -70,7 +75,22 @@ class LaunchConfig:
     ps_checkpoint_secs: float = 30.0
     ps_checkpoint_versions: int = 0
     ps_checkpoints_to_keep: int = 2
+    max_master_restarts: int = 3
+    resume: bool = False          # continue the job of job_dir from its journal
     connect_timeout: float = cluster_env.DEFAULT_CONNECT_TIMEOUT
+    # Where the master and parameter servers listen, and the host the job's
+    # processes reach them at (None: `bind`); see docs/security.md.
+    bind: str = "127.0.0.1"
+    advertise: str | None = None
+    tls: bool = False             # TLS on loopback too (on whenever tls_cert is given)
+    tls_cert: str | None = None   # None with TLS on: a self-signed one in JOB_DIR/tls
+    tls_key: str | None = None
+    tls_ca: str | None = None     # what clients trust (None: the system's CAs)
+    insecure: bool = False        # allows clear text beyond loopback
+
+    @property
+    def tls_on(self) -> bool:
+        return self.tls or bool(self.tls_cert)
 
     def validate(self) -> None:
         if self.num_workers < 1:
@@ -88,6 +108,11 @@ class LaunchConfig:
                              f"{self.max_worker_restarts}")
         if self.grads_to_wait < 1:
             raise ValueError(f"--grads_to_wait must be >= 1, got {self.grads_to_wait}")
+        if self.max_master_restarts < 0:
+            raise ValueError("--max_master_restarts must be >= 0, got "
+                             f"{self.max_master_restarts}")
+        if self.resume and not self.job_dir:
+            raise ValueError("--resume needs the --job_dir of the job to continue")
         if self.max_ps_restarts < 0:
             raise ValueError("--max_ps_restarts must be >= 0, got "
                              f"{self.max_ps_restarts}")
@@ -100,6 +125,17 @@ class LaunchConfig:
         if self.connect_timeout <= 0:
             raise ValueError(f"--connect_timeout must be positive, got "
                              f"{self.connect_timeout}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls_cert and --tls_key go together (the servers' "
+                             "certificate and its private key)")
+        if self.tls_ca and not self.tls_cert:
+            raise ValueError("--tls_ca needs --tls_cert and --tls_key (without them "
+                             "the job makes its own certificate and CA)")
+        rpc.check_bind(self.bind, self.tls_on, self.insecure)
+        if tls.is_wildcard(self.bind) and not self.advertise:
+            raise ValueError(f"--bind={self.bind} listens on every interface: give "
+                             "--advertise, the host name or address at which the job's "
+                             "processes reach this machine")
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -117,6 +153,13 @@ class Launcher:
         self.config = config
         self.job_dir = config.job_dir or tempfile.mkdtemp(prefix="keras-elastic-job-")
         os.makedirs(self.job_dir, exist_ok=True)
+        self.journal_path = os.path.join(self.job_dir, JOURNAL_FILE)
+        if config.resume and not os.path.isfile(self.journal_path):
+            raise ValueError(f"--resume: {self.job_dir} holds no job to continue (no "
+                             f"{JOURNAL_FILE}); start the job without --resume")
+        if not config.resume and os.path.isfile(self.journal_path):
+            raise ValueError(f"{self.job_dir} holds an earlier job ({JOURNAL_FILE}): "
+                             "pass --resume to continue it, or give a new --job_dir")
         self.master_proc: ManagedProcess | None = None
         self.ps_procs: list[ManagedProcess] = []
         self.workers: dict[int, ManagedProcess] = {}
@@ -124,6 +167,10 @@ class Launcher:
         self.restarts = 0
         self.lost = 0
         self.ps_restarts = 0
+        self.master_restarts = 0
+        self.master_recoveries: list[dict] = []
+        self.resumed_from: dict | None = None
+        self._pending_dead: list[tuple[int, str]] = []  # not yet told to the master
         self.recoveries: list[dict] = []
         # (worker, last line of its log, tasks done then) per worker death
         self.failures: list[tuple[int, str, int]] = []
@@ -136,29 +183,61 @@ class Launcher:
         self.started = time.time()
 
     # -- services ---------------------------------------------------------
+    def _setup_security(self) -> None:
+        """The job token (JOB_DIR/token) and TLS settings, put in this process's
+        environment: its clients use them, its children inherit them."""
+        auth.write_token_file(self.job_dir)
+        self.tls_config = None
+        if self.config.tls_cert:
+            self.tls_config = tls.TLSConfig(
+                os.path.abspath(self.config.tls_cert), os.path.abspath(self.config.tls_key),
+                self.config.tls_ca and os.path.abspath(self.config.tls_ca))
+        elif self.config.tls_on:
+            self.tls_config = tls.make_self_signed(
+                os.path.join(self.job_dir, "tls"),
+                [self.config.advertise or self.config.bind, self.config.bind])
+        if self.tls_config is not None:
+            os.environ.update(self.tls_config.to_env())
+        elif self.config.insecure:
+            os.environ[tls.INSECURE_ENV] = "1"
+
+    def _advertised(self, address: str) -> str:
+        """A service's bound address as the job's processes reach it."""
+        port = address.rsplit(":", 1)[1]
+        return f"{self.config.advertise or self.config.bind}:{port}"
+
     def _ps_args(self, i: int, port: int = 0) -> list[str]:
         return [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
+                f"--host={self.config.bind}",
                 f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
                 f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
 
     def _start_services(self) -> None:
         lo, hi = self.config.bounds
+        self._setup_security()
         self.master_proc, info = start_service(
-            "master", "keras_elastic.master",
-            [f"--heartbeat_timeout={self.config.heartbeat_timeout}",
-             f"--max_task_retries={self.config.max_task_retries}",
-             f"--max_workers={hi}"], self.job_dir)
-        self.master_address = info["address"]
+            "master", "keras_elastic.master", self._master_args(), self.job_dir)
+        self.master_address = self._advertised(info["address"])
         self.ps_addresses = []
         self.ps_checkpoint_dir = os.path.join(self.job_dir, "ps_checkpoints")
         os.makedirs(os.path.join(self.ps_checkpoint_dir, INIT), exist_ok=True)
+        resume_from = None
+        if self.config.resume:
+            resume_from = latest_checkpoint(self.ps_checkpoint_dir, self.config.num_ps)
         for i in range(self.config.num_ps):
-            proc, ps_info = start_service(f"ps-{i}", "keras_elastic.ps",
-                                          self._ps_args(i), self.job_dir)
+            args = self._ps_args(i)
+            if resume_from is not None:
+                args += [f"--restore_from={resume_from.path}", "--paused"]
+            proc, ps_info = start_service(f"ps-{i}", "keras_elastic.ps", args,
+                                          self.job_dir)
             self.ps_procs.append(proc)
-            self.ps_addresses.append(ps_info["address"])
-        self.master = MasterClient(self.master_address)
+            self.ps_addresses.append(self._advertised(ps_info["address"]))
+        # Short retries: while the master is down the loop must go on (and
+        # restart it); workers retry for --connect_timeout.
+        self.master = MasterClient(self.master_address, reconnect_timeout=3.0)
         self._write_cluster_file()
+        if self.config.resume:
+            self._resume(resume_from)
         self.checkpointer = AutoCheckpointer(
             self.ps_checkpoint_dir, self.ps_addresses, self.master,
             every_secs=self.config.ps_checkpoint_secs,
@@ -168,6 +247,84 @@ class Launcher:
         logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
                      ", ".join(self.ps_addresses))
 
+    def _master_args(self, port: int = 0) -> list[str]:
+        return [f"--host={self.config.bind}", f"--port={port}",
+                f"--journal={self.journal_path}",
+                f"--heartbeat_timeout={self.config.heartbeat_timeout}",
+                f"--max_task_retries={self.config.max_task_retries}",
+                f"--max_workers={self.config.bounds[1]}"]
+
+    def _resume(self, checkpoint) -> None:
+        """Continues the job of the journal: the master has replayed it; the
+        servers hold the latest automatic checkpoint (paused), the master goes
+        back to that checkpoint's progress, then everything resumes."""
+        reason = "the job is resumed"
+        try:
+            undone = self.master.rollback(
+                checkpoint.extra.get("progress") if checkpoint is not None else None,
+                reason)["undone"]
+        finally:
+            client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
+                              reconnect_timeout=60)
+            try:
+                for j in range(self.config.num_ps):
+                    client.call(j, "Resume", {}, timeout=60)
+            finally:
+                client.close()
+        logging.warning("resuming the job of %s from %s; completions undone: %s",
+                        self.journal_path, getattr(checkpoint, "path", None) or
+                        "the start (no parameter-server checkpoint)", undone)
+        self.resumed_from = {"checkpoint": getattr(checkpoint, "path", None),
+                             "completions_undone": undone}
+
+    # -- master recovery ------------------------------------------------------
+    def _check_master(self) -> None:
+        code = self.master_proc.poll()
+        if code is None:
+            return
+        self.master_proc.close()
+        reason = f"exited with code {code}"
+        if self.master_restarts >= self.config.max_master_restarts:
+            self.error = (f"the master {reason} and was already restarted "
+                          f"{self.master_restarts} time(s) (--max_master_restarts="
+                          f"{self.config.max_master_restarts}); its log "
+                          f"({self.master_proc.log_path}) ends with:\n"
+                          f"{self.master_proc.tail()}")
+            return
+        self.master_restarts += 1
+        started = time.time()
+        logging.warning("the master %s; restarting it from its journal (restart %d "
+                        "of %d)", reason, self.master_restarts,
+                        self.config.max_master_restarts)
+        port = int(self.master_address.rsplit(":", 1)[1])
+        for attempt in range(10):
+            try:
+                self.master_proc, _ = start_service(
+                    "master", "keras_elastic.master", self._master_args(port),
+                    self.job_dir)
+                break
+            except ProcessStartError as e:
+                if attempt == 9 or "journal" in str(e):
+                    self.error = f"the master could not be restarted: {e}"
+                    return
+                time.sleep(0.5)  # the port may linger a moment
+        self._write_cluster_file()
+        record = {"reason": reason, "seconds": round(time.time() - started, 2),
+                  "at": time.time()}
+        self.master_recoveries.append(record)
+        logging.warning("the master is back in %.1f s", record["seconds"])
+
+    def _report_dead(self, worker_id: int, reason: str) -> None:
+        """Tells the master a worker is gone (later, if the master is down)."""
+        self._pending_dead.append((worker_id, reason))
+        while self._pending_dead:
+            try:
+                self.master.report_worker_dead(*self._pending_dead[0])
+            except ConnectionError as e:
+                logging.warning("could not tell the master (will retry): %s", e)
+                return
+            self._pending_dead.pop(0)
+
     def _write_cluster_file(self) -> None:
         path = os.path.join(self.job_dir, "cluster.json")
         with open(path + ".tmp", "w") as f:
@@ -175,7 +332,10 @@ class Launcher:
                        "ps_pids": [p.pid for p in self.ps_procs],
                        "worker_pids": {str(i): p.pid for i, p in self.workers.items()},
                        "master_pid": self.master_proc.pid,
-                       "launcher_pid": os.getpid()}, f)
+                       "launcher_pid": os.getpid(),
+                       # What a joining client trusts (ca None: the system's CAs).
+                       "tls": {"ca": self.tls_config.ca} if self.tls_config else None},
+                      f)
         os.replace(path + ".tmp", path)
 
     # -- parameter-server recovery ------------------------------------------
@@ -269,6 +429,8 @@ class Launcher:
         env.update(cluster_env.to_env(self.master_address, self.ps_addresses, worker_id,
                                       self.job_dir))
         env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
+        for server_only in (tls.CERT_ENV, tls.KEY_ENV):  # a worker is a client
+            env.pop(server_only, None)
         self.workers[worker_id] = ManagedProcess(
             f"worker-{worker_id}", self.command,
             os.path.join(self.job_dir, f"worker-{worker_id}.log"), env=env,
@@ -305,10 +467,7 @@ class Launcher:
             done = (self._last_status or {}).get("tasks_done", 0)
             self.failures.append((worker_id, _last_line(tail), done))
             logging.warning("worker %d %s; log: %s", worker_id, reason, proc.log_path)
-            try:
-                self.master.report_worker_dead(worker_id, reason)
-            except ConnectionError as e:
-                logging.error("could not tell the master: %s", e)
+            self._report_dead(worker_id, reason)
             if self._job_over():
                 continue
             if self.restarts >= self.config.max_worker_restarts:
@@ -366,10 +525,7 @@ class Launcher:
             logging.info("scaling down: stopping worker %d", worker_id)
             proc = self.workers.pop(worker_id)
             proc.terminate()
-            try:
-                self.master.report_worker_dead(worker_id, "scaled down")
-            except ConnectionError:
-                pass
+            self._report_dead(worker_id, "scaled down")
 
     def _progress(self, status: dict) -> str:
         parts = []
@@ -404,13 +560,22 @@ class Launcher:
                 if self._stop_requested:
                     self.error = "interrupted"
                     break
+                self._check_master()
+                if self.error:
+                    break
                 self._check_ps()
                 if self.error:
                     break
                 self._check_workers()
                 if self.error:
                     break
-                status = self._last_status = self.master.status()
+                try:
+                    if self._pending_dead:
+                        self._report_dead(*self._pending_dead.pop(0))
+                    status = self._last_status = self.master.status()
+                except ConnectionError as e:
+                    logging.log_every_n_seconds(logging.WARNING, "%s", 10, e)
+                    continue  # the master is down: the next round restarts it
                 if status["error"]:
                     self.error = f"the master failed the job: {status['error']}"
                     break
@@ -442,6 +607,9 @@ class Launcher:
             summary = dict(status, elapsed=time.time() - self.started,
                            worker_restarts=self.restarts, workers_lost=self.lost,
                            ps_restarts=self.ps_restarts, ps_recoveries=self.recoveries,
+                           master_restarts=self.master_restarts,
+                           master_recoveries=self.master_recoveries,
+                           resumed_from=self.resumed_from,
                            ps_checkpoints=self.checkpointer.saves
                            if self.checkpointer else 0,
                            launcher_error=self.error)
@@ -459,7 +627,8 @@ class Launcher:
                      f"{summary['tasks_done']}, requeued {summary['requeued']}; workers "
                      f"lost {summary['workers_lost']}, restarts "
                      f"{summary['worker_restarts']}; parameter-server restarts "
-                     f"{summary['ps_restarts']}, automatic checkpoints "
+                     f"{summary['ps_restarts']}, master restarts "
+                     f"{summary['master_restarts']}, automatic checkpoints "
                      f"{summary['ps_checkpoints']}")
         for r in summary.get("ps_recoveries", []):
             lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "

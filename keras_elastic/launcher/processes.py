@@ -1,14 +1,42 @@
-"""Starting and watching the processes of a local job."""
+"""Starting and watching the processes of a local job.
+
+Every child is tied to the launcher: on Linux it gets SIGKILL when the
+launcher dies, however it dies (`prctl(PR_SET_PDEATHSIG)`), so a killed
+launcher leaves no master, parameter server or worker holding ports and CPU.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
+
+_PR_SET_PDEATHSIG = 1
+try:  # loaded here, in the parent: the child only calls it between fork and exec
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    _PRCTL = _LIBC.prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _tie_to_parent(parent: int):
+    """A `preexec_fn`: the child is killed when `parent` (the launcher) dies."""
+    if _PRCTL is None:
+        return None
+
+    def tie() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before prctl
+            os._exit(1)
+
+    return tie
 
 # TensorFlow's C++ start-up chatter (INFO lines, and the note that precedes
 # them): kept in the log files, not echoed.
@@ -31,7 +59,8 @@ class ManagedProcess:
         self.started = time.time()
         self.popen = subprocess.Popen(
             self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_tie_to_parent(os.getpid()))
         self._pump = threading.Thread(target=self._copy_output, args=(echo,),
                                       daemon=True, name=f"out-{name}")
         self._pump.start()

@@ -42,6 +42,34 @@ from keras_elastic.ps.client import PSClient
 INIT = "init"
 
 
+def _init_ready(init_dir: str, num_ps: int) -> bool:
+    return all(os.path.isdir(os.path.join(init_dir, f"ps-{i:03d}"))
+               for i in range(num_ps))
+
+
+def _write_init_manifest(init_dir: str, num_ps: int) -> None:
+    if os.path.isfile(os.path.join(init_dir, "manifest.json")):
+        return
+    parts = []
+    for i in range(num_ps):
+        part = read_manifest(os.path.join(init_dir, f"ps-{i:03d}"))
+        data = part.to_json()
+        data["name"] = part.name
+        parts.append(data)
+    write_ps_manifest(init_dir, init_dir, parts, progress=None, sequence=0,
+                      extra={"initial": True})
+    logging.info("initial model of the parameter servers saved in %s", init_dir)
+
+
+def latest_checkpoint(directory: str, num_ps: int):
+    """The newest complete automatic checkpoint in `directory` (the initial
+    model's if no other), or None if the servers were never all initialized."""
+    init_dir = os.path.join(directory, INIT)
+    if _init_ready(init_dir, num_ps):
+        _write_init_manifest(init_dir, num_ps)
+    return layout.latest(directory) if os.path.isdir(directory) else None
+
+
 class AutoCheckpointer:
     """Saves the parameter servers periodically from a background thread."""
 
@@ -96,29 +124,15 @@ class AutoCheckpointer:
     # -- what a recovery restores ---------------------------------------------
     def init_ready(self) -> bool:
         """Every server saved its share of the initial model."""
-        return all(os.path.isdir(os.path.join(self.init_dir, f"ps-{i:03d}"))
-                   for i in range(len(self.ps_addresses)))
+        return _init_ready(self.init_dir, len(self.ps_addresses))
 
     def _write_init_manifest(self) -> None:
-        if os.path.isfile(os.path.join(self.init_dir, "manifest.json")):
-            return
-        parts = []
-        for i in range(len(self.ps_addresses)):
-            part = read_manifest(os.path.join(self.init_dir, f"ps-{i:03d}"))
-            data = part.to_json()
-            data["name"] = part.name
-            parts.append(data)
-        write_ps_manifest(self.init_dir, self.init_dir, parts, progress=None,
-                          sequence=0, extra={"initial": True})
-        logging.info("initial model of the parameter servers saved in %s",
-                     self.init_dir)
+        _write_init_manifest(self.init_dir, len(self.ps_addresses))
 
     def latest(self):
         """The newest complete automatic checkpoint (the initial model's if no
         other), or None if the servers were never all initialized."""
-        if self.init_ready():
-            self._write_init_manifest()
-        return layout.latest(self.directory)
+        return latest_checkpoint(self.directory, len(self.ps_addresses))
 
     # -- the loop ---------------------------------------------------------------
     def _client(self) -> PSClient:

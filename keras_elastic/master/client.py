@@ -26,6 +26,11 @@ class JobFailedError(RuntimeError):
     """The master failed the job (for example a task failed too often)."""
 
 
+class TaskNotHeldError(ValueError):
+    """The master refused a task report: the worker no longer holds the task
+    (it was handed out again, e.g. after the master restarted)."""
+
+
 class MasterClient:
     """Calls the master; turns gRPC failures into errors naming the master."""
 
@@ -54,6 +59,8 @@ class MasterClient:
                 raise ConnectionError(
                     f"master at {self.address} did not answer {method}: "
                     f"{e.details()}") from None
+            if code == grpc.StatusCode.FAILED_PRECONDITION and method == "ReportTask":
+                raise TaskNotHeldError(e.details()) from None
             if code in (grpc.StatusCode.INVALID_ARGUMENT,
                         grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 raise ValueError(e.details()) from None
@@ -133,16 +140,35 @@ class MasterClient:
                 raise JobFailedError(response.error)
 
     def report_tasks(self, dataset: str, task_ids: list[int], success: bool = True,
-                     error: str = "", metric_states=None) -> None:
-        self._call("ReportTask", master_pb2.ReportTaskRequest(
-            worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
-            success=success, error=error, metric_states=metric_states or []))
+                     error: str = "", metric_states=None,
+                     leases: list[int] | None = None) -> list[int]:
+        """Reports tasks done (or failed); returns those the master refused
+        because this worker no longer holds them (logged: another hand-out of
+        the task counts instead)."""
+        try:
+            self._call("ReportTask", master_pb2.ReportTaskRequest(
+                worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
+                success=success, error=error, metric_states=metric_states or [],
+                leases=leases or []))
+            return []
+        except TaskNotHeldError as e:
+            if len(task_ids) == 1:
+                logging.warning("worker %d: the master refused a report: %s",
+                                self.worker_id, e)
+                return list(task_ids)
+        refused = []
+        for i, task_id in enumerate(task_ids):  # the others are still ours
+            refused += self.report_tasks(dataset, [task_id], success, error,
+                                         leases=[leases[i]] if leases else None)
+        return refused
 
-    def release_tasks(self, dataset: str, task_ids: list[int], reason: str) -> None:
-        """Gives tasks back to the master (they are handed out again)."""
+    def release_tasks(self, dataset: str, task_ids: list[int], reason: str,
+                      leases: list[int] | None = None) -> None:
+        """Gives tasks back to the master (they are handed out again); with
+        `leases`, only those hand-outs (not a later one of the same task)."""
         self._call("ReportTask", master_pb2.ReportTaskRequest(
             worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
-            success=False, release=True, error=reason))
+            success=False, release=True, error=reason, leases=leases or []))
 
     def rollback(self, progress: dict | None, reason: str = "") -> dict:
         """Training goes back to a parameter-server checkpoint's `progress`

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from keras_elastic.common import rpc
+from keras_elastic.common import rpc, rpc_service
 from keras_elastic.master.servicer import MasterServicer
-from keras_elastic.proto import master_pb2_grpc
+from keras_elastic.proto import master_pb2
 
 
 class MasterServer:
@@ -22,12 +22,13 @@ class MasterServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
-                 max_workers: int = 0) -> None:
+                 max_workers: int = 0, journal: str | None = None) -> None:
         self.servicer = MasterServicer(heartbeat_timeout=heartbeat_timeout,
                                        max_task_retries=max_task_retries,
-                                       max_workers=max_workers)
+                                       max_workers=max_workers, journal_path=journal)
         self._server = rpc.make_server(max_workers=64)
-        master_pb2_grpc.add_MasterServicer_to_server(self.servicer, self._server)
+        rpc_service.add_service(self._server, self.servicer,
+                                master_pb2.DESCRIPTOR.services_by_name["Master"])
         self.address = rpc.bind(self._server, host, port)
         self._server.start()
 
@@ -52,11 +53,14 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_task_retries", 3,
                          "Failures of one task that fail the job.")
     flags.DEFINE_integer("max_workers", 0, "Most workers at once (0: no limit).")
+    flags.DEFINE_string("journal", None,
+                        "Append-only journal of the job's progress; a master started "
+                        "on an existing one continues from it.")
 
 
 def main(argv) -> None:
     del argv
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
-                          FLAGS.max_task_retries, FLAGS.max_workers)
+                          FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal)
     logging.info("master serving at %s", server.address)
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -1,15 +1,29 @@
-"""The master's gRPC service: workers, datasets, tasks, liveness, status."""
+"""The master's gRPC service: workers, datasets, tasks, liveness, status.
+
+With a journal (`master/journal.py`) every change the master must not forget
+(worker membership, dataset registrations, task completions with their ledger
+entries and evaluation states, task failures, rollbacks) is appended under the
+lock in the order it happens, and the RPC answers once it is on disk. A master
+restarted on the same journal replays it: the epochs, the ledger, the
+evaluation rounds and the job's error are as they were; tasks that were in
+flight are handed out again (the parameter servers' task logs make that exact,
+see `docs/exactly_once.md`), and workers reconnect.
+"""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import threading
 import time
 
 import grpc
+import numpy as np
 from absl import logging
 
 from keras_elastic.common.tensor_codec import decode_all, encode_all
+from keras_elastic.master.journal import Journal
 from keras_elastic.master.task_queue import (
     END_OF_EPOCH,
     WAIT,
@@ -27,7 +41,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     """All job state, under one lock; waiting requests sleep on a condition."""
 
     def __init__(self, heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
-                 max_workers: int = 0) -> None:
+                 max_workers: int = 0, journal_path: str | None = None) -> None:
         self._cond = threading.Condition()
         self._datasets: dict[str, DatasetTasks] = {}
         self._workers: dict[int, dict] = {}
@@ -40,6 +54,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._next_worker_id = 0
         self._lost = 0
         self._started = time.time()
+        self._starts = 0
+        self._journal: Journal | None = None
+        if journal_path:
+            self._replay(Journal.read(journal_path), journal_path)
+            self._journal = Journal(journal_path)
+            self._starts += 1
+            self._log({"t": "start", "time": round(time.time(), 3)})
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch_heartbeats, daemon=True,
                                          name="master-heartbeats")
@@ -55,6 +76,76 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        if self._journal is not None:
+            self._journal.close()
+
+    # -- the journal --------------------------------------------------------
+    def _log(self, record: dict) -> int:
+        """Appends `record` (under the lock); returns what `_durable` waits for."""
+        return self._journal.append(record) if self._journal is not None else 0
+
+    def _durable(self, seq: int) -> None:
+        """Waits (outside the lock) until journal record `seq` is on disk."""
+        if seq and self._journal is not None:
+            self._journal.wait(seq)
+
+    def _replay(self, records: list[dict], path: str) -> None:
+        """Rebuilds the state a journal describes (a restarted master)."""
+        for i, record in enumerate(records):
+            kind = record.get("t")
+            try:
+                if kind == "start":
+                    self._starts += 1
+                elif kind == "worker":
+                    self._replay_worker(record)
+                elif kind == "dataset":
+                    spec = DatasetSpec(**{**record["spec"], "shards": tuple(
+                        tuple(s) for s in record["spec"]["shards"])})
+                    ds = DatasetTasks(spec, self._max_task_retries, self._next_lease)
+                    if record.get("resume"):
+                        ds.restore_progress(record["resume_epoch"],
+                                            set(record["resume_done"]))
+                    self._datasets[spec.name] = ds
+                    self._waiting[spec.name] = {}
+                elif kind == "done":
+                    entries = record["entries"]
+                    self._datasets[record["ds"]].replay_done(
+                        entries, _decode_states(record.get("states")))
+                    self._last_lease = max([self._last_lease, *(
+                        e.get("lease", 0) for e in entries)])
+                elif kind == "failed":
+                    self._datasets[record["ds"]].replay_failed(
+                        record["epoch"], record["task_id"], record["worker"],
+                        record["error"])
+                elif kind == "rollback":
+                    self._rollback(record["progress"])
+                else:
+                    raise ValueError(f"unknown record kind {kind!r}")
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"master journal {path}: record {i} ({kind}) cannot "
+                                 f"be replayed: {type(e).__name__}: {e}") from None
+        if records:
+            alive = self._alive()
+            now = time.time()
+            for worker_id in alive:  # their heartbeats resume once they reconnect
+                self._workers[worker_id]["last_seen"] = now
+            logging.warning(
+                "master restarted from its journal %s (%d records, start %d): %s; "
+                "workers %s alive; tasks that were in flight are handed out again",
+                path, len(records), self._starts + 1, ", ".join(
+                    f"'{n}' at epoch {ds.epoch} with {len(ds.done)} task(s) done"
+                    for n, ds in self._datasets.items()) or "no dataset", alive)
+
+    def _replay_worker(self, record: dict) -> None:
+        worker_id, state = record["id"], record["state"]
+        self._next_worker_id = max(self._next_worker_id, worker_id + 1)
+        if state == "alive":
+            self._workers[worker_id] = {"state": "alive", "last_seen": time.time(),
+                                        "timings": {}, "joined": record.get("time", 0)}
+        elif worker_id in self._workers:
+            if state == "lost" and self._workers[worker_id]["state"] == "alive":
+                self._lost += 1
+            self._workers[worker_id]["state"] = state
 
     # -- workers ----------------------------------------------------------
     def _alive(self) -> list[int]:
@@ -80,9 +171,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 self._lose(worker_id, "re-registered")
             self._workers[worker_id] = {"state": "alive", "last_seen": time.time(),
                                         "timings": {}, "joined": time.time()}
+            seq = self._log({"t": "worker", "id": worker_id, "state": "alive",
+                             "time": round(time.time(), 3)})
             logging.info("worker %d registered (%s)", worker_id, request.reason or "-")
             self._cond.notify_all()
-            return master_pb2.WorkerResponse(accepted=True, worker_id=worker_id)
+        self._durable(seq)
+        return master_pb2.WorkerResponse(accepted=True, worker_id=worker_id)
 
     def Heartbeat(self, request, context):
         with self._cond:
@@ -97,34 +191,42 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return master_pb2.WorkerResponse(accepted=True, error=self._error or "")
 
     def WorkerExited(self, request, context):
+        seq = 0
         with self._cond:
             worker = self._workers.get(request.worker_id)
             if worker is not None and worker["state"] == "alive":
                 if request.timings:
                     worker["timings"] = dict(request.timings)
                 worker["state"] = "exited"
+                seq = self._log({"t": "worker", "id": request.worker_id,
+                                 "state": "exited"})
                 for ds in self._datasets.values():
                     ds.requeue_worker(request.worker_id)
                 self._forget_waiting(request.worker_id)
                 self._cond.notify_all()
-            return master_pb2.WorkerResponse(accepted=True)
+        self._durable(seq)
+        return master_pb2.WorkerResponse(accepted=True)
 
     def ReportWorkerDead(self, request, context):
         with self._cond:
-            self._lose(request.worker_id, request.reason or "reported dead")
-            return master_pb2.WorkerResponse(accepted=True)
+            seq = self._lose(request.worker_id, request.reason or "reported dead")
+        self._durable(seq)
+        return master_pb2.WorkerResponse(accepted=True)
 
-    def _lose(self, worker_id: int, reason: str) -> None:
+    def _lose(self, worker_id: int, reason: str) -> int:
         worker = self._workers.get(worker_id)
         if worker is None or worker["state"] != "alive":
-            return
+            return 0
         worker["state"] = "lost"
         self._lost += 1
+        seq = self._log({"t": "worker", "id": worker_id, "state": "lost",
+                         "reason": reason})
         requeued = sum(ds.requeue_worker(worker_id) for ds in self._datasets.values())
         self._forget_waiting(worker_id)
         logging.warning("worker %d lost (%s): %d task(s) requeued", worker_id, reason,
                         requeued)
         self._cond.notify_all()
+        return seq
 
     def _forget_waiting(self, worker_id: int) -> None:
         for waiting in self._waiting.values():
@@ -151,6 +253,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             shards=tuple((s.name, s.num_records) for s in request.shards),
             records_per_task=request.records_per_task, num_epochs=request.num_epochs,
             shuffle=request.shuffle, seed=request.seed, after=request.after_dataset)
+        seq = 0
         with self._cond:
             existing = self._datasets.get(spec.name)
             if existing is None:
@@ -167,6 +270,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                  len(request.resume_done))
                 self._datasets[spec.name] = existing
                 self._waiting[spec.name] = {}
+                seq = self._log({"t": "dataset", "spec": dataclasses.asdict(spec),
+                                 "resume": request.resume,
+                                 "resume_epoch": request.resume_epoch,
+                                 "resume_done": list(request.resume_done)})
                 logging.info("dataset '%s' registered: %d tasks per epoch, %d epochs",
                              spec.name, len(existing.tasks), spec.num_epochs)
             else:
@@ -178,8 +285,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         f"from the one registered in the job: {diff}. Every worker "
                         "must build the same ElasticDataset (same data, batch_size, "
                         "minibatches_per_task, epochs, shuffle and seed).")
-            return master_pb2.RegisterDatasetResponse(
+            response = master_pb2.RegisterDatasetResponse(
                 epoch=existing.epoch, num_tasks_per_epoch=len(existing.tasks))
+        self._durable(seq)
+        return response
 
     def _long_poll(self, request, context, attempt, timeout_response):
         """Calls `attempt(ds)` under the lock until it returns a response, the
@@ -249,27 +358,52 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return not train.finished and train.epoch <= epoch
 
     def ReportTask(self, request, context):
+        seq = 0
+        task_ids, leases = list(request.task_ids), list(request.leases)
+        if leases and len(leases) != len(task_ids):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"ReportTask: {len(task_ids)} task ids but {len(leases)} "
+                          "leases")
         with self._cond:
             ds = self._datasets.get(request.dataset)
             if ds is None:
                 context.abort(grpc.StatusCode.NOT_FOUND,
                               f"dataset '{request.dataset}' is not registered")
             self._touch(request.worker_id)
+            if not request.release:
+                refused = ds.not_held(request.worker_id, task_ids, leases)
+                if refused:
+                    ds.late_reports += len(refused)
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                  ds.describe_not_held(request.worker_id, refused))
             if request.success:
-                states = dict(decode_all(request.metric_states)) or None
-                ds.report_done(request.worker_id, list(request.task_ids), states)
+                try:
+                    states = dict(decode_all(request.metric_states)) or None
+                except ValueError as e:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"ReportTask: bad metric states: {e}")
+                accepted = ds.report_done(request.worker_id, task_ids, states)
+                if accepted:
+                    seq = self._log({"t": "done", "ds": ds.spec.name,
+                                     "entries": ds.ledger[-len(accepted):],
+                                     "states": _encode_states(states)})
             elif request.release:
-                given = ds.release(request.worker_id, list(request.task_ids))
+                given = ds.release(request.worker_id, task_ids, leases)
                 logging.info("worker %d gave back %d task(s) of '%s': %s",
                              request.worker_id, given, ds.spec.name,
                              request.error or "-")
             else:
-                for task_id in request.task_ids:
+                for task_id in task_ids:
+                    seq = self._log({"t": "failed", "ds": ds.spec.name,
+                                     "epoch": ds.epoch, "task_id": task_id,
+                                     "worker": request.worker_id,
+                                     "error": request.error})
                     ds.report_failed(request.worker_id, task_id, request.error)
                 if ds.error:
                     logging.error("%s", ds.error)
             self._cond.notify_all()
-            return master_pb2.ReportTaskResponse()
+        self._durable(seq)
+        return master_pb2.ReportTaskResponse()
 
     def GetResult(self, request, context):
         """Summed states of a complete round; long-polls while it runs."""
@@ -304,6 +438,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             error = next((e for e in errors if e), None)
             return {
                 "uptime": time.time() - self._started,
+                "master_restarts": max(0, self._starts - 1),
                 "error": error,
                 "workers": {
                     "alive": sorted(self._alive()),
@@ -323,21 +458,27 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """Training datasets go back to `progress` ({dataset: {"epoch",
         "done_task_ids"}}, a parameter-server checkpoint's; None: to where they
         started). Returns {dataset: completions undone}."""
-        undone = {}
         with self._cond:
-            for name, ds in self._datasets.items():
-                if ds.spec.mode != "training":
-                    continue
-                point = (progress or {}).get(name)
-                if point is None:
-                    undone[name] = ds.rollback()
-                else:
-                    undone[name] = ds.rollback(int(point["epoch"]),
-                                               set(point["done_task_ids"]))
+            undone = self._rollback(progress)
+            seq = self._log({"t": "rollback", "progress": progress, "reason": reason})
             self._cond.notify_all()
+        self._durable(seq)
         logging.warning("rolled back to %s (%s): completions undone %s",
                         "the start" if progress is None else "a checkpoint",
                         reason or "-", undone)
+        return undone
+
+    def _rollback(self, progress: dict | None) -> dict:
+        undone = {}
+        for name, ds in self._datasets.items():
+            if ds.spec.mode != "training":
+                continue
+            point = (progress or {}).get(name)
+            if point is None:
+                undone[name] = ds.rollback()
+            else:
+                undone[name] = ds.rollback(int(point["epoch"]),
+                                           set(point["done_task_ids"]))
         return undone
 
     def Rollback(self, request, context):
@@ -348,3 +489,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def GetStatus(self, request, context):
         return master_pb2.StatusResponse(json=json.dumps(self.status(
             include_ledger=request.include_ledger)))
+
+
+def _encode_states(states: dict[str, np.ndarray] | None) -> dict | None:
+    if not states:
+        return None
+    return {name: [str(v.dtype), list(v.shape), base64.b64encode(
+        np.ascontiguousarray(v).tobytes()).decode()] for name, v in states.items()}
+
+
+def _decode_states(encoded: dict | None) -> dict[str, np.ndarray] | None:
+    if not encoded:
+        return None
+    return {name: np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype)
+                                ).reshape(shape).copy()
+            for name, (dtype, shape, data) in encoded.items()}

@@ -256,6 +256,38 @@ class DatasetTasks:
         return self.doing[task_id].lease
 
     # -- reports ----------------------------------------------------------
+    def not_held(self, worker: int, task_ids: list[int],
+                 leases: list[int] | None = None) -> list[int]:
+        """The tasks of `task_ids` that `worker` does not hold (with that
+        lease, where `leases` gives one)."""
+        leases = list(leases or ()) or [0] * len(task_ids)
+        refused = []
+        for task_id, lease in zip(task_ids, leases):
+            flight = self.doing.get(task_id)
+            if flight is None or flight.worker != worker or (lease and
+                                                             flight.lease != lease):
+                refused.append(task_id)
+        return refused
+
+    def describe_not_held(self, worker: int, task_ids: list[int]) -> str:
+        parts = []
+        for task_id in task_ids:
+            flight = self.doing.get(task_id)
+            if task_id < 0 or task_id >= len(self.tasks):
+                why = "no such task"
+            elif task_id in self.done:
+                why = "already done"
+            elif flight is None:
+                why = "not handed out (requeued)"
+            elif flight.worker != worker:
+                why = f"held by worker {flight.worker}"
+            else:
+                why = "handed out to it again since (another lease)"
+            parts.append(f"task {task_id}: {why}")
+        return (f"worker {worker} does not hold these tasks of dataset "
+                f"'{self.spec.name}' (epoch {self.epoch}): {'; '.join(parts)}; "
+                "nothing was recorded")
+
     def report_done(self, worker: int, task_ids: list[int],
                     states: dict[str, np.ndarray] | None = None) -> list[int]:
         """Marks tasks done; returns those accepted (owned by `worker`).
@@ -284,6 +316,46 @@ class DatasetTasks:
         self._maybe_complete_epoch()
         return accepted
 
+    # -- journal replay (a restarted master) -------------------------------
+    def replay_done(self, entries: list[dict],
+                    states: dict[str, np.ndarray] | None = None) -> None:
+        """Re-applies a journaled report: the tasks of `entries` (ledger
+        entries) were done, with `states` (evaluation) summed once."""
+        for entry in entries:
+            epoch, task_id = int(entry["epoch"]), int(entry["task_id"])
+            if epoch > self.epoch:
+                self.skip_to(epoch)  # evaluation rounds need not be consecutive
+            if epoch != self.epoch:
+                raise ValueError(f"a completion of task {task_id} in epoch {epoch} "
+                                 f"while dataset '{self.spec.name}' is at epoch "
+                                 f"{self.epoch}")
+            for i, (task, _) in enumerate(self.todo):
+                if task.task_id == task_id:
+                    del self.todo[i]
+                    break
+            else:
+                raise ValueError(f"a completion of task {task_id} of epoch {epoch} "
+                                 f"of dataset '{self.spec.name}', which is not to do")
+            self.done.add(task_id)
+            self.ledger.append(dict(entry))
+        if entries and states:
+            sums = self.sums.setdefault(self.epoch, {})
+            for name, value in states.items():
+                sums[name] = sums[name] + value if name in sums else value.copy()
+        self._maybe_complete_epoch()
+
+    def replay_failed(self, epoch: int, task_id: int, worker: int, error: str) -> None:
+        """Re-applies a journaled task failure (its count of failures)."""
+        key = (epoch, task_id)
+        self.failures[key] = self.failures.get(key, 0) + 1
+        self.requeued += 1
+        if self.failures[key] >= self.max_task_retries:
+            task = self.tasks[task_id]
+            self.error = (
+                f"dataset '{self.spec.name}': {task.describe()} of epoch {epoch} "
+                f"failed {self.failures[key]} times; last error, on worker {worker}: "
+                f"{error}")
+
     def report_failed(self, worker: int, task_id: int, error: str) -> None:
         flight = self.doing.get(task_id)
         if flight is None or flight.worker != worker:
@@ -301,11 +373,12 @@ class DatasetTasks:
         self.todo.appendleft((flight.task, flight.attempt + 1))
         self.requeued += 1
 
-    def release(self, worker: int, task_ids: list[int]) -> int:
+    def release(self, worker: int, task_ids: list[int],
+                leases: list[int] | None = None) -> int:
         """The worker gives tasks back (not a failure): they go to the front of
-        the queue. Returns how many it held."""
-        given = [self.doing[t] for t in task_ids
-                 if t in self.doing and self.doing[t].worker == worker]
+        the queue. Returns how many it held (with that lease, if given)."""
+        held = set(task_ids) - set(self.not_held(worker, task_ids, leases))
+        given = [self.doing[t] for t in task_ids if t in held]
         for flight in sorted(given, key=lambda f: -f.task.task_id):
             del self.doing[flight.task.task_id]
             self.todo.appendleft((flight.task, flight.attempt + 1))

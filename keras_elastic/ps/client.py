@@ -195,7 +195,9 @@ class PSClient:
         def header(i: int) -> ps_pb2.PushHeader:
             return ps_pb2.PushHeader(worker_id=self.worker_id,
                                      base_version=self.versions[i],
-                                     incarnation=self.incarnations[i], ranges=ranges)
+                                     incarnation=self.incarnations[i], ranges=ranges,
+                                     num_tensors=len(grad_parts[i]) + len(
+                                         assign_parts[i]))
 
         def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
             size = sum(g.nbytes for g in grad_parts[i].values()) + sum(

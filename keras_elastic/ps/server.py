@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from keras_elastic.common import rpc
-from keras_elastic.proto import ps_pb2_grpc
+from keras_elastic.common import rpc, rpc_service
+from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
 
@@ -37,7 +37,8 @@ class ParameterServer:
         self.servicer = ParameterServerServicer(self.store, ps_index, num_ps,
                                                 init_checkpoint_dir, paused)
         self._server = rpc.make_server(max_workers=32)
-        ps_pb2_grpc.add_ParameterServerServicer_to_server(self.servicer, self._server)
+        rpc_service.add_service(self._server, self.servicer,
+                                ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"])
         self.address = rpc.bind(self._server, host, port)
         self._server.start()
 

@@ -1,19 +1,29 @@
-"""The parameter server's gRPC service over a `ParameterStore`."""
+"""The parameter server's gRPC service over a `ParameterStore`.
+
+Requests come from other processes and are checked in full before anything
+changes (the variables, the version, the task log): a tensor whose header does
+not match its bytes, a gradient or value whose dtype or shape is not its
+variable's, a malformed element range or Init header is answered
+INVALID_ARGUMENT; a variable this server does not hold NOT_FOUND (naming the
+server that owns it, if another one); a push before init FAILED_PRECONDITION.
+"""
 
 from __future__ import annotations
 
 import json
 
 import grpc
+import numpy as np
 
 from keras_elastic.common.tensor_codec import (
+    TensorError,
     decode_all,
     encode_all,
     read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
-from keras_elastic.ps.partition import ASSIGN_PREFIX
-from keras_elastic.ps.store import ParameterStore
+from keras_elastic.ps.partition import ASSIGN_PREFIX, ps_for
+from keras_elastic.ps.store import ParameterStore, UnknownVariableError
 from keras_elastic.ps.task_log import Range, StaleLeaseError
 
 __all__ = ["ASSIGN_PREFIX", "ParameterServerServicer"]
@@ -52,6 +62,87 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.paused = False
         return ps_pb2.SaveResponse(json=json.dumps({"paused": False}))
 
+    def _abort_bad_request(self, context, method: str, error: Exception) -> None:
+        """Answers a request that `error` refuses: NOT_FOUND for variables this
+        server does not hold, FAILED_PRECONDITION before init, else
+        INVALID_ARGUMENT; the message names this server, the method and why."""
+        where = f"parameter server {self.ps_index} (of {self.num_ps}), {method}"
+        if isinstance(error, UnknownVariableError):
+            owners = {n: ps_for(n, self.num_ps) for n in error.names}
+            elsewhere = [f"'{n}' belongs to parameter server {i}"
+                         for n, i in owners.items() if i != self.ps_index]
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{where}: {error}" + (
+                f" ({'; '.join(elsewhere)})" if elsewhere
+                else ": not a variable of the model it holds"))
+        if isinstance(error, RuntimeError):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{where}: {error}")
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{where}: {error}")
+
+    def _check_pushed(self, header, name: str, dtype: np.dtype,
+                      shape: tuple[int, ...]) -> None:
+        """Refuses a pushed tensor before it is assembled (the store checks
+        the whole push again before applying it)."""
+        if not self.store.initialized:
+            return  # answered in _push (UNAVAILABLE if paused, else not initialized)
+        if name.startswith(ASSIGN_PREFIX):
+            self.store.check_tensor(name[len(ASSIGN_PREFIX):], dtype, shape, False)
+        else:
+            self.store.check_tensor(name, dtype, shape, True)
+
+    def _init_specs(self, header) -> dict[str, tuple[np.dtype, tuple[int, ...], bool]]:
+        """The variables an Init header announces, checked: name -> (dtype,
+        shape, trainable)."""
+        specs = {}
+        for v in header.variables:
+            if v.name in specs:
+                raise ValueError(f"the header lists variable '{v.name}' twice")
+            try:
+                dtype = np.dtype(v.dtype)
+            except (TypeError, ValueError, SyntaxError):
+                raise ValueError(f"variable '{v.name}': unknown dtype {v.dtype!r}"
+                                 ) from None
+            if any(d < 0 for d in v.shape):
+                raise ValueError(f"variable '{v.name}': negative dimension in shape "
+                                 f"{list(v.shape)}")
+            owner = ps_for(v.name, self.num_ps)
+            if owner != self.ps_index:
+                raise ValueError(f"variable '{v.name}' belongs to parameter server "
+                                 f"{owner}, not to this one")
+            specs[v.name] = (dtype, tuple(v.shape), v.trainable)
+        return specs
+
+    def _read_init(self, request_iterator):
+        """Header, checked variable specs and values of an Init stream; raises
+        ValueError (TensorError) for anything malformed."""
+        specs: dict = {}
+
+        def check(header, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+            if header is None:
+                raise TensorError(f"tensor '{name}' came before the Init header")
+            if not specs:
+                specs.update(self._init_specs(header))
+            if name not in specs:
+                raise ValueError(f"a value was sent for variable '{name}', which the "
+                                 "Init header does not list")
+            if (dtype, shape) != specs[name][:2]:
+                raise ValueError(
+                    f"the value of variable '{name}' is {dtype} of shape "
+                    f"{list(shape)}, but the Init header says {specs[name][0]} of "
+                    f"shape {list(specs[name][1])}")
+
+        header, values = read_stream(request_iterator, check)
+        if header is None:
+            raise ValueError("Init stream had no header")
+        specs = specs or self._init_specs(header)
+        missing = sorted(set(specs) - set(values))
+        if missing:
+            raise ValueError(f"Init: no values sent for {missing}")
+        try:
+            optimizer_config = json.loads(header.optimizer_config)
+        except ValueError as e:
+            raise ValueError(f"optimizer_config is not JSON: {e}") from None
+        return header, specs, values, optimizer_config
+
     def _model_stream(self, header: ps_pb2.ModelHeader, values: dict):
         yield ps_pb2.ModelChunk(header=header)
         for chunk in encode_all(values.items()):
@@ -59,18 +150,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def Init(self, request_iterator, context):
         self._refuse_if_paused(context)
-        header, values = read_stream(request_iterator)
-        if header is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Init stream had no header")
-        trainable = {v.name: v.trainable for v in header.variables}
-        missing = sorted(set(trainable) - set(values))
-        if missing:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"Init: no values sent for {missing}")
+        try:
+            header, specs, values, optimizer_config = self._read_init(request_iterator)
+        except ValueError as e:
+            self._abort_bad_request(context, "Init", e)
+        trainable = {name: spec[2] for name, spec in specs.items()}
         try:
             with self.store.lock:  # nobody pushes between creating and restoring
-                created = self.store.init(values, trainable,
-                                          json.loads(header.optimizer_config))
+                created = self.store.init(values, trainable, optimizer_config)
                 if created and header.restore_from:
                     from keras_elastic.ps.checkpointing import restore_shard
 
@@ -87,13 +174,26 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.InitResponse(initialized_now=created, version=self.store.version)
 
     def Push(self, request_iterator, context):
-        header, tensors = read_stream(request_iterator)
+        try:
+            header, tensors = read_stream(request_iterator, self._check_pushed)
+            if header is None:
+                raise ValueError("Push stream had no header")
+            if len(tensors) != header.num_tensors:
+                # (Also what a call that failed midway looks like from here.)
+                raise ValueError(f"the header announces {header.num_tensors} "
+                                 f"tensors, the stream carried {len(tensors)}")
+        except (ValueError, KeyError) as e:
+            self._abort_bad_request(context, "Push", e)
         reply, values = self._push(header, tensors, context)
         yield from self._model_stream(reply, values)
 
     def PushSmall(self, request, context):
-        tensors = dict(decode_all(request.tensors))
-        reply, values = self._push(request.header, tensors, context)
+        try:
+            tensors = dict(decode_all(
+                request.tensors, lambda *tensor: self._check_pushed(None, *tensor)))
+        except (ValueError, KeyError) as e:
+            self._abort_bad_request(context, "PushSmall", e)
+        reply, values = self._push(request.header, tensors, context, "PushSmall")
         return ps_pb2.ModelBundle(
             header=reply, tensors=list(encode_all(values.items(), chunk_bytes=1 << 62)))
 
@@ -101,7 +201,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """`version` if it belongs to this server's current state, else -1."""
         return version if incarnation == self.store.incarnation else -1
 
-    def _push(self, header, tensors, context):
+    def _push(self, header, tensors, context, method: str = "Push"):
         grads = {n: v for n, v in tensors.items() if not n.startswith(ASSIGN_PREFIX)}
         assigns = {n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()
                    if n.startswith(ASSIGN_PREFIX)}
@@ -112,9 +212,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 result = self.store.push(grads, assigns, since, ranges_of(header))
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
-        except (KeyError, RuntimeError) as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"parameter server {self.ps_index}: {e}")
+        except (KeyError, ValueError, RuntimeError) as e:
+            self._abort_bad_request(context, method, e)
         return ps_pb2.ModelHeader(version=result.version, accepted=result.accepted,
                                   status=result.status, incarnation=incarnation), values
 
@@ -147,9 +246,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             self._refuse_if_paused(context)
             version = self.store.version
             incarnation = self.store.incarnation
-            values = self.store.values_since(
-                self._since(request.since_version, request.incarnation),
-                list(request.names) or None)
+            try:
+                values = self.store.values_since(
+                    self._since(request.since_version, request.incarnation),
+                    list(request.names) or None)
+            except UnknownVariableError as e:
+                self._abort_bad_request(context, "Pull", e)
         yield from self._model_stream(ps_pb2.ModelHeader(
             version=version, accepted=True, status="applied", incarnation=incarnation),
             values)

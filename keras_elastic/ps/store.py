@@ -38,10 +38,25 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_elastic.ps.task_log import DUPLICATE, Range, TaskKey, TaskLog
+from keras_elastic.ps.task_log import DUPLICATE, Range, TaskKey, TaskLog, check_ranges
 
 APPLIED = "applied"
 STALE = "stale"
+
+
+NOT_INITIALIZED = ("the parameter server has not been initialized: a worker must call "
+                   "init before pushing")
+
+
+class UnknownVariableError(KeyError):
+    """Names of variables this server does not hold (`names`)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = sorted(names)
+        super().__init__(f"this parameter server does not own {self.names}")
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 class PushResult(NamedTuple):
@@ -120,6 +135,39 @@ class ParameterStore:
             self.optimizer_config = optimizer_config
             return True
 
+    def check_tensor(self, name: str, dtype: np.dtype, shape: tuple[int, ...],
+                     gradient: bool) -> None:
+        """Raises unless a push may carry a gradient (`gradient`) or a new value
+        of variable `name` with this dtype and shape: RuntimeError before
+        init, `UnknownVariableError` for a variable this server does not hold,
+        ValueError for a wrong dtype or shape, or a gradient of a
+        non-trainable variable.
+
+        >>> store = ParameterStore()
+        >>> store.init({"w": np.ones(2, "float32")}, {"w": True},
+        ...            {"class_name": "SGD", "config": {}})
+        True
+        >>> store.check_tensor("w", "float32", (3,), True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: the gradient of variable 'w' is float32 of shape [3], but ...
+        """
+        if not self.initialized:
+            raise RuntimeError(NOT_INITIALIZED)
+        variable = self.variables.get(name)
+        if variable is None:
+            raise UnknownVariableError([name])
+        if gradient and not self.trainable[name]:
+            raise ValueError(f"variable '{name}' is not trainable: a push carries its "
+                             "value, not a gradient")
+        got = (str(np.dtype(dtype)), tuple(shape))
+        want = (str(variable.dtype), tuple(variable.shape))
+        if got != want:
+            raise ValueError(
+                f"the {'gradient' if gradient else 'value'} of variable '{name}' is "
+                f"{got[0]} of shape {list(got[1])}, but the variable is {want[0]} of "
+                f"shape {list(want[1])}")
+
     def _check_same(self, values: dict[str, np.ndarray],
                     trainable: dict[str, bool]) -> None:
         mine = self.specs()
@@ -151,15 +199,22 @@ class ParameterStore:
 
         `ranges`: the elements of each task the gradients contain; the push is
         applied only if the task log allows it (nothing changes otherwise).
+
+        The whole push is checked before anything changes: RuntimeError before
+        init, `UnknownVariableError`, or ValueError (a tensor's dtype or shape,
+        a malformed range; see `check_tensor`, `task_log.check_ranges`).
         """
         with self._lock:
             if not self.initialized:
-                raise RuntimeError("the parameter server has not been initialized: "
-                                   "a worker must call init before pushing")
-            unknown = sorted(set(grads) - set(self.variables)) + sorted(
-                set(assigns) - set(self.variables))
+                raise RuntimeError(NOT_INITIALIZED)
+            unknown = sorted((set(grads) | set(assigns)) - set(self.variables))
             if unknown:
-                raise KeyError(f"this parameter server does not own {unknown}")
+                raise UnknownVariableError(unknown)
+            for name, value in grads.items():
+                self.check_tensor(name, value.dtype, np.shape(value), gradient=True)
+            for name, value in assigns.items():
+                self.check_tensor(name, value.dtype, np.shape(value), gradient=False)
+            check_ranges(list(ranges))
             self.pushes += 1
             if ranges:
                 refusal = self.log.check(list(ranges))
@@ -222,9 +277,13 @@ class ParameterStore:
 
     def values_since(self, version: int, names: list[str] | None = None
                      ) -> dict[str, np.ndarray]:
-        """Current values of the variables changed after `version` (-1: all)."""
+        """Current values of the variables changed after `version` (-1: all);
+        `UnknownVariableError` if `names` has one this server does not hold."""
         with self._lock:
             selected = names or list(self.variables)
+            unknown = sorted(set(selected) - set(self.variables))
+            if unknown:
+                raise UnknownVariableError(unknown)
             return {n: self.variables[n].numpy() for n in selected
                     if version < 0 or self.updated_at[n] > version}
 

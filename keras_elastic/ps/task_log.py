@@ -220,6 +220,30 @@ class TaskLog:
         return out, differing
 
 
+def check_ranges(ranges: list[Range]) -> None:
+    """Raises ValueError unless `ranges` could come from a worker's push: every
+    range non-empty and non-negative, and the ranges of one task disjoint.
+    Checked before anything is applied (see `ParameterStore.push`).
+
+    >>> check_ranges([Range(("t", 0, 3), lease=7, start=5, end=2)])
+    Traceback (most recent call last):
+    ...
+    ValueError: task 3 of epoch 0 of dataset 't': element range [5, 2) is empty or negative
+    """
+    spans: dict[TaskKey, list[tuple[int, int]]] = {}
+    for r in ranges:
+        if not 0 <= r.start < r.end:
+            raise ValueError(f"task {_describe(r.task)}: element range [{r.start}, "
+                             f"{r.end}) is empty or negative")
+        spans.setdefault(r.task, []).append((r.start, r.end))
+    for task, intervals in spans.items():
+        intervals.sort()
+        for (a, b), (c, d) in zip(intervals, intervals[1:]):
+            if c < b:
+                raise ValueError(f"task {_describe(task)}: element ranges [{a}, {b}) "
+                                 f"and [{c}, {d}) of one push overlap")
+
+
 class StaleLeaseError(ValueError):
     """A claim or push from a hand-out of a task that is no longer current."""
 

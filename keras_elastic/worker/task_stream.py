@@ -126,7 +126,7 @@ class TaskStream:
                                         "claim of task %d of epoch %d; giving it back",
                                         self.master.worker_id, task.task_id, task.epoch)
                         self.master.release_tasks(self.dataset, [task.task_id],
-                                                  "claim refused")
+                                                  "claim refused", [task.lease])
                         continue
                     plan = plan_replay(claims)
                     if plan.needed:
@@ -179,9 +179,10 @@ class TaskStream:
         with self._lock:
             done = [s for s in self._outstanding
                     if is_done(s) and s not in self._replays]
-            task_ids = [self._outstanding.pop(s).task_id for s in done]
-        if task_ids:
-            self.master.report_tasks(self.dataset, task_ids, success=True)
+            tasks = [self._outstanding.pop(s) for s in done]
+        if tasks:
+            self.master.report_tasks(self.dataset, [t.task_id for t in tasks],
+                                     success=True, leases=[t.lease for t in tasks])
 
     # -- exactly-once updates (training) ----------------------------------
     def run_replays(self) -> None:
@@ -241,7 +242,8 @@ class TaskStream:
                         self.master.worker_id, len(tasks), reason,
                         [t.task_id for t in tasks])
         try:
-            self.master.release_tasks(self.dataset, [t.task_id for t in tasks], reason)
+            self.master.release_tasks(self.dataset, [t.task_id for t in tasks], reason,
+                                      [t.lease for t in tasks])
         except (ConnectionError, ValueError) as e:  # the master requeues them anyway
             logging.warning("could not give the tasks back: %s", e)
 
@@ -251,7 +253,7 @@ class TaskStream:
             task = self._outstanding.pop(seq, None)
         if task is not None:
             self.master.report_tasks(self.dataset, [task.task_id], success=True,
-                                     metric_states=metric_states)
+                                     metric_states=metric_states, leases=[task.lease])
 
     def report_through(self, before: int | None) -> None:
         """Reports every task with `seq < before` (None: all, if exhausted)."""

@@ -1,0 +1,186 @@
+"""The master's journal: what it must not forget, on disk before it is said.
+
+An append-only file of records, each `length (4 bytes) | CRC-32 (4 bytes) |
+JSON`, written by one background thread in batches (every `flush_secs`, or
+sooner once `max_batch` records wait) and fsync'd. The servicer appends a
+record under its lock, in the order its state changes, and answers the RPC
+only once that record is durable (`wait`): whatever a worker was told
+survives a crash of the master.
+
+`read` gives the records back for a restarted master to replay. A torn last
+record (the process died while writing it) is dropped, and cut off the file
+so new records follow a clean one; anything else that cannot be read raises
+`JournalCorruptError` naming the file and the byte offset.
+
+Example:
+
+>>> journal = Journal("/tmp/job/master.journal")        # doctest: +SKIP
+>>> seq = journal.append({"t": "done", "ds": "training", "epoch": 0})  # doctest: +SKIP
+>>> journal.wait(seq)            # durable from here on  # doctest: +SKIP
+>>> Journal.read("/tmp/job/master.journal")             # doctest: +SKIP
+[{'t': 'done', 'ds': 'training', 'epoch': 0}]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import zlib
+
+from absl import logging
+
+_HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
+# A record longer than this is not a record (a corrupt length field).
+MAX_RECORD_BYTES = 256 << 20
+
+
+class JournalCorruptError(RuntimeError):
+    """A record in the middle of the journal cannot be read."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        super().__init__(f"master journal {path} is corrupt at byte offset {offset}: "
+                         f"{what}. The records before it are intact; move the file "
+                         "away to start the job's bookkeeping afresh.")
+        self.path = path
+        self.offset = offset
+
+
+def encode_record(record: dict) -> bytes:
+    payload = json.dumps(record, separators=(",", ":")).encode()
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+class Journal:
+    """Appends records to `path` from a flushing thread (group commit)."""
+
+    def __init__(self, path: str, flush_secs: float = 0.002,
+                 max_batch: int = 1024) -> None:
+        self.path = path
+        self.flush_secs = flush_secs
+        self.max_batch = max_batch
+        self._file = open(path, "ab", buffering=0)
+        self._cond = threading.Condition()
+        self._pending: list[bytes] = []
+        self._appended = 0   # sequence number of the last appended record
+        self._durable = 0    # of the last record on disk
+        self._error: BaseException | None = None
+        self._closed = False
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="master-journal")
+        self._thread.start()
+
+    def append(self, record: dict) -> int:
+        """Queues `record`; returns its sequence number (for `wait`)."""
+        data = encode_record(record)
+        with self._cond:
+            if self._error is not None:
+                raise OSError(f"the master journal {self.path} cannot be written: "
+                              f"{self._error}")
+            self._pending.append(data)
+            self._appended += 1
+            if len(self._pending) >= self.max_batch:
+                self._cond.notify_all()
+            return self._appended
+
+    def wait(self, seq: int, timeout: float | None = 60.0) -> None:
+        """Blocks until record `seq` (and every one before it) is on disk."""
+        with self._cond:
+            if not self._cond.wait_for(
+                    lambda: self._durable >= seq or self._error is not None, timeout):
+                raise TimeoutError(f"the master journal {self.path} was not written "
+                                   f"within {timeout} s")
+            if self._durable < seq:
+                raise OSError(f"the master journal {self.path} cannot be written: "
+                              f"{self._error}")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: len(self._pending) >= self.max_batch
+                                    or self._closed, self.flush_secs)
+                batch, self._pending = self._pending, []
+                last = self._appended
+                closed = self._closed
+            if batch:
+                try:
+                    self._file.write(b"".join(batch))
+                    os.fsync(self._file.fileno())
+                except OSError as e:
+                    with self._cond:
+                        self._error = e
+                        self._cond.notify_all()
+                    return
+                self.batches += 1
+                with self._cond:
+                    self._durable = last
+                    self._cond.notify_all()
+            if closed:
+                return
+
+    def close(self) -> None:
+        """Writes what is queued and closes the file."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+        self._file.close()
+
+    @staticmethod
+    def read(path: str, repair: bool = True) -> list[dict]:
+        """The records of the journal at `path` ([] if there is none).
+
+        A torn last record is dropped (and, with `repair`, cut off the file);
+        a record that cannot be read before the end raises
+        `JournalCorruptError`.
+        """
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        records = []
+        offset = 0
+        size = len(data)
+        while offset < size:
+            torn = None
+            if offset + _HEADER.size > size:
+                torn = "a record header cut short"
+            else:
+                length, crc = _HEADER.unpack_from(data, offset)
+                end = offset + _HEADER.size + length
+                if length == 0 or length > MAX_RECORD_BYTES:
+                    if not any(data[offset:]):
+                        torn = "zeros after the last record"
+                    else:
+                        raise JournalCorruptError(path, offset,
+                                                  f"impossible record length {length}")
+                elif end > size:
+                    torn = "the last record cut short"
+                else:
+                    payload = data[offset + _HEADER.size:end]
+                    if zlib.crc32(payload) != crc:
+                        if end == size:
+                            torn = "the last record's checksum does not match"
+                        else:
+                            raise JournalCorruptError(
+                                path, offset, "the record's checksum does not match "
+                                "its bytes")
+                    else:
+                        try:
+                            records.append(json.loads(payload))
+                        except ValueError as e:
+                            raise JournalCorruptError(path, offset,
+                                                      f"not a JSON record ({e})") from None
+                        offset = end
+                        continue
+            # A torn tail: the process died while writing it.
+            logging.warning("master journal %s: dropping a torn tail at byte offset %d "
+                            "(%s, %d bytes)", path, offset, torn, size - offset)
+            if repair:
+                with open(path, "r+b") as f:
+                    f.truncate(offset)
+            break
+        return records

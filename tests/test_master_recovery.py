@@ -1,0 +1,280 @@
+"""The master and the launcher survive their own death (issue 9).
+
+The master journals what it must not forget (`keras_elastic/master/journal.py`)
+and a master killed with SIGKILL is restarted by the launcher on its address
+from that journal; a launcher killed with SIGKILL takes its whole process tree
+with it, and `keras-elastic run --resume` continues the job. The counting
+model (`counting_script.py`) shows every record's gradient applied exactly once.
+"""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+from conftest import REPO, job_status, launch, subprocess_env, wait_for
+from test_exactly_once import SCRIPT, check_exact, counting_job
+from test_exactly_once import data as data  # noqa: F401  (the module fixture)
+
+from keras_elastic.master.journal import Journal, JournalCorruptError, encode_record
+from keras_elastic.master.servicer import MasterServicer
+from keras_elastic.proto import master_pb2
+
+# -- the journal file ----------------------------------------------------------
+
+
+def test_journal_round_trip_and_group_commit(tmp_path):
+    path = str(tmp_path / "j")
+    journal = Journal(path, flush_secs=0.01)
+    seqs = [journal.append({"t": "x", "i": i}) for i in range(500)]
+    journal.wait(seqs[-1])
+    assert journal.batches < 500  # records share fsyncs
+    journal.close()
+    assert Journal.read(path) == [{"t": "x", "i": i} for i in range(500)]
+
+
+@pytest.mark.parametrize("cut", [1, 5, 9, 20])
+def test_a_torn_last_record_is_dropped_and_cut_off(tmp_path, cut):
+    path = str(tmp_path / "j")
+    good = b"".join(encode_record({"i": i}) for i in range(3))
+    last = encode_record({"i": 3, "pad": "x" * 30})
+    with open(path, "wb") as f:
+        f.write(good + last[:cut])  # the process died while writing record 3
+    assert Journal.read(path) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert os.path.getsize(path) == len(good)  # appends follow a clean record
+    journal = Journal(path)
+    journal.wait(journal.append({"i": 4}))
+    journal.close()
+    assert Journal.read(path)[-1] == {"i": 4}
+
+
+def test_a_zero_filled_tail_is_torn_too(tmp_path):
+    path = str(tmp_path / "j")
+    with open(path, "wb") as f:
+        f.write(encode_record({"i": 0}) + b"\0" * 64)
+    assert Journal.read(path) == [{"i": 0}]
+
+
+def test_a_corrupt_record_in_the_middle_names_the_file_and_offset(tmp_path):
+    path = str(tmp_path / "j")
+    records = [encode_record({"i": i}) for i in range(4)]
+    data = bytearray(b"".join(records))
+    offset = len(records[0])
+    data[offset + 10] ^= 0xFF  # a flipped byte in record 1, records follow
+    with open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(JournalCorruptError) as e:
+        Journal.read(path)
+    assert e.value.offset == offset and e.value.path == path
+    assert f"{path} is corrupt at byte offset {offset}" in str(e.value)
+    # An impossible length in the middle is corruption too, not a torn tail.
+    data = bytearray(b"".join(records))
+    struct.pack_into("<II", data, offset, 1 << 30, 0)
+    with open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(JournalCorruptError, match=f"offset {offset}"):
+        Journal.read(path)
+    # A checksum that does not match the bytes is detected.
+    payload = b'{"i":9}'
+    with open(path, "wb") as f:
+        f.write(struct.pack("<II", len(payload), zlib.crc32(payload) ^ 1) + payload
+                + records[0])
+    with pytest.raises(JournalCorruptError, match="offset 0"):
+        Journal.read(path)
+
+
+# -- replay in one process --------------------------------------------------------
+
+
+class _Context:
+    def abort(self, code, details):
+        raise RuntimeError(f"{code}: {details}")
+
+    def is_active(self):
+        return True
+
+
+def _register(servicer, worker_id, name="training", mode="training", epochs=2):
+    servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=worker_id), _Context())
+    servicer.RegisterDataset(master_pb2.RegisterDatasetRequest(
+        dataset=name, mode=mode, shards=[master_pb2.Shard(name="s", num_records=40)],
+        records_per_task=10, num_epochs=epochs, worker_id=worker_id), _Context())
+
+
+def _task(servicer, worker_id, epoch, name="training"):
+    response = servicer.GetTask(master_pb2.GetTaskRequest(
+        worker_id=worker_id, dataset=name, epoch=epoch, return_on_wait=True),
+        _Context())
+    assert response.kind == master_pb2.GetTaskResponse.TASK, response
+    return response.task
+
+
+def _report(servicer, worker_id, task, name="training", states=()):
+    servicer.ReportTask(master_pb2.ReportTaskRequest(
+        worker_id=worker_id, dataset=name, task_ids=[task.task_id], success=True,
+        leases=[task.lease], metric_states=list(states)), _Context())
+
+
+def test_a_restarted_master_keeps_epochs_ledger_rounds_and_membership(tmp_path):
+    from keras_elastic.common.tensor_codec import encode_all
+
+    path = str(tmp_path / "master.journal")
+    first = MasterServicer(journal_path=path)
+    _register(first, 0)
+    _register(first, 1, name="validation", mode="evaluation", epochs=0)
+    for _ in range(4):  # epoch 0 complete
+        _report(first, 0, _task(first, 0, 0))
+    done = _task(first, 0, 1)
+    _report(first, 0, done)
+    in_flight = _task(first, 1, 1)  # held when the master dies
+    for state in (1.0, 2.0):  # an evaluation round with metric states
+        task = _task(first, 1, 0, "validation")
+        _report(first, 1, task, "validation",
+                encode_all([("total", np.array([state], np.float32))]))
+    first.ReportWorkerDead(master_pb2.WorkerRequest(worker_id=1, reason="gone"),
+                           _Context())
+    before = first.status(include_ledger=True)
+    first.stop()  # (a SIGKILL loses nothing more: every answer waited for disk)
+
+    second = MasterServicer(journal_path=path)
+    after = second.status(include_ledger=True)
+    second.stop()
+    training, again = before["datasets"]["training"], after["datasets"]["training"]
+    assert again["epoch"] == training["epoch"] == 1
+    assert again["done_task_ids"] == [done.task_id]
+    assert again["ledger"] == training["ledger"]
+    assert again["doing"] == 0 and in_flight.task_id not in again["done_task_ids"]
+    assert after["workers"]["alive"] == [0] and after["workers"]["lost"] == 1
+    assert after["master_restarts"] == 1
+    # The validation round's summed states survive.
+    third = MasterServicer(journal_path=path)
+    for _ in range(2):
+        task = _task(third, 0, 0, "validation")
+        _report(third, 0, task, "validation",
+                encode_all([("total", np.array([4.0], np.float32))]))
+    result = third.GetResult(master_pb2.GetResultRequest(
+        worker_id=0, dataset="validation", epoch=0), _Context())
+    third.stop()
+    from keras_elastic.common.tensor_codec import decode_all
+
+    assert result.ready and result.num_tasks == 4
+    assert dict(decode_all(result.states))["total"].tolist() == [11.0]
+
+
+def test_a_report_of_a_task_not_held_is_refused_and_changes_nothing(tmp_path):
+    servicer = MasterServicer(journal_path=str(tmp_path / "j"))
+    _register(servicer, 0)
+    task = _task(servicer, 0, 0)
+    before = servicer.status(include_ledger=True)
+    for bad in (dict(task_ids=[task.task_id + 1]),          # never handed out
+                dict(task_ids=[task.task_id], leases=[task.lease - 1])):  # old lease
+        with pytest.raises(RuntimeError, match="FAILED_PRECONDITION.*does not hold"):
+            servicer.ReportTask(master_pb2.ReportTaskRequest(
+                worker_id=0, dataset="training", success=True, **bad), _Context())
+    after = servicer.status(include_ledger=True)
+    assert after["datasets"]["training"]["ledger"] == before["datasets"]["training"][
+        "ledger"] and after["datasets"]["training"]["doing"] == 1
+    _report(servicer, 0, task)  # the real holder's report still counts
+    assert servicer.status()["datasets"]["training"]["done"] == 1
+    servicer.stop()
+
+
+# -- real process trees -------------------------------------------------------------
+
+
+def _cluster(job_dir: str) -> dict:
+    with open(os.path.join(job_dir, "cluster.json")) as f:
+        return json.load(f)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) holds nothing
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _training_under_way(job_dir: str, epoch: int = 0, done: int = 3):
+    def check():
+        status = job_status(job_dir)
+        ds = (status or {}).get("datasets", {}).get("training")
+        return ds and (ds["epoch"] > epoch or ds["epoch"] == epoch and
+                       ds["done"] >= done and ds["doing"] >= 1)
+    return check
+
+
+def test_master_killed_mid_epoch_the_job_finishes_exactly(tmp_path, data):  # noqa: F811
+    out, proc = counting_job(tmp_path, data, "--num_ps=2",
+                             script_args=("--sleep_per_batch=0.03",), background=True)
+    job_dir = str(tmp_path / "job")
+    try:
+        wait_for(_training_under_way(job_dir, epoch=1, done=3), timeout=300,
+                 what="epoch 2 under way")
+        os.kill(_cluster(job_dir)["master_pid"], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["master_restarts"] == 1, summary
+    assert "restarting it from its journal" in output
+    check_exact(tmp_path, out, output)
+
+
+def test_launcher_killed_leaves_nothing_and_resume_finishes_exactly(
+        tmp_path, data):  # noqa: F811
+    out, proc = counting_job(tmp_path, data, "--num_ps=2", "--ps_checkpoint_secs=1",
+                             script_args=("--sleep_per_batch=0.03",), background=True)
+    job_dir = str(tmp_path / "job")
+    try:
+        wait_for(_training_under_way(job_dir, epoch=0, done=6), timeout=300,
+                 what="epoch 1 under way")
+        cluster = _cluster(job_dir)
+        pids = [cluster["master_pid"], *cluster["ps_pids"],
+                *cluster["worker_pids"].values()]
+        assert all(_alive(p) for p in pids)
+        os.kill(cluster["launcher_pid"], signal.SIGKILL)
+        proc.communicate(timeout=60)
+        start = time.time()
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout=10,
+                 what=f"the job's processes {pids} to be gone")
+        gone_after = time.time() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert gone_after < 5
+    # Without --resume an existing job is not overwritten.
+    refused = launch(job_dir, SCRIPT, "--num_workers=2", timeout=60)
+    assert refused.returncode != 0
+    assert "pass --resume to continue it" in refused.stderr + refused.stdout
+    args = (f"--data={data}", "--epochs=2", f"--output={out}",
+            "--sleep_per_batch=0.01")
+    result = launch(job_dir, SCRIPT, "--num_workers=2", "--num_ps=2", "--resume",
+                    script_args=args, timeout=400)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["resumed_from"] is not None, summary
+    check_exact(tmp_path, out, output)
+
+
+def test_resume_of_a_directory_without_a_job_is_a_clear_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={tmp_path}",
+         "--resume", "--", sys.executable, os.path.join(REPO, "tests",
+                                                        "counting_script.py")],
+        env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "holds no job to continue" in result.stderr + result.stdout

@@ -49,6 +49,7 @@ setup(
         "absl-py>=1.0",
         "cloudpickle>=2.0",
         "numpy>=1.24",
+        "cryptography>=41",  # a job's self-signed TLS certificate
     ],
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.16,<3"],

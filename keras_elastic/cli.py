@@ -82,9 +82,11 @@ def _define_run() -> None:
     flags.DEFINE_string("advertise", None,
                         "Host name or address at which the job's processes reach the "
                         "services (default: --bind; required with --bind=0.0.0.0).")
-    flags.DEFINE_bool("tls", False,
-                      "Serve over TLS, also on loopback: with a self-signed certificate "
-                      "made for the job (JOB_DIR/tls) unless --tls_cert is given.")
+    flags.DEFINE_bool("tls", None,
+                      "Serve over TLS (with a self-signed certificate made for the job "
+                      "in JOB_DIR/tls unless --tls_cert is given). Default: on beyond "
+                      "loopback, off on 127.0.0.1; --tls forces it on loopback too, "
+                      "--notls off (beyond loopback only with --insecure).")
     flags.DEFINE_string("tls_cert", None, "The services' certificate chain (PEM); "
                         "turns TLS on.")
     flags.DEFINE_string("tls_key", None, "The private key of --tls_cert (PEM).")

@@ -53,7 +53,17 @@ def kill_worker_when(job_dir, dataset, proc):
     os.kill(int(open(os.path.join(job_dir, "pid-1")).read()), signal.SIGKILL)
 
 
-@pytest.mark.parametrize("kill", [False, True])
+def kill_master_when(job_dir, dataset):
+    def mid_way():
+        status = job_status(job_dir)
+        ds = status and status["datasets"].get(dataset)
+        return ds and ds["done"] >= 2 and ds["doing"] >= 1
+    wait_for(mid_way, timeout=180, what=f"'{dataset}' to be under way")
+    with open(os.path.join(job_dir, "cluster.json")) as f:
+        os.kill(json.load(f)["master_pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kill", [False, "worker", "master"])
 def test_two_workers_evaluate_exactly(tmp_path, data_and_weights, kill):
     files, weights, x, y = data_and_weights
     job_dir = str(tmp_path / "job")
@@ -63,8 +73,10 @@ def test_two_workers_evaluate_exactly(tmp_path, data_and_weights, kill):
                                f"--weights={weights}", f"--output={out}",
                                f"--sleep_per_batch={0.05 if kill else 0}"))
     try:
-        if kill:
+        if kill == "worker":
             kill_worker_when(job_dir, "evaluation", proc)
+        elif kill == "master":  # restarted from its journal: same exact results
+            kill_master_when(job_dir, "evaluation")
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -79,8 +91,10 @@ def test_two_workers_evaluate_exactly(tmp_path, data_and_weights, kill):
             assert result[name] == pytest.approx(expected[name], abs=1e-6), name
     summary = json.load(open(os.path.join(job_dir, "summary.json")))
     assert summary["datasets"]["evaluation"]["tasks_done_total"] == 20
-    if kill:
+    if kill == "worker":
         assert summary["workers_lost"] == 1 and summary["requeued"] >= 1
+    if kill == "master":
+        assert summary["master_restarts"] == 1 and summary["workers_lost"] == 0
 
 
 def test_validation_logs_are_identical_on_every_worker(tmp_path, data_and_weights):

@@ -206,6 +206,18 @@ def test_save_and_restore_requests_without_their_arguments_are_named(two_servers
         client.call(0, "Restore", {})
 
 
+def test_claims_handed_out_before_a_rollback_are_refused():
+    # A worker still holds a task of a later epoch, handed out before the job
+    # rolled back: claiming it must not retire the epochs being redone.
+    log = TaskLog()
+    log.claim(("t", 1, 0), 100)
+    log.min_lease = 200                              # the rollback's floor
+    with pytest.raises(StaleLeaseError, match="before the job rolled back"):
+        log.claim(("t", 4, 2), 150)
+    assert log.claim(("t", 1, 3), 201) == ([], 0)    # epoch 1 goes on
+    assert TaskLog.from_json(log.to_json()).min_lease == 200
+
+
 def test_paused_server_refuses_data_calls_until_resumed(two_servers):
     client = PSClient([s.address for s in two_servers], worker_id=0,
                       reconnect_timeout=0.5)
@@ -217,9 +229,10 @@ def test_paused_server_refuses_data_calls_until_resumed(two_servers):
         client.claim(*TASK, lease=5)
     with pytest.raises(ConnectionError, match="paused"):
         client.pull()
-    client.call(1, "Resume", {})
+    client.call(1, "Resume", {"min_lease": 5})
     assert client.claim(*TASK, lease=5) == [TaskClaim([], 0), TaskClaim([], 0)]
     assert set(client.pull()) == set(names)
+    assert client.claim("training", 3, 1, lease=4) is None  # before the floor
 
 
 def test_replay_check_names_a_dataset_fn_that_changed(tmp_path):

@@ -232,11 +232,13 @@ def test_oversized_messages_to_parameter_server(ps):
         details = refused(grpc.StatusCode.RESOURCE_EXHAUSTED, raw_call, channel,
                           PS_SERVICE, "Status", big)
         assert "larger than max" in details, details
-        # One message of a stream above the limit, after a good header.
+        # One message of a stream above the limit, after a good header. (The
+        # server's request stream then ends as if the client had closed it: the
+        # header's count of tensors tells it the push is incomplete.)
         chunk_too_big = ps_pb2.PushRequest(chunk=chunk(
             content=bytes(MAX_MESSAGE_BYTES + 1024))).SerializeToString()
         refused(grpc.StatusCode.RESOURCE_EXHAUSTED, raw_call, channel, PS_SERVICE,
-                "Push", push_stream()[:1] + [chunk_too_big])
+                "Push", push_stream(num_tensors=1) + [chunk_too_big])
         # The same client's normal calls still work.
         assert json.loads(ps_pb2.SaveResponse.FromString(
             raw_call(channel, PS_SERVICE, "Status", b"")).json)["initialized"]
@@ -476,6 +478,16 @@ def test_hostile_init_leaves_a_fresh_server_uninitialized():
         assert "tensor 'w': total_bytes is 12, but float32 of shape [2] is 8" in details
         refused(grpc.StatusCode.INVALID_ARGUMENT, raw_call, channel, PS_SERVICE, "Init",
                 [header.SerializeToString(), b"\x00"])
+        # A variable of 1 PiB (more than any address space): refused, not a crash.
+        huge = ps_pb2.InitRequest(header=ps_pb2.InitHeader(
+            optimizer_config=json.dumps(SGD), variables=[ps_pb2.VariableSpec(
+                name="w", dtype="uint8", shape=[1 << 50], trainable=True)]))
+        first = ps_pb2.InitRequest(chunk=chunk(name="w", dtype="uint8", shape=(1 << 50,),
+                                               content=bytes(8), total_bytes=1 << 50))
+        details = refused(grpc.StatusCode.INVALID_ARGUMENT, raw_call, channel,
+                          PS_SERVICE, "Init", [huge.SerializeToString(),
+                                               first.SerializeToString()])
+        assert f"tensor 'w': cannot allocate its {1 << 50} bytes" in details, details
         assert not server.store.initialized and server.store.version == 0
         # A push before init is still the ordinary FAILED_PRECONDITION.
         details = refused(grpc.StatusCode.FAILED_PRECONDITION, raw_call, channel,

@@ -1,1 +1,2 @@
-"""Pieces shared by every service: tensor codec, gRPC helpers, timers."""
+"""Pieces shared by every service: tensor codec, gRPC helpers, the job token
+(auth), TLS, timers."""

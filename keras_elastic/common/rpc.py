@@ -8,7 +8,10 @@ travel in one message: they are cut into chunks of `tensor_codec.CHUNK_BYTES`
 (2 MiB) and streamed (`Init`, `Push`, `Pull`); only pushes below
 `ps.client.SMALL_PUSH_BYTES` (16 MiB) go in one unary message. A message above
 the limit is refused by gRPC itself with RESOURCE_EXHAUSTED, before any of our
-code sees it, and the server goes on serving. Services are registered with
+code sees it, and the server goes on serving. (Within a request stream, gRPC
+Python then ends the servicer's request iterator as if the client had closed
+it: a Push header therefore announces its number of tensors, and a shorter
+stream is refused.) Services are registered with
 `rpc_service.add_service`, which answers a request that does not parse with
 INVALID_ARGUMENT naming the method.
 

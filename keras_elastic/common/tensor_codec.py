@@ -142,8 +142,12 @@ class ChunkAssembler:
             if len(chunk.content) == chunk.total_bytes:
                 self._done.add(name)
                 return name, np.frombuffer(chunk.content, dtype=dtype).reshape(shape)
-            self._partial[name] = (np.empty(chunk.total_bytes, np.uint8), 0,
-                                   (chunk.dtype, shape, chunk.total_bytes))
+            try:
+                buf = np.empty(chunk.total_bytes, np.uint8)
+            except MemoryError:
+                raise TensorError(f"tensor '{name}': cannot allocate its "
+                                  f"{chunk.total_bytes} bytes") from None
+            self._partial[name] = (buf, 0, (chunk.dtype, shape, chunk.total_bytes))
         buf, received, first = self._partial[name]
         if (chunk.dtype, shape, chunk.total_bytes) != first:
             raise TensorError(

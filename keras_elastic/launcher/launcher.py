@@ -82,7 +82,10 @@ class LaunchConfig:
     # processes reach them at (None: `bind`); see docs/security.md.
     bind: str = "127.0.0.1"
     advertise: str | None = None
-    tls: bool = False             # TLS on loopback too (on whenever tls_cert is given)
+    # None: on beyond loopback (unless insecure), off on loopback; True forces
+    # it on loopback too; False turns it off (refused beyond loopback unless
+    # insecure). Always on when tls_cert is given.
+    tls: bool | None = None
     tls_cert: str | None = None   # None with TLS on: a self-signed one in JOB_DIR/tls
     tls_key: str | None = None
     tls_ca: str | None = None     # what clients trust (None: the system's CAs)
@@ -90,7 +93,11 @@ class LaunchConfig:
 
     @property
     def tls_on(self) -> bool:
-        return self.tls or bool(self.tls_cert)
+        if self.tls_cert:
+            return True
+        if self.tls is not None:
+            return self.tls
+        return not tls.is_loopback(self.bind) and not self.insecure
 
     def validate(self) -> None:
         if self.num_workers < 1:
@@ -259,16 +266,19 @@ class Launcher:
         servers hold the latest automatic checkpoint (paused), the master goes
         back to that checkpoint's progress, then everything resumes."""
         reason = "the job is resumed"
+        answer = {}
         try:
-            undone = self.master.rollback(
+            answer = self.master.rollback(
                 checkpoint.extra.get("progress") if checkpoint is not None else None,
-                reason)["undone"]
+                reason)
+            undone = answer["undone"]
         finally:
             client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
                               reconnect_timeout=60)
             try:
                 for j in range(self.config.num_ps):
-                    client.call(j, "Resume", {}, timeout=60)
+                    client.call(j, "Resume", {"min_lease": answer.get("min_lease", 0)},
+                                timeout=60)
             finally:
                 client.close()
         logging.warning("resuming the job of %s from %s; completions undone: %s",
@@ -390,19 +400,23 @@ class Launcher:
                 # out tasks from before the rollback.
                 client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
                                   reconnect_timeout=60)
+                answer = {}
                 try:
                     others = [j for j in range(self.config.num_ps) if j != i]
                     for j in others:
                         client.call(j, "Pause", {}, timeout=60)
                     for j in others:
                         client.call(j, "Restore", {"path": checkpoint.path}, timeout=600)
-                    undone = self.master.rollback(
+                    answer = self.master.rollback(
                         checkpoint.extra.get("progress"),
-                        f"parameter server {i} {reason}")["undone"]
+                        f"parameter server {i} {reason}")
+                    undone = answer["undone"]
                 finally:
+                    # Claims of tasks handed out before the rollback are refused.
+                    floor = {"min_lease": answer.get("min_lease", 0)}
                     for j in range(self.config.num_ps):
                         try:
-                            client.call(j, "Resume", {}, timeout=60)
+                            client.call(j, "Resume", floor, timeout=60)
                         except (ConnectionError, ValueError) as e:
                             logging.error("could not resume parameter server %d: %s",
                                           j, e)

@@ -119,6 +119,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                         record["error"])
                 elif kind == "rollback":
                     self._rollback(record["progress"])
+                    self._last_lease = max(self._last_lease, record.get("lease", 0))
                 else:
                     raise ValueError(f"unknown record kind {kind!r}")
             except (KeyError, TypeError, ValueError) as e:
@@ -454,19 +455,24 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 "timings": timings,
             }
 
-    def rollback(self, progress: dict | None, reason: str = "") -> dict:
+    def rollback(self, progress: dict | None, reason: str = "") -> tuple[dict, int]:
         """Training datasets go back to `progress` ({dataset: {"epoch",
         "done_task_ids"}}, a parameter-server checkpoint's; None: to where they
-        started). Returns {dataset: completions undone}."""
+        started). Returns ({dataset: completions undone}, the lease floor: every
+        lease handed out before is below it, every later one above)."""
         with self._cond:
             undone = self._rollback(progress)
-            seq = self._log({"t": "rollback", "progress": progress, "reason": reason})
+            # Every lease handed out from now on is above this one and every
+            # earlier one below: the servers refuse claims of the earlier ones.
+            floor = self._next_lease()
+            seq = self._log({"t": "rollback", "progress": progress, "reason": reason,
+                             "lease": floor})
             self._cond.notify_all()
         self._durable(seq)
         logging.warning("rolled back to %s (%s): completions undone %s",
                         "the start" if progress is None else "a checkpoint",
                         reason or "-", undone)
-        return undone
+        return undone, floor
 
     def _rollback(self, progress: dict | None) -> dict:
         undone = {}
@@ -483,8 +489,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def Rollback(self, request, context):
         args = json.loads(request.json)
+        undone, floor = self.rollback(args.get("progress"), args.get("reason", ""))
         return master_pb2.StatusResponse(json=json.dumps(
-            {"undone": self.rollback(args.get("progress"), args.get("reason", ""))}))
+            {"undone": undone, "min_lease": floor}))
 
     def GetStatus(self, request, context):
         return master_pb2.StatusResponse(json=json.dumps(self.status(

@@ -23,6 +23,7 @@ from concurrent import futures
 
 import grpc
 import numpy as np
+from absl import logging
 
 from keras_elastic.common import faults, rpc
 from keras_elastic.common.tensor_codec import (
@@ -261,6 +262,8 @@ class PSClient:
 
         replies = self._map(claim_one, range(self.num_ps))
         if not all(r.ok for r in replies):
+            logging.info("claim of task %d of epoch %d refused: %s", task_id, epoch,
+                         "; ".join(r.error for r in replies if not r.ok))
             return None
         return [TaskClaim(list(zip(r.applied[::2], r.applied[1::2])),
                           r.fingerprint if r.fingerprint_known else None)

@@ -59,6 +59,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.SaveResponse(json=json.dumps({"paused": True}))
 
     def Resume(self, request, context):
+        """Serves again; `{"min_lease": L}` (after a rollback): claims with a
+        lease below L, handed out before the rollback, are refused from now."""
+        try:
+            min_lease = int(json.loads(request.json or "{}").get("min_lease", 0))
+        except (ValueError, TypeError, AttributeError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Resume: {e}")
+        with self.store.lock:
+            self.store.log.min_lease = max(self.store.log.min_lease, min_lease)
         self.paused = False
         return ps_pb2.SaveResponse(json=json.dumps({"paused": False}))
 

@@ -98,6 +98,10 @@ class TaskLog:
         self._entries: dict[TaskKey, _Entry] = {}
         # dataset -> oldest epoch still tracked; older pushes are refused.
         self._min_epoch: dict[str, int] = {}
+        # Leases below this were handed out before the job last rolled back:
+        # their claims are refused (a worker may still hold such a task of a
+        # later epoch; claiming it would retire the epochs being redone).
+        self.min_lease = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -111,6 +115,9 @@ class TaskLog:
         epoch is no longer tracked.
         """
         dataset, epoch, _ = task
+        if lease < self.min_lease:
+            raise StaleLeaseError(f"task {_describe(task)}: its lease ({lease}) was "
+                                  "handed out before the job rolled back")
         if epoch < self._min_epoch.get(dataset, -1):
             raise StaleLeaseError(f"task {_describe(task)}: epoch {epoch} is over on "
                                   "this server")
@@ -168,6 +175,7 @@ class TaskLog:
     def to_json(self) -> dict:
         return {
             "min_epoch": dict(self._min_epoch),
+            "min_lease": self.min_lease,
             "tasks": [[d, e, t, entry.lease, [list(a) for a in entry.applied],
                        None if entry.fingerprint is None else str(entry.fingerprint)]
                       for (d, e, t), entry in sorted(self._entries.items())],
@@ -179,6 +187,7 @@ class TaskLog:
         if not data:
             return log
         log._min_epoch = {k: int(v) for k, v in data.get("min_epoch", {}).items()}
+        log.min_lease = int(data.get("min_lease", 0))
         for d, e, t, lease, applied, fp in data.get("tasks", []):
             log._entries[(d, int(e), int(t))] = _Entry(
                 int(lease), [(int(a), int(b)) for a, b in applied],
@@ -215,6 +224,7 @@ class TaskLog:
                     max(e.lease for e in known), list(applied),
                     fps.pop() if len(fps) == 1 else None)
         for log in logs:
+            out.min_lease = max(out.min_lease, log.min_lease)
             for dataset, epoch in log._min_epoch.items():
                 out._min_epoch[dataset] = max(epoch, out._min_epoch.get(dataset, -1))
         return out, differing

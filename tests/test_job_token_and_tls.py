@@ -116,7 +116,8 @@ def test_refusing_to_bind_beyond_loopback_in_clear_text(tmp_path, monkeypatch):
     job_dir = tmp_path / "job"
     result = subprocess.run(
         [sys.executable, "-m", "keras_elastic", "run", "--bind=0.0.0.0",
-         f"--job_dir={job_dir}", "--", sys.executable, "-c", "pass"],
+         "--advertise=node-3", "--notls", f"--job_dir={job_dir}", "--",
+         sys.executable, "-c", "pass"],
         env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "refusing to serve on 0.0.0.0 without TLS" in result.stderr
@@ -131,6 +132,12 @@ def test_refusing_to_bind_beyond_loopback_in_clear_text(tmp_path, monkeypatch):
         LaunchConfig(tls_cert="cert.pem").validate()
     LaunchConfig(bind="0.0.0.0", advertise="node-3", insecure=True).validate()
     LaunchConfig(bind="0.0.0.0", advertise="node-3", tls=True).validate()
+    # Beyond loopback TLS is on by itself; clear text only when asked for.
+    assert LaunchConfig(bind="0.0.0.0", advertise="node-3").tls_on
+    assert not LaunchConfig(bind="0.0.0.0", advertise="node-3", insecure=True).tls_on
+    assert not LaunchConfig().tls_on and LaunchConfig(tls=True).tls_on
+    with pytest.raises(ValueError, match="without TLS"):
+        LaunchConfig(bind="0.0.0.0", advertise="node-3", tls=False).validate()
 
 
 def test_tls_server_refuses_clients_without_the_ca(tmp_path, monkeypatch):

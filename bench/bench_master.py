@@ -1,0 +1,121 @@
+"""Master throughput: tasks per second with the journal on and off.
+
+A master process (with the job token check, as always) serves one training
+dataset of one-record tasks; `--clients` concurrent clients (threads spread
+over `--client_processes` processes, each a `MasterClient` of its own) ask for
+a task and report it done, as fast as they can, for `--seconds`. The same run
+measures the master without a journal and with it (every answer waits for
+its record to be fsync'd; records are written in batches), and prints tasks/s
+of each and the ratio on / off.
+
+```
+PYTHONPATH=. python bench/bench_master.py
+```
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("clients", 64, "Concurrent clients.")
+flags.DEFINE_integer("client_processes", 4, "Processes the clients are spread over.")
+flags.DEFINE_float("seconds", 10.0, "Seconds measured per configuration.")
+flags.DEFINE_integer("rounds", 2, "Measurements per configuration (best kept).")
+
+
+def _client_process(address: str, threads: int, first_id: int, seconds: float,
+                    start_at: float, queue) -> None:
+    from keras_elastic.master.client import MasterClient
+    from keras_elastic.proto import master_pb2
+
+    counts = [0] * threads
+
+    def run(k: int) -> None:
+        client = MasterClient(address, worker_id=first_id + k)
+        client.register_worker("bench")
+        client.register_dataset(master_pb2.RegisterDatasetRequest(
+            dataset="bench", mode="training",
+            shards=[master_pb2.Shard(name="s", num_records=300_000)],
+            records_per_task=1, num_epochs=1))
+        while time.time() < start_at:
+            time.sleep(0.001)
+        end = start_at + seconds
+        while time.time() < end:
+            task = client.get_task("bench", 0, return_on_wait=True)
+            if task is None or isinstance(task, str):
+                continue
+            client.report_tasks("bench", [task.task_id], leases=[task.lease])
+            counts[k] += 1
+        client.close()
+
+    pool = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    queue.put(sum(counts))
+
+
+def measure(journal: str | None) -> float:
+    """Tasks done per second by the clients against a fresh master."""
+    ready = tempfile.mktemp(suffix=".json")
+    args = [sys.executable, "-m", "keras_elastic.master", f"--ready_file={ready}",
+            "--heartbeat_timeout=600"]
+    if journal:
+        args.append(f"--journal={journal}")
+    master = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not os.path.exists(ready):
+            if master.poll() is not None:
+                raise RuntimeError("the master did not start")
+            time.sleep(0.05)
+        import json
+
+        address = json.load(open(ready))["address"]
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        per = FLAGS.clients // FLAGS.client_processes
+        start_at = time.time() + 8.0  # every client connected and registered
+        procs = [context.Process(target=_client_process, args=(
+            address, per, i * per, FLAGS.seconds, start_at, queue))
+            for i in range(FLAGS.client_processes)]
+        for p in procs:
+            p.start()
+        done = sum(queue.get(timeout=FLAGS.seconds + 120) for _ in procs)
+        for p in procs:
+            p.join()
+        return done / FLAGS.seconds
+    finally:
+        master.terminate()
+        master.wait()
+
+
+def main(argv) -> None:
+    del argv
+    os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
+    results: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(FLAGS.rounds):
+            results["off"].append(measure(None))
+            results["on"].append(measure(os.path.join(tmp, f"journal-{r}")))
+            logging.info("round %d: off %.0f tasks/s, on %.0f tasks/s", r,
+                         results["off"][-1], results["on"][-1])
+    off, on = max(results["off"]), max(results["on"])
+    print(f"master, {FLAGS.clients} clients in {FLAGS.client_processes} processes, "
+          f"best of {FLAGS.rounds} x {FLAGS.seconds:.0f} s:")
+    print(f"  journal off: {off:8.0f} tasks/s")
+    print(f"  journal on:  {on:8.0f} tasks/s")
+    print(f"  ratio on / off: {on / off:.3f}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -65,6 +65,12 @@ def _client_process(address: str, threads: int, first_id: int, seconds: float,
     queue.put(sum(counts))
 
 
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(journal: str | None) -> float:
     """Tasks done per second by the clients against a fresh master."""
     ready = tempfile.mktemp(suffix=".json")
@@ -91,8 +97,11 @@ def measure(journal: str | None) -> float:
         for p in procs:
             p.start()
         done = sum(queue.get(timeout=FLAGS.seconds + 120) for _ in procs)
+        cpu = _cpu_seconds(master.pid)
         for p in procs:
             p.join()
+        logging.info("master CPU %.1f s for %d tasks (%.0f us per task)", cpu, done,
+                     1e6 * cpu / max(done, 1))
         return done / FLAGS.seconds
     finally:
         master.terminate()

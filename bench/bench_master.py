@@ -30,10 +30,13 @@ flags.DEFINE_integer("clients", 64, "Concurrent clients.")
 flags.DEFINE_integer("client_processes", 4, "Processes the clients are spread over.")
 flags.DEFINE_float("seconds", 10.0, "Seconds measured per configuration.")
 flags.DEFINE_integer("rounds", 2, "Measurements per configuration (best kept).")
+flags.DEFINE_integer("tasks_per_call", 8, "Second configuration: tasks each client "
+                     "asks for (and reports) per call (the first is 1, what a worker "
+                     "does).")
 
 
 def _client_process(address: str, threads: int, first_id: int, seconds: float,
-                    start_at: float, queue) -> None:
+                    start_at: float, per_call: int, queue) -> None:
     from keras_elastic.master.client import MasterClient
     from keras_elastic.proto import master_pb2
 
@@ -50,11 +53,13 @@ def _client_process(address: str, threads: int, first_id: int, seconds: float,
             time.sleep(0.001)
         end = start_at + seconds
         while time.time() < end:
-            task = client.get_task("bench", 0, return_on_wait=True)
-            if task is None or isinstance(task, str):
+            tasks = client.get_tasks("bench", 0, per_call,
+                                     return_on_wait=True)
+            if not isinstance(tasks, list):
                 continue
-            client.report_tasks("bench", [task.task_id], leases=[task.lease])
-            counts[k] += 1
+            client.report_tasks("bench", [t.task_id for t in tasks],
+                                leases=[t.lease for t in tasks])
+            counts[k] += len(tasks)
         client.close()
 
     pool = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
@@ -71,7 +76,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(journal: str | None) -> float:
+def measure(journal: str | None, per_call: int) -> float:
     """Tasks done per second by the clients against a fresh master."""
     ready = tempfile.mktemp(suffix=".json")
     args = [sys.executable, "-m", "keras_elastic.master", f"--ready_file={ready}",
@@ -92,7 +97,7 @@ def measure(journal: str | None) -> float:
         per = FLAGS.clients // FLAGS.client_processes
         start_at = time.time() + 8.0  # every client connected and registered
         procs = [context.Process(target=_client_process, args=(
-            address, per, i * per, FLAGS.seconds, start_at, queue))
+            address, per, i * per, FLAGS.seconds, start_at, per_call, queue))
             for i in range(FLAGS.client_processes)]
         for p in procs:
             p.start()
@@ -111,19 +116,20 @@ def measure(journal: str | None) -> float:
 def main(argv) -> None:
     del argv
     os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
-    results: dict[str, list[float]] = {"off": [], "on": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(FLAGS.rounds):
-            results["off"].append(measure(None))
-            results["on"].append(measure(os.path.join(tmp, f"journal-{r}")))
-            logging.info("round %d: off %.0f tasks/s, on %.0f tasks/s", r,
-                         results["off"][-1], results["on"][-1])
-    off, on = max(results["off"]), max(results["on"])
     print(f"master, {FLAGS.clients} clients in {FLAGS.client_processes} processes, "
-          f"best of {FLAGS.rounds} x {FLAGS.seconds:.0f} s:")
-    print(f"  journal off: {off:8.0f} tasks/s")
-    print(f"  journal on:  {on:8.0f} tasks/s")
-    print(f"  ratio on / off: {on / off:.3f}")
+          f"best of {FLAGS.rounds} x {FLAGS.seconds:.0f} s per configuration:")
+    with tempfile.TemporaryDirectory() as tmp:
+        for per_call in sorted({1, FLAGS.tasks_per_call}):
+            results: dict[str, list[float]] = {"off": [], "on": []}
+            for r in range(FLAGS.rounds):
+                results["off"].append(measure(None, per_call))
+                results["on"].append(measure(
+                    os.path.join(tmp, f"journal-{per_call}-{r}"), per_call))
+                logging.info("%d per call, round %d: off %.0f tasks/s, on %.0f tasks/s",
+                             per_call, r, results["off"][-1], results["on"][-1])
+            off, on = max(results["off"]), max(results["on"])
+            print(f"  {per_call} task(s) per call: journal off {off:7.0f} tasks/s, "
+                  f"on {on:7.0f} tasks/s, ratio on / off {on / off:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -123,15 +123,22 @@ class MasterClient:
         Blocks (long-polling the master) while the master says to wait, or,
         with `return_on_wait`, returns `WAIT` at once.
         """
+        got = self.get_tasks(dataset, epoch, 1, stop, return_on_wait)
+        return got[0] if isinstance(got, list) else got
+
+    def get_tasks(self, dataset: str, epoch: int, max_tasks: int,
+                  stop: threading.Event | None = None,
+                  return_on_wait: bool = False) -> list[master_pb2.Task] | str | None:
+        """Like `get_task`, but up to `max_tasks` tasks at once (a list)."""
         while True:
             if stop is not None and stop.is_set():
                 return None
             response = self._call("GetTask", master_pb2.GetTaskRequest(
                 worker_id=self.worker_id, dataset=dataset, epoch=epoch,
-                return_on_wait=return_on_wait))
+                return_on_wait=return_on_wait, max_tasks=max_tasks))
             kind = response.kind
             if kind == master_pb2.GetTaskResponse.TASK:
-                return response.task
+                return [response.task, *response.more_tasks]
             if kind == master_pb2.GetTaskResponse.END_OF_EPOCH:
                 return None
             if kind == master_pb2.GetTaskResponse.WAIT and return_on_wait:

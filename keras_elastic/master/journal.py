@@ -1,8 +1,8 @@
 """The master's journal: what it must not forget, on disk before it is said.
 
 An append-only file of records, each `length (4 bytes) | CRC-32 (4 bytes) |
-JSON`, written by one background thread in batches (every `flush_secs`, or
-sooner once `max_batch` records wait) and fsync'd. The servicer appends a
+JSON`, written as they come and fsync'd in batches by one background thread
+(group commit: records written during one fsync share the next). The servicer appends a
 record under its lock, in the order its state changes, and answers the RPC
 only once that record is durable (`wait`): whatever a worker was told
 survives a crash of the master.
@@ -53,18 +53,27 @@ def encode_record(record: dict) -> bytes:
 
 
 class Journal:
-    """Appends records to `path` from a flushing thread (group commit)."""
+    """Appends records to `path`; one thread fsyncs them in batches.
 
-    def __init__(self, path: str, flush_secs: float = 0.002,
+    `append` writes the record at once (one `write`, under the journal's
+    lock, so the file holds records in the order they were appended); the
+    flushing thread fsyncs whatever was written since its last fsync (group
+    commit: the records that arrive during one fsync share the next; with
+    `flush_secs` > 0 it also waits that long for company, up to `max_batch`
+    records). `wait(seq)` returns once record `seq` is on disk.
+    """
+
+    def __init__(self, path: str, flush_secs: float = 0.0,
                  max_batch: int = 1024) -> None:
         self.path = path
         self.flush_secs = flush_secs
         self.max_batch = max_batch
-        self._file = open(path, "ab", buffering=0)
-        self._cond = threading.Condition()
-        self._pending: list[bytes] = []
-        self._appended = 0   # sequence number of the last appended record
-        self._durable = 0    # of the last record on disk
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # RPC handlers: records on disk
+        self._work = threading.Condition(lock)  # the flusher: records to sync
+        self._appended = 0   # sequence number of the last record written
+        self._durable = 0    # of the last record fsync'd
         self._error: BaseException | None = None
         self._closed = False
         self.batches = 0
@@ -73,16 +82,25 @@ class Journal:
         self._thread.start()
 
     def append(self, record: dict) -> int:
-        """Queues `record`; returns its sequence number (for `wait`)."""
+        """Writes `record`; returns its sequence number (for `wait`)."""
         data = encode_record(record)
         with self._cond:
-            if self._error is not None:
+            if self._error is not None or self._closed:
                 raise OSError(f"the master journal {self.path} cannot be written: "
-                              f"{self._error}")
-            self._pending.append(data)
-            self._appended += 1
-            if len(self._pending) >= self.max_batch:
+                              f"{self._error or 'closed'}")
+            try:
+                written = os.write(self._fd, data)
+                while written < len(data):  # rare: a short write
+                    written += os.write(self._fd, data[written:])
+            except OSError as e:
+                self._error = e
                 self._cond.notify_all()
+                raise OSError(f"the master journal {self.path} cannot be written: "
+                              f"{e}") from None
+            self._appended += 1
+            if self._appended == self._durable + 1 or (
+                    self._appended - self._durable >= self.max_batch):
+                self._work.notify()
             return self._appended
 
     def wait(self, seq: int, timeout: float | None = 60.0) -> None:
@@ -90,7 +108,7 @@ class Journal:
         with self._cond:
             if not self._cond.wait_for(
                     lambda: self._durable >= seq or self._error is not None, timeout):
-                raise TimeoutError(f"the master journal {self.path} was not written "
+                raise TimeoutError(f"the master journal {self.path} was not synced "
                                    f"within {timeout} s")
             if self._durable < seq:
                 raise OSError(f"the master journal {self.path} cannot be written: "
@@ -99,15 +117,17 @@ class Journal:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: len(self._pending) >= self.max_batch
-                                    or self._closed, self.flush_secs)
-                batch, self._pending = self._pending, []
-                last = self._appended
+                self._work.wait_for(lambda: self._appended > self._durable
+                                    or self._closed)
+                if self.flush_secs > 0 and not self._closed:
+                    self._work.wait_for(
+                        lambda: self._appended - self._durable >= self.max_batch
+                        or self._closed, self.flush_secs)
+                target = self._appended
                 closed = self._closed
-            if batch:
+            if target > self._durable:
                 try:
-                    self._file.write(b"".join(batch))
-                    os.fsync(self._file.fileno())
+                    os.fsync(self._fd)
                 except OSError as e:
                     with self._cond:
                         self._error = e
@@ -115,18 +135,18 @@ class Journal:
                     return
                 self.batches += 1
                 with self._cond:
-                    self._durable = last
+                    self._durable = target
                     self._cond.notify_all()
             if closed:
                 return
 
     def close(self) -> None:
-        """Writes what is queued and closes the file."""
+        """Syncs what was written and closes the file."""
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify_all()
         self._thread.join(timeout=30)
-        self._file.close()
+        os.close(self._fd)
 
     @staticmethod
     def read(path: str, repair: bool = True) -> list[dict]:

@@ -335,11 +335,17 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 return kinds(kind=kinds.END_OF_EPOCH)
             if decision != WAIT:
                 waiting.pop(request.worker_id, None)
-                task, epoch, attempt_no = decision
-                return kinds(kind=kinds.TASK, task=master_pb2.Task(
+                tasks = [decision]
+                while len(tasks) < request.max_tasks and ds.todo and (
+                        request.epoch == ds.epoch):
+                    tasks.append(ds.next_task(request.worker_id, request.epoch,
+                                              waiting))
+                protos = [master_pb2.Task(
                     task_id=task.task_id, epoch=epoch, shard=task.shard,
                     start=task.start, end=task.end, attempt=attempt_no,
-                    lease=ds.lease_of(task.task_id)))
+                    lease=ds.lease_of(task.task_id))
+                    for task, epoch, attempt_no in tasks]
+                return kinds(kind=kinds.TASK, task=protos[0], more_tasks=protos[1:])
             if request.return_on_wait:
                 return kinds(kind=kinds.WAIT)
             if waiting.get(request.worker_id) != request.epoch:

@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from keras_elastic.common import auth
+
 _PR_SET_PDEATHSIG = 1
 try:  # loaded here, in the parent: the child only calls it between fork and exec
     _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -120,9 +122,11 @@ def start_service(name: str, module: str, args: Sequence[str], job_dir: str,
     ready = os.path.join(job_dir, f"{name}.ready.json")
     if os.path.exists(ready):
         os.remove(ready)
+    # The service answers this process's job token (made now if there is none).
+    env = dict(os.environ, **{auth.TOKEN_ENV: auth.job_token()})
     process = ManagedProcess(
         name, [sys.executable, "-m", module, *args, f"--ready_file={ready}"],
-        os.path.join(job_dir, f"{name}.log"), env=dict(os.environ), echo=echo)
+        os.path.join(job_dir, f"{name}.log"), env=env, echo=echo)
     deadline = time.time() + timeout
     while time.time() < deadline:
         if os.path.exists(ready):

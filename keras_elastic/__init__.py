@@ -60,6 +60,11 @@ _register_callbacks_package()
 
 __version__ = "0.1.0"
 
+# A process started by the launcher dies with it (see common/launcher_tie.py).
+from keras_elastic.common.launcher_tie import tie_to_launcher as _tie  # noqa: E402
+
+_tie()
+
 # Imported on first use, so that the launcher and the master start without
 # TensorFlow.
 _LAZY_ATTRS = {

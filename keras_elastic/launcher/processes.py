@@ -1,17 +1,15 @@
 """Starting and watching the processes of a local job.
 
-Every child is tied to the launcher: on Linux it gets SIGKILL when the
-launcher dies, however it dies (`prctl(PR_SET_PDEATHSIG)`), so a killed
+Every child is tied to the launcher: it gets the launcher's pid in
+`KERAS_ELASTIC_LAUNCHER_PID` and, on importing keras_elastic, dies when the
+launcher dies, however it dies (`common/launcher_tie.py`), so a killed
 launcher leaves no master, parameter server or worker holding ports and CPU.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -19,26 +17,7 @@ import time
 from collections.abc import Sequence
 
 from keras_elastic.common import auth
-
-_PR_SET_PDEATHSIG = 1
-try:  # loaded here, in the parent: the child only calls it between fork and exec
-    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    _PRCTL = _LIBC.prctl if sys.platform.startswith("linux") else None
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def _tie_to_parent(parent: int):
-    """A `preexec_fn`: the child is killed when `parent` (the launcher) dies."""
-    if _PRCTL is None:
-        return None
-
-    def tie() -> None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the launcher died before prctl
-            os._exit(1)
-
-    return tie
+from keras_elastic.common.launcher_tie import LAUNCHER_PID
 
 # TensorFlow's C++ start-up chatter (INFO lines, and the note that precedes
 # them): kept in the log files, not echoed.
@@ -60,9 +39,10 @@ class ManagedProcess:
         self._log = open(log_path, "ab", buffering=0)
         self.started = time.time()
         self.popen = subprocess.Popen(
-            self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_tie_to_parent(os.getpid()))
+            env=dict(env if env is not None else os.environ,
+                     **{LAUNCHER_PID: str(os.getpid())}))
         self._pump = threading.Thread(target=self._copy_output, args=(echo,),
                                       daemon=True, name=f"out-{name}")
         self._pump.start()

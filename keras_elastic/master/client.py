@@ -220,4 +220,8 @@ class MasterClient:
 
     def close(self) -> None:
         self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None:
+            # A call on a closed channel can crash grpc (seen in grpc 1.85):
+            # the heartbeat thread finishes its call first.
+            self._heartbeat_thread.join(timeout=15)
         self._channel.close()

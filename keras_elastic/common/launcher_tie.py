@@ -1,0 +1,87 @@
+"""Processes of a job die with their launcher.
+
+The launcher puts its pid in `KERAS_ELASTIC_LAUNCHER_PID` for every process it
+starts. `tie_to_launcher()`, called when `keras_elastic` is imported, then:
+
+- on Linux, when the launcher is the direct parent, asks the kernel for
+  SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`): immediate;
+- in every case, watches the launcher from a daemon thread (once a second)
+  and kills this process when it is gone (a worker started through a shell,
+  or another OS).
+
+So a launcher killed with SIGKILL leaves no master, parameter server or
+worker behind. (Done in the child rather than between fork and exec: a
+`preexec_fn` makes Python fork the launcher, whose gRPC threads then crash
+some children before they start.)
+
+Example (what `import keras_elastic` does):
+
+>>> tie_to_launcher()   # nothing happens outside a launched job
+False
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+
+LAUNCHER_PID = "KERAS_ELASTIC_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+_tied = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # Linux: a killed launcher not yet reaped is a zombie
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _set_parent_death_signal() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # the watchdog below still applies
+
+
+def tie_to_launcher(interval: float = 1.0) -> bool:
+    """Makes this process die with the launcher named in the environment;
+    returns whether there is one."""
+    global _tied
+    raw = os.environ.get(LAUNCHER_PID)
+    if not raw or _tied:
+        return _tied
+    try:
+        launcher = int(raw)
+    except ValueError:
+        return False
+    if launcher == os.getpid():
+        return False  # the launcher itself (its environment is inherited)
+    _tied = True
+    if os.getppid() == launcher:
+        _set_parent_death_signal()
+    if not _alive(launcher):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        stop = threading.Event()
+        while not stop.wait(interval):
+            if not _alive(launcher):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="ke-launcher-watch").start()
+    return True

@@ -22,6 +22,7 @@ from conftest import REPO, job_status, launch, subprocess_env, wait_for
 from test_exactly_once import SCRIPT, check_exact, counting_job
 from test_exactly_once import data as data  # noqa: F401  (the module fixture)
 
+from keras_elastic.common.pids import pid_alive
 from keras_elastic.master.journal import Journal, JournalCorruptError, encode_record
 from keras_elastic.master.servicer import MasterServicer
 from keras_elastic.proto import master_pb2
@@ -193,18 +194,6 @@ def _cluster(job_dir: str) -> dict:
         return json.load(f)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped) holds nothing
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _training_under_way(job_dir: str, epoch: int = 0, done: int = 3):
     def check():
         status = job_status(job_dir)
@@ -244,11 +233,11 @@ def test_launcher_killed_leaves_nothing_and_resume_finishes_exactly(
         cluster = _cluster(job_dir)
         pids = [cluster["master_pid"], *cluster["ps_pids"],
                 *cluster["worker_pids"].values()]
-        assert all(_alive(p) for p in pids)
+        assert all(pid_alive(p) for p in pids)
         os.kill(cluster["launcher_pid"], signal.SIGKILL)
         proc.communicate(timeout=60)
         start = time.time()
-        wait_for(lambda: not any(_alive(p) for p in pids), timeout=10,
+        wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10,
                  what=f"the job's processes {pids} to be gone")
         gone_after = time.time() - start
     finally:

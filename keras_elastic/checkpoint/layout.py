@@ -23,6 +23,7 @@ from keras_elastic.checkpoint.manifest import (
     fsync_directory,
     read_manifest,
 )
+from keras_elastic.common.pids import pid_alive
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -139,16 +140,6 @@ def next_sequence(directory: str) -> int:
     return checkpoints[-1].sequence + 1 if checkpoints else 1
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale(directory: str) -> list[str]:
     """Removes what dead savers left behind in `directory`.
 
@@ -178,7 +169,7 @@ def remove_stale(directory: str) -> list[str]:
             parts = entry.rsplit("-", 3)
             if len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
                 continue
-            if _pid_alive(int(parts[2])):
+            if pid_alive(int(parts[2])):
                 continue
             shutil.rmtree(path, ignore_errors=True)
             touched.append(path)

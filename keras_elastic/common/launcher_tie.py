@@ -29,23 +29,11 @@ import signal
 import sys
 import threading
 
+from keras_elastic.common.pids import pid_alive
+
 LAUNCHER_PID = "KERAS_ELASTIC_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1
 _tied = False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # Linux: a killed launcher not yet reaped is a zombie
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def _set_parent_death_signal() -> None:
@@ -74,13 +62,13 @@ def tie_to_launcher(interval: float = 1.0) -> bool:
     _tied = True
     if os.getppid() == launcher:
         _set_parent_death_signal()
-    if not _alive(launcher):
+    if not pid_alive(launcher):
         os.kill(os.getpid(), signal.SIGKILL)
 
     def watch() -> None:
         stop = threading.Event()
         while not stop.wait(interval):
-            if not _alive(launcher):
+            if not pid_alive(launcher):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True, name="ke-launcher-watch").start()

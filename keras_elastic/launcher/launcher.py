@@ -265,27 +265,37 @@ class Launcher:
         """Continues the job of the journal: the master has replayed it; the
         servers hold the latest automatic checkpoint (paused), the master goes
         back to that checkpoint's progress, then everything resumes."""
-        reason = "the job is resumed"
-        answer = {}
-        try:
-            answer = self.master.rollback(
-                checkpoint.extra.get("progress") if checkpoint is not None else None,
-                reason)
-            undone = answer["undone"]
-        finally:
-            client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
-                              reconnect_timeout=60)
-            try:
-                for j in range(self.config.num_ps):
-                    client.call(j, "Resume", {"min_lease": answer.get("min_lease", 0)},
-                                timeout=60)
-            finally:
-                client.close()
+        undone = self._rollback_and_resume(
+            checkpoint.extra.get("progress") if checkpoint is not None else None,
+            "the job is resumed")
         logging.warning("resuming the job of %s from %s; completions undone: %s",
                         self.journal_path, getattr(checkpoint, "path", None) or
                         "the start (no parameter-server checkpoint)", undone)
         self.resumed_from = {"checkpoint": getattr(checkpoint, "path", None),
                              "completions_undone": undone}
+
+    def _rollback_and_resume(self, progress: dict | None, reason: str,
+                             prepare=None) -> dict:
+        """The master goes back to `progress` (after `prepare(client)` readied
+        the paused servers), then every server resumes with the rollback's
+        lease floor: claims of tasks handed out before it are refused. Returns
+        the completions undone."""
+        client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
+                          reconnect_timeout=60)
+        answer = {}
+        try:
+            if prepare is not None:
+                prepare(client)
+            answer = self.master.rollback(progress, reason)
+        finally:
+            floor = {"min_lease": answer.get("min_lease", 0)}
+            for j in range(self.config.num_ps):
+                try:
+                    client.call(j, "Resume", floor, timeout=60)
+                except (ConnectionError, ValueError) as e:
+                    logging.error("could not resume parameter server %d: %s", j, e)
+            client.close()
+        return answer["undone"]
 
     # -- master recovery ------------------------------------------------------
     def _check_master(self) -> None:
@@ -327,6 +337,9 @@ class Launcher:
     def _report_dead(self, worker_id: int, reason: str) -> None:
         """Tells the master a worker is gone (later, if the master is down)."""
         self._pending_dead.append((worker_id, reason))
+        self._flush_dead_reports()
+
+    def _flush_dead_reports(self) -> None:
         while self._pending_dead:
             try:
                 self.master.report_worker_dead(*self._pending_dead[0])
@@ -398,29 +411,17 @@ class Launcher:
                 # Every server is paused meanwhile: no worker claims, pushes or
                 # pulls against the restored state while the master still hands
                 # out tasks from before the rollback.
-                client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
-                                  reconnect_timeout=60)
-                answer = {}
-                try:
-                    others = [j for j in range(self.config.num_ps) if j != i]
+                others = [j for j in range(self.config.num_ps) if j != i]
+
+                def restore_others(client: PSClient) -> None:
                     for j in others:
                         client.call(j, "Pause", {}, timeout=60)
                     for j in others:
                         client.call(j, "Restore", {"path": checkpoint.path}, timeout=600)
-                    answer = self.master.rollback(
-                        checkpoint.extra.get("progress"),
-                        f"parameter server {i} {reason}")
-                    undone = answer["undone"]
-                finally:
-                    # Claims of tasks handed out before the rollback are refused.
-                    floor = {"min_lease": answer.get("min_lease", 0)}
-                    for j in range(self.config.num_ps):
-                        try:
-                            client.call(j, "Resume", floor, timeout=60)
-                        except (ConnectionError, ValueError) as e:
-                            logging.error("could not resume parameter server %d: %s",
-                                          j, e)
-                    client.close()
+
+                undone = self._rollback_and_resume(
+                    checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
+                    prepare=restore_others)
             self._write_cluster_file()
             record = {"ps": i, "reason": reason, "checkpoint": getattr(
                 checkpoint, "path", None), "completions_undone": undone,
@@ -584,8 +585,7 @@ class Launcher:
                 if self.error:
                     break
                 try:
-                    if self._pending_dead:
-                        self._report_dead(*self._pending_dead.pop(0))
+                    self._flush_dead_reports()
                     status = self._last_status = self.master.status()
                 except ConnectionError as e:
                     logging.log_every_n_seconds(logging.WARNING, "%s", 10, e)

@@ -25,7 +25,7 @@ from test_exactly_once import data as data  # noqa: F401  (the module fixture)
 from keras_elastic.common.pids import pid_alive
 from keras_elastic.master.journal import Journal, JournalCorruptError, encode_record
 from keras_elastic.master.servicer import MasterServicer
-from keras_elastic.proto import master_pb2
+from keras_elastic.proto import master_pb2, tensor_pb2
 
 # -- the journal file ----------------------------------------------------------
 
@@ -186,6 +186,32 @@ def test_a_report_of_a_task_not_held_is_refused_and_changes_nothing(tmp_path):
     servicer.stop()
 
 
+def test_malformed_reports_and_resume_floor_are_named(tmp_path):
+    servicer = MasterServicer(journal_path=str(tmp_path / "j"))
+    _register(servicer, 0)
+    task = _task(servicer, 0, 0)
+    with pytest.raises(RuntimeError, match="INVALID_ARGUMENT.*1 task ids but 2 leases"):
+        servicer.ReportTask(master_pb2.ReportTaskRequest(
+            worker_id=0, dataset="training", success=True, task_ids=[task.task_id],
+            leases=[task.lease, task.lease]), _Context())
+    with pytest.raises(RuntimeError, match="INVALID_ARGUMENT.*bad metric states"):
+        servicer.ReportTask(master_pb2.ReportTaskRequest(
+            worker_id=0, dataset="training", success=True, task_ids=[task.task_id],
+            metric_states=[tensor_pb2.TensorChunk(name="m", dtype="float32", shape=[2],
+                                                   total_bytes=3)]), _Context())
+    assert servicer.status()["datasets"]["training"]["doing"] == 1  # unchanged
+    servicer.stop()
+
+
+def test_launch_config_checks_the_recovery_flags():
+    from keras_elastic.launcher import LaunchConfig
+
+    with pytest.raises(ValueError, match="--max_master_restarts must be >= 0"):
+        LaunchConfig(max_master_restarts=-1).validate()
+    with pytest.raises(ValueError, match="--resume needs the --job_dir"):
+        LaunchConfig(resume=True).validate()
+
+
 # -- real process trees -------------------------------------------------------------
 
 
@@ -267,3 +293,20 @@ def test_resume_of_a_directory_without_a_job_is_a_clear_error(tmp_path):
         env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "holds no job to continue" in result.stderr + result.stdout
+
+
+def test_a_master_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):  # noqa: F811
+    out, proc = counting_job(tmp_path, data, "--num_ps=1", "--max_master_restarts=0",
+                             script_args=("--sleep_per_batch=0.03",), background=True)
+    job_dir = str(tmp_path / "job")
+    try:
+        wait_for(_training_under_way(job_dir, epoch=0, done=2), timeout=300,
+                 what="epoch 1 under way")
+        os.kill(_cluster(job_dir)["master_pid"], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output[-4000:]
+    assert "the master exited with code -9 and was already restarted 0 time(s) " \
+           "(--max_master_restarts=0)" in output, output[-4000:]

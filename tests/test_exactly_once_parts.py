@@ -229,6 +229,8 @@ def test_paused_server_refuses_data_calls_until_resumed(two_servers):
         client.claim(*TASK, lease=5)
     with pytest.raises(ConnectionError, match="paused"):
         client.pull()
+    with pytest.raises(ValueError, match="Resume: invalid literal"):
+        client.call(1, "Resume", {"min_lease": "soon"})
     client.call(1, "Resume", {"min_lease": 5})
     assert client.claim(*TASK, lease=5) == [TaskClaim([], 0), TaskClaim([], 0)]
     assert set(client.pull()) == set(names)

@@ -29,7 +29,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("clients", 64, "Concurrent clients.")
 flags.DEFINE_integer("client_processes", 4, "Processes the clients are spread over.")
 flags.DEFINE_float("seconds", 10.0, "Seconds measured per configuration.")
-flags.DEFINE_integer("rounds", 2, "Measurements per configuration (best kept).")
+flags.DEFINE_integer("rounds", 3, "Measurements per configuration (best kept).")
 flags.DEFINE_integer("tasks_per_call", 8, "Second configuration: tasks each client "
                      "asks for (and reports) per call (the first is 1, what a worker "
                      "does).")

@@ -1,11 +1,12 @@
 """The master's journal: what it must not forget, on disk before it is said.
 
 An append-only file of records, each `length (4 bytes) | CRC-32 (4 bytes) |
-JSON`, written as they come and fsync'd in batches by one background thread
-(group commit: records written during one fsync share the next). The servicer appends a
-record under its lock, in the order its state changes, and answers the RPC
-only once that record is durable (`wait`): whatever a worker was told
-survives a crash of the master.
+JSON`, written and fsync'd in batches by one background thread (group commit:
+records appended during one fsync share the next). The servicer appends a
+record under its lock, in the order its state changes (no system call under
+that lock), and an answer that makes a change irrevocable waits until its
+record is durable (`wait`): what a worker acts on survives a crash of the
+master.
 
 `read` gives the records back for a restarted master to replay. A torn last
 record (the process died while writing it) is dropped, and cut off the file
@@ -53,14 +54,16 @@ def encode_record(record: dict) -> bytes:
 
 
 class Journal:
-    """Appends records to `path`; one thread fsyncs them in batches.
+    """Appends records to `path`; one thread writes and fsyncs them in batches.
 
-    `append` writes the record at once (one `write`, under the journal's
-    lock, so the file holds records in the order they were appended); the
-    flushing thread fsyncs whatever was written since its last fsync (group
-    commit: the records that arrive during one fsync share the next; with
-    `flush_secs` > 0 it also waits that long for company, up to `max_batch`
-    records). `wait(seq)` returns once record `seq` is on disk.
+    `append` encodes the record and queues it (under the journal's lock, so
+    the file holds records in the order they were appended); it makes no
+    system call, so the caller may hold its own lock around it without
+    stalling other threads. The flushing thread writes what was queued and
+    fsyncs it (group commit: the records that arrive during one fsync share
+    the next; with `flush_secs` > 0 it also waits that long for company, up
+    to `max_batch` records, unless someone waits). `wait(seq)` returns once
+    record `seq` is on disk.
     """
 
     def __init__(self, path: str, flush_secs: float = 0.0,
@@ -72,40 +75,46 @@ class Journal:
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # RPC handlers: records on disk
         self._work = threading.Condition(lock)  # the flusher: records to sync
-        self._appended = 0   # sequence number of the last record written
+        self._queued: list[bytes] = []  # encoded, not yet written
+        self._appended = 0   # sequence number of the last record appended
         self._durable = 0    # of the last record fsync'd
         self._error: BaseException | None = None
         self._closed = False
+        self._urgent = False  # someone waits: flush without lingering
         self.batches = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="master-journal")
         self._thread.start()
 
+    @property
+    def appended(self) -> int:
+        """Sequence number of the last record appended."""
+        return self._appended
+
+    @property
+    def durable(self) -> int:
+        """Sequence number of the last record on disk."""
+        return self._durable
+
     def append(self, record: dict) -> int:
-        """Writes `record`; returns its sequence number (for `wait`)."""
+        """Queues `record` for the disk; returns its sequence number (for `wait`)."""
         data = encode_record(record)
         with self._cond:
             if self._error is not None or self._closed:
                 raise OSError(f"the master journal {self.path} cannot be written: "
                               f"{self._error or 'closed'}")
-            try:
-                written = os.write(self._fd, data)
-                while written < len(data):  # rare: a short write
-                    written += os.write(self._fd, data[written:])
-            except OSError as e:
-                self._error = e
-                self._cond.notify_all()
-                raise OSError(f"the master journal {self.path} cannot be written: "
-                              f"{e}") from None
+            self._queued.append(data)
             self._appended += 1
-            if self._appended == self._durable + 1 or (
-                    self._appended - self._durable >= self.max_batch):
+            if len(self._queued) == 1 or len(self._queued) >= self.max_batch:
                 self._work.notify()
             return self._appended
 
     def wait(self, seq: int, timeout: float | None = 60.0) -> None:
         """Blocks until record `seq` (and every one before it) is on disk."""
         with self._cond:
+            if self._durable < seq:
+                self._urgent = True
+                self._work.notify()
             if not self._cond.wait_for(
                     lambda: self._durable >= seq or self._error is not None, timeout):
                 raise TimeoutError(f"the master journal {self.path} was not synced "
@@ -117,18 +126,25 @@ class Journal:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._work.wait_for(lambda: self._appended > self._durable
-                                    or self._closed)
+                self._work.wait_for(lambda: self._queued or self._closed)
                 if self.flush_secs > 0 and not self._closed:
                     self._work.wait_for(
-                        lambda: self._appended - self._durable >= self.max_batch
+                        lambda: len(self._queued) >= self.max_batch or self._urgent
                         or self._closed, self.flush_secs)
+                batch, self._queued = self._queued, []
+                self._urgent = False
                 target = self._appended
                 closed = self._closed
-            if target > self._durable:
+            if batch:
                 try:
+                    data = b"".join(batch)
+                    written = 0
+                    while written < len(data):
+                        written += os.write(self._fd, data[written:])
                     os.fsync(self._fd)
                 except OSError as e:
+                    logging.error("the master journal %s cannot be written: %s",
+                                  self.path, e)
                     with self._cond:
                         self._error = e
                         self._cond.notify_all()

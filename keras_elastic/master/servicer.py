@@ -3,7 +3,15 @@
 With a journal (`master/journal.py`) every change the master must not forget
 (worker membership, dataset registrations, task completions with their ledger
 entries and evaluation states, task failures, rollbacks) is appended under the
-lock in the order it happens, and the RPC answers once it is on disk. A master
+lock in the order it happens; the journal fsyncs it within milliseconds.
+An answer that makes a change irrevocable waits until the change is on disk:
+registrations, failures, rollbacks, worker exits, the end of an epoch or of
+an evaluation round (END_OF_EPOCH, a task of the next epoch, a round's
+result) and the status the launcher ends the job on. A task completion alone
+does not wait: if the master dies before it is on disk, the task is handed
+out again, and that is what happens to a report the master never answered
+anyway (the parameter servers' task logs skip what was applied, evaluation
+states are summed only from journaled completions). A master
 restarted on the same journal replays it: the epochs, the ledger, the
 evaluation rounds and the job's error are as they were; tasks that were in
 flight are handed out again (the parameter servers' task logs make that exact,
@@ -26,11 +34,17 @@ from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.journal import Journal
 from keras_elastic.master.task_queue import (
     END_OF_EPOCH,
+    LEDGER_FIELDS,
     WAIT,
     DatasetSpec,
     DatasetTasks,
 )
 from keras_elastic.proto import master_pb2, master_pb2_grpc
+
+# Records are fsync'd in batches at most this far apart (or 1024 records).
+# Each flush costs the handler threads GIL hand-overs; 10 ms keeps that small
+# (bench/bench_master.py) and only delays answers that wait for the disk.
+JOURNAL_FLUSH_SECS = 0.01
 
 # How long one GetTask call may block before answering WAIT (the client asks
 # again at once): keeps threads free and lets a dead client be noticed.
@@ -56,9 +70,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._started = time.time()
         self._starts = 0
         self._journal: Journal | None = None
+        # The journal record that ended the last epoch or round: answers that
+        # reveal the end wait for it (`_milestone`).
+        self._milestone_seq = 0
         if journal_path:
             self._replay(Journal.read(journal_path), journal_path)
-            self._journal = Journal(journal_path)
+            self._journal = Journal(journal_path, flush_secs=JOURNAL_FLUSH_SECS)
             self._starts += 1
             self._log({"t": "start", "time": round(time.time(), 3)})
         self._stop = threading.Event()
@@ -86,8 +103,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def _durable(self, seq: int) -> None:
         """Waits (outside the lock) until journal record `seq` is on disk."""
-        if seq and self._journal is not None:
+        if seq and self._journal is not None and self._journal.durable < seq:
             self._journal.wait(seq)
+
+    def _milestone(self, response):
+        """`response`, once the end of the last epoch or round is on disk."""
+        self._durable(self._milestone_seq)
+        return response
 
     def _replay(self, records: list[dict], path: str) -> None:
         """Rebuilds the state a journal describes (a restarted master)."""
@@ -108,7 +130,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     self._datasets[spec.name] = ds
                     self._waiting[spec.name] = {}
                 elif kind == "done":
-                    entries = record["entries"]
+                    entries = [dict(zip(LEDGER_FIELDS, row)) for row in record["rows"]]
                     self._datasets[record["ds"]].replay_done(
                         entries, _decode_states(record.get("states")))
                     self._last_lease = max([self._last_lease, *(
@@ -125,6 +147,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"master journal {path}: record {i} ({kind}) cannot "
                                  f"be replayed: {type(e).__name__}: {e}") from None
+        for ds in self._datasets.values():
+            ds.finish_replay()
         if records:
             alive = self._alive()
             now = time.time()
@@ -353,7 +377,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 self._cond.notify_all()  # a holder may now be allowed to end
             return None
 
-        return self._long_poll(request, context, attempt, kinds(kind=kinds.WAIT))
+        return self._milestone(self._long_poll(request, context, attempt,
+                                               kinds(kind=kinds.WAIT)))
 
     def _before_its_turn(self, ds: DatasetTasks, epoch: int) -> bool:
         """Round `epoch` of an evaluation waits for that training epoch's end."""
@@ -389,11 +414,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"ReportTask: bad metric states: {e}")
+                epoch = ds.epoch
                 accepted = ds.report_done(request.worker_id, task_ids, states)
                 if accepted:
-                    seq = self._log({"t": "done", "ds": ds.spec.name,
-                                     "entries": ds.ledger[-len(accepted):],
-                                     "states": _encode_states(states)})
+                    done = self._log({"t": "done", "ds": ds.spec.name,
+                                      "rows": ds.ledger_rows(len(accepted)),
+                                      "states": _encode_states(states)})
+                    if ds.epoch != epoch:  # this report ended the epoch
+                        seq = self._milestone_seq = done
             elif request.release:
                 given = ds.release(request.worker_id, task_ids, leases)
                 logging.info("worker %d gave back %d task(s) of '%s': %s",
@@ -406,6 +434,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                      "worker": request.worker_id,
                                      "error": request.error})
                     ds.report_failed(request.worker_id, task_id, request.error)
+                self._milestone_seq = seq  # may have failed the job
                 if ds.error:
                     logging.error("%s", ds.error)
             self._cond.notify_all()
@@ -426,8 +455,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     states=list(encode_all(sums.items())))
             return None
 
-        return self._long_poll(request, context, attempt,
-                               master_pb2.GetResultResponse(ready=False))
+        return self._milestone(self._long_poll(
+            request, context, attempt, master_pb2.GetResultResponse(ready=False)))
 
     # -- status -----------------------------------------------------------
     def status(self, include_ledger: bool = False) -> dict:
@@ -500,8 +529,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             {"undone": undone, "min_lease": floor}))
 
     def GetStatus(self, request, context):
-        return master_pb2.StatusResponse(json=json.dumps(self.status(
+        response = master_pb2.StatusResponse(json=json.dumps(self.status(
             include_ledger=request.include_ledger)))
+        if self._journal is not None:  # the launcher ends the job on it
+            self._durable(self._journal.appended)
+        return response
 
 
 def _encode_states(states: dict[str, np.ndarray] | None) -> dict | None:

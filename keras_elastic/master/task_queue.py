@@ -118,6 +118,11 @@ class _Counter:
         return self.last
 
 
+# The fields of a ledger entry (one completed task), in journal-row order.
+LEDGER_FIELDS = ("epoch", "task_id", "worker", "attempt", "lease", "shard", "start",
+                 "end", "time")
+
+
 class DatasetTasks:
     """State of one registered dataset."""
 
@@ -288,6 +293,11 @@ class DatasetTasks:
                 f"'{self.spec.name}' (epoch {self.epoch}): {'; '.join(parts)}; "
                 "nothing was recorded")
 
+    def ledger_rows(self, count: int) -> list[list]:
+        """The last `count` ledger entries as rows of `LEDGER_FIELDS` (compact
+        journal records)."""
+        return [[e[f] for f in LEDGER_FIELDS] for e in self.ledger[-count:]]
+
     def report_done(self, worker: int, task_ids: list[int],
                     states: dict[str, np.ndarray] | None = None) -> list[int]:
         """Marks tasks done; returns those accepted (owned by `worker`).
@@ -320,7 +330,9 @@ class DatasetTasks:
     def replay_done(self, entries: list[dict],
                     states: dict[str, np.ndarray] | None = None) -> None:
         """Re-applies a journaled report: the tasks of `entries` (ledger
-        entries) were done, with `states` (evaluation) summed once."""
+        entries) were done, with `states` (evaluation) summed once. The
+        tasks to do are filtered once, by `finish_replay` (a journal holds
+        one record per report: filtering per record would be quadratic)."""
         for entry in entries:
             epoch, task_id = int(entry["epoch"]), int(entry["task_id"])
             if epoch > self.epoch:
@@ -329,11 +341,7 @@ class DatasetTasks:
                 raise ValueError(f"a completion of task {task_id} in epoch {epoch} "
                                  f"while dataset '{self.spec.name}' is at epoch "
                                  f"{self.epoch}")
-            for i, (task, _) in enumerate(self.todo):
-                if task.task_id == task_id:
-                    del self.todo[i]
-                    break
-            else:
+            if not 0 <= task_id < len(self.tasks) or task_id in self.done:
                 raise ValueError(f"a completion of task {task_id} of epoch {epoch} "
                                  f"of dataset '{self.spec.name}', which is not to do")
             self.done.add(task_id)
@@ -342,7 +350,13 @@ class DatasetTasks:
             sums = self.sums.setdefault(self.epoch, {})
             for name, value in states.items():
                 sums[name] = sums[name] + value if name in sums else value.copy()
-        self._maybe_complete_epoch()
+        if len(self.done) == len(self.tasks):
+            self.todo.clear()
+            self._maybe_complete_epoch()
+
+    def finish_replay(self) -> None:
+        """Drops the tasks done during replay from the tasks to do."""
+        self.todo = deque((t, a) for t, a in self.todo if t.task_id not in self.done)
 
     def replay_failed(self, epoch: int, task_id: int, worker: int, error: str) -> None:
         """Re-applies a journaled task failure (its count of failures)."""

@@ -73,8 +73,8 @@ _LAZY_ATTRS = {
     "Sequential": "keras_elastic.model",
     "wrap": "keras_elastic.model",
 }
-_LAZY_MODULES = ("batching", "callbacks", "checkpoint", "data", "launcher", "master",
-                 "ps", "worker")
+_LAZY_MODULES = ("batching", "callbacks", "checkpoint", "data", "launcher", "layers",
+                 "master", "ps", "worker")
 
 
 def __getattr__(name: str):
@@ -90,4 +90,4 @@ def __dir__():
 
 
 __all__ = ["ElasticDataset", "Model", "Sequential", "wrap", "batching", "callbacks",
-           "checkpoint", "__version__"]
+           "checkpoint", "layers", "__version__"]

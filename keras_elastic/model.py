@@ -43,6 +43,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.checkpoint import ps_layout
 from keras_elastic.dataset import ElasticDataset
+from keras_elastic.layers.embedding import convert_embeddings, embedding_step
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.epoch_iterator import elastic_epochs, segmented_function
 from keras_elastic.worker.model_sync import ModelSync, training_loss
@@ -108,7 +109,7 @@ class ElasticTrainerMixin:
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         with tf.control_dependencies([live]):
             x = tf.nest.map_structure(tf.identity, x)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, embedding_step(tape) as lookups:
             y_pred, loss = training_loss(self, x, y, _weigh(sample_weight, live))
             self._loss_tracker.update_state(
                 loss, sample_weight=tf.shape(
@@ -116,11 +117,18 @@ class ElasticTrainerMixin:
             if self.optimizer is not None:
                 loss = self.optimizer.scale_loss(loss)
         trainable = sync.trainable
-        grads = tape.gradient(loss, trainable)
+        grads = tape.gradient(loss, trainable + [rows for _, _, rows in lookups])
         pairs = [(k, g) for k, g in zip(sync.trainable_keys, grads) if g is not None]
         sync.grad_keys = [k for k, _ in pairs]
+        # Embedding tables: the unique ids looked up and the gradient of their
+        # rows (tf.gather's IndexedSlices, summed per unique id by the dense
+        # conversion), pushed with the dense gradients.
+        row_grads = [(layer.table_name, ids, g) for (layer, ids, _), g in zip(
+            lookups, grads[len(trainable):]) if g is not None]
+        sync.grad_tables = [name for name, _, _ in row_grads]
         inputs = [tags] + [tf.convert_to_tensor(g) for _, g in pairs] + [
-            v.value for v in sync.non_trainable]
+            v.value for v in sync.non_trainable] + [
+            t for _, ids, g in row_grads for t in (ids, tf.convert_to_tensor(g))]
         new_values = tf.py_function(sync.exchange, inputs,
                                     Tout=[v.dtype for v in sync.variables])
         for variable, value in zip(sync.variables, new_values):
@@ -457,11 +465,17 @@ class Sequential(ElasticTrainerMixin, keras.Sequential):
 _WRAPPED: dict[type, type] = {}
 
 
-def wrap(model: keras.Model) -> keras.Model:
+def wrap(model: keras.Model, ps_embeddings_above: int | None = None) -> keras.Model:
     """Makes an existing Keras model train on the elastic cluster, in place.
 
     Works for functional, sequential and subclassed models; the model keeps
     its class (as a base), layers, weights and compile state.
+
+    `ps_embeddings_above`: every `keras.layers.Embedding` with at least this
+    many rows becomes a `ke.layers.Embedding`, whose table lives on the
+    parameter servers (partitioned by id, rows looked up and updated per
+    batch) instead of on each worker; its rows start from the layer's
+    initializer on the servers. None (the default) converts none; 0 all.
 
     Example:
 
@@ -473,6 +487,8 @@ def wrap(model: keras.Model) -> keras.Model:
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"ke.wrap expects a keras.Model, got {type(model).__name__}")
+    if ps_embeddings_above is not None:
+        convert_embeddings(model, ps_embeddings_above)
     if isinstance(model, ElasticTrainerMixin):
         return model
     cls = type(model)

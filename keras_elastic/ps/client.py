@@ -33,7 +33,7 @@ from keras_elastic.common.tensor_codec import (
     read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
-from keras_elastic.ps.partition import ASSIGN_PREFIX, ps_for
+from keras_elastic.ps.partition import ASSIGN_PREFIX, SPARSE_PREFIX, ps_for, row_owner
 
 # Pushes up to this size (gradients + values, each way) travel as one unary
 # message: a stream costs milliseconds more per call in gRPC Python. Replies carry
@@ -126,11 +126,19 @@ class PSClient:
         self.incarnations[index] = header.incarnation
 
     def init(self, variables: dict[str, tuple[np.ndarray, bool]],
-             optimizer_config: dict, restore_from: str = "") -> dict[str, np.ndarray]:
+             optimizer_config: dict, restore_from: str = "",
+             tables: dict[str, dict] | None = None) -> dict[str, np.ndarray]:
         """Initializes every server (first caller wins; it also loads the
         parameter-server checkpoint `restore_from`, if given); returns the
-        servers' current values."""
+        servers' current values. `tables`: embedding tables, name -> {"dim",
+        "dtype", "input_dim" (None: unbounded), "initializer" (a Keras
+        initializer config)}; every server holds the rows of its ids."""
         config = json.dumps(optimizer_config)
+        table_specs = [ps_pb2.TableSpec(
+            name=n, dim=t["dim"], dtype=t.get("dtype", "float32"),
+            input_dim=t.get("input_dim") or 0,
+            initializer=json.dumps(t.get("initializer", "uniform")))
+            for n, t in (tables or {}).items()]
         parts: list[dict] = [{} for _ in self.addresses]
         for name, (value, trainable) in variables.items():
             parts[self.owner(name)][name] = (value, trainable)
@@ -139,7 +147,7 @@ class PSClient:
             def requests():
                 yield ps_pb2.InitRequest(header=ps_pb2.InitHeader(
                     optimizer_config=config, worker_id=self.worker_id,
-                    restore_from=restore_from,
+                    restore_from=restore_from, tables=table_specs,
                     variables=[ps_pb2.VariableSpec(
                         name=n, dtype=str(np.asarray(v).dtype),
                         shape=list(np.shape(v)), trainable=t)
@@ -171,6 +179,38 @@ class PSClient:
             merged.update(values)
         return merged
 
+    def _split_rows(self, ids: np.ndarray) -> list[np.ndarray]:
+        """Positions in `ids` of the rows each server owns."""
+        if self.num_ps == 1:
+            return [np.arange(len(ids))]
+        owners = row_owner(ids, self.num_ps)
+        return [np.flatnonzero(owners == i) for i in range(self.num_ps)]
+
+    def lookup(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows of embedding tables: {table: int64 ids} -> {table: rows}, one
+        call per server concerned, in parallel. Rows are created on first use;
+        a table given no ids is left out of the answer."""
+        ids = {t: np.asarray(v, np.int64) for t, v in ids.items()}
+        where = {t: self._split_rows(v) for t, v in ids.items()}
+
+        def lookup_one(i: int) -> dict[str, np.ndarray]:
+            request = ps_pb2.LookupRequest(ids=list(encode_all(
+                ((t, ids[t][where[t][i]]) for t in ids if where[t][i].size),
+                chunk_bytes=1 << 62)))
+            reply = self._call(i, "Lookup", lambda: self._stubs[i].Lookup(
+                request, timeout=600))
+            return dict(decode_all(reply.rows))
+
+        servers = [i for i in range(self.num_ps)
+                   if any(where[t][i].size for t in ids)]
+        out: dict[str, np.ndarray] = {}
+        for i, rows in zip(servers, self._map(lookup_one, servers)):
+            for t, r in rows.items():
+                if t not in out:
+                    out[t] = np.empty((len(ids[t]), r.shape[1]), r.dtype)
+                out[t][where[t][i]] = r
+        return out
+
     def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray]
              ) -> dict[str, np.ndarray]:
         """Sends gradients and non-trainable values; returns the new values of
@@ -179,19 +219,28 @@ class PSClient:
 
     def exchange(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
                  ranges: Sequence[ps_pb2.TaskRange] = (),
-                 targets: Sequence[int] | None = None) -> PushReply:
+                 targets: Sequence[int] | None = None,
+                 sparse: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+                 ) -> PushReply:
         """Pushes gradients that contain the elements `ranges`, and
         non-trainable values, to the servers `targets` (default: every server
-        owning one of them); returns what changed and each server's answer."""
+        owning one of them); returns what changed and each server's answer.
+        `sparse`: gradient rows of embedding tables, {table: (unique int64 ids,
+        rows)}, each row to the server owning its id, in the same push."""
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
             grad_parts[self.owner(name)][name] = g
+        for table, (ids, rows) in (sparse or {}).items():
+            for i, at in enumerate(self._split_rows(ids)):
+                if at.size:
+                    grad_parts[i][f"{SPARSE_PREFIX}{table}/ids"] = ids[at]
+                    grad_parts[i][f"{SPARSE_PREFIX}{table}/grads"] = rows[at]
         for name, v in assigns.items():
             assign_parts[self.owner(name)][name] = v
         ranges = list(ranges)
         # A gradient push without ranges could be applied twice if repeated.
-        retry = bool(ranges) or not grads
+        retry = bool(ranges) or not (grads or sparse)
 
         def header(i: int) -> ps_pb2.PushHeader:
             return ps_pb2.PushHeader(worker_id=self.worker_id,
@@ -231,7 +280,7 @@ class PSClient:
             targets = [i for i in range(self.num_ps)
                        if grad_parts[i] or assign_parts[i]]
         targets = list(targets)
-        if targets and grads and faults.due("mid_push"):
+        if targets and (grads or sparse) and faults.due("mid_push"):
             # Fault injection (tests): the first server gets the push, then this
             # process dies before the others do and before it sees the reply.
             push_one(targets[0])

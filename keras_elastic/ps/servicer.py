@@ -22,7 +22,7 @@ from keras_elastic.common.tensor_codec import (
     read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
-from keras_elastic.ps.partition import ASSIGN_PREFIX, ps_for
+from keras_elastic.ps.partition import ASSIGN_PREFIX, SPARSE_PREFIX, ps_for, row_owner
 from keras_elastic.ps.store import ParameterStore, UnknownVariableError
 from keras_elastic.ps.task_log import Range, StaleLeaseError
 
@@ -92,7 +92,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         the whole push again before applying it)."""
         if not self.store.initialized:
             return  # answered in _push (UNAVAILABLE if paused, else not initialized)
-        if name.startswith(ASSIGN_PREFIX):
+        if name.startswith(SPARSE_PREFIX):
+            table, kind = _sparse_name(name)
+            if kind == "ids":
+                if np.dtype(dtype) != np.int64 or len(shape) != 1:
+                    raise ValueError(f"the ids of embedding table '{table}' must be a "
+                                     f"1-D int64 tensor, got {dtype} of shape "
+                                     f"{list(shape)}")
+                self.store.check_sparse(table, None)
+            else:
+                self.store.check_sparse(table, None, shape, dtype)
+        elif name.startswith(ASSIGN_PREFIX):
             self.store.check_tensor(name[len(ASSIGN_PREFIX):], dtype, shape, False)
         else:
             self.store.check_tensor(name, dtype, shape, True)
@@ -141,6 +151,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         header, values = read_stream(request_iterator, check)
         if header is None:
             raise ValueError("Init stream had no header")
+        tables = {}
+        for t in header.tables:
+            if t.name in tables:
+                raise ValueError(f"the header lists embedding table '{t.name}' twice")
+            try:
+                initializer = json.loads(t.initializer) if t.initializer else "uniform"
+            except ValueError as e:
+                raise ValueError(f"embedding table '{t.name}': the initializer is not "
+                                 f"JSON: {e}") from None
+            tables[t.name] = {"dim": t.dim, "dtype": t.dtype or "float32",
+                              "input_dim": t.input_dim or None,
+                              "initializer": initializer}
         specs = specs or self._init_specs(header)
         missing = sorted(set(specs) - set(values))
         if missing:
@@ -149,7 +171,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             optimizer_config = json.loads(header.optimizer_config)
         except ValueError as e:
             raise ValueError(f"optimizer_config is not JSON: {e}") from None
-        return header, specs, values, optimizer_config
+        return header, specs, values, optimizer_config, tables
 
     def _model_stream(self, header: ps_pb2.ModelHeader, values: dict):
         yield ps_pb2.ModelChunk(header=header)
@@ -159,13 +181,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Init(self, request_iterator, context):
         self._refuse_if_paused(context)
         try:
-            header, specs, values, optimizer_config = self._read_init(request_iterator)
+            header, specs, values, optimizer_config, tables = self._read_init(
+                request_iterator)
         except ValueError as e:
             self._abort_bad_request(context, "Init", e)
         trainable = {name: spec[2] for name, spec in specs.items()}
         try:
             with self.store.lock:  # nobody pushes between creating and restoring
-                created = self.store.init(values, trainable, optimizer_config)
+                created = self.store.init(values, trainable, optimizer_config, tables)
                 if created and header.restore_from:
                     from keras_elastic.ps.checkpointing import restore_shard
 
@@ -210,20 +233,67 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return version if incarnation == self.store.incarnation else -1
 
     def _push(self, header, tensors, context, method: str = "Push"):
-        grads = {n: v for n, v in tensors.items() if not n.startswith(ASSIGN_PREFIX)}
+        grads = {n: v for n, v in tensors.items()
+                 if not n.startswith((ASSIGN_PREFIX, SPARSE_PREFIX))}
         assigns = {n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()
                    if n.startswith(ASSIGN_PREFIX)}
         try:
+            sparse = self._sparse_grads(tensors)
             with self.store.lock:
                 self._refuse_if_paused(context)
                 since = self._since(header.base_version, header.incarnation)
-                result = self.store.push(grads, assigns, since, ranges_of(header))
+                result = self.store.push(grads, assigns, since, ranges_of(header),
+                                         sparse)
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
         except (KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, method, e)
         return ps_pb2.ModelHeader(version=result.version, accepted=result.accepted,
                                   status=result.status, incarnation=incarnation), values
+
+    def _sparse_grads(self, tensors: dict[str, np.ndarray]
+                      ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The embedding rows of a push, {table: (ids, gradient rows)}; the ids
+        must be this server's."""
+        parts: dict[str, dict[str, np.ndarray]] = {}
+        for name, value in tensors.items():
+            if name.startswith(SPARSE_PREFIX):
+                table, kind = _sparse_name(name)
+                parts.setdefault(table, {})[kind] = value
+        sparse = {}
+        for table, part in parts.items():
+            if set(part) != {"ids", "grads"}:
+                raise ValueError(f"embedding table '{table}': a push must carry both "
+                                 f"its ids and its gradient rows, got {sorted(part)}")
+            self._check_owned(table, part["ids"])
+            sparse[table] = (part["ids"], part["grads"])
+        return sparse
+
+    def _check_owned(self, table: str, ids: np.ndarray) -> None:
+        owners = row_owner(ids, self.num_ps)
+        wrong = np.flatnonzero(owners != self.ps_index)
+        if wrong.size:
+            i = wrong[0]
+            raise ValueError(f"row {int(ids[i])} of embedding table '{table}' belongs to "
+                             f"parameter server {int(owners[i])}, not to this one "
+                             f"({self.ps_index})")
+
+    def Lookup(self, request, context):
+        try:
+            ids = dict(decode_all(request.ids))
+            for table, table_ids in ids.items():
+                if table_ids.dtype != np.int64 or table_ids.ndim != 1:
+                    raise ValueError(f"the ids of embedding table '{table}' must be a "
+                                     f"1-D int64 tensor, got {table_ids.dtype} of shape "
+                                     f"{list(table_ids.shape)}")
+                self._check_owned(table, table_ids)
+            with self.store.lock:
+                self._refuse_if_paused(context)
+                rows = self.store.lookup(ids)
+        except (KeyError, ValueError, RuntimeError) as e:
+            self._abort_bad_request(context, "Lookup", e)
+        return ps_pb2.LookupResponse(
+            rows=list(encode_all(rows.items(), chunk_bytes=1 << 62)))
 
     def Claim(self, request, context):
         if not self.store.initialized:
@@ -270,6 +340,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             "ps_index": self.ps_index, "num_ps": self.num_ps,
             "initialized": store.initialized, "version": store.version,
             "variables": sorted(store.variables), "pushes": store.pushes,
+            "tables": {n: len(t) for n, t in store.tables.items()},
             "dropped": store.dropped, "duplicates": store.duplicates,
             "refused": store.refused, "incarnation": store.incarnation,
             "restored_from": store.restored_from, "tasks_logged": len(store.log),
@@ -295,3 +366,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         except (ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parameter server {self.ps_index} could not restore: {e}")
+
+
+def _sparse_name(name: str) -> tuple[str, str]:
+    """("table", "ids" | "grads") of a push chunk named "@table/ids" or
+    "@table/grads"."""
+    table, _, kind = name[len(SPARSE_PREFIX):].rpartition("/")
+    if not table or kind not in ("ids", "grads"):
+        raise ValueError(f"tensor '{name}': embedding rows are pushed as "
+                         f"'{SPARSE_PREFIX}TABLE/ids' and '{SPARSE_PREFIX}TABLE/grads'")
+    return table, kind

@@ -12,7 +12,11 @@ Pure TensorFlow/Keras, no gRPC: `ps/servicer.py` drives it. The store
   changed it, so `values_since(v)` returns only what changed after `v`,
 - keeps a `TaskLog`: which elements of which task its variables contain,
   changed in the same step as the variables, so a gradient is applied at most
-  once (see `ps/task_log.py`).
+  once (see `ps/task_log.py`),
+- holds its share of the embedding tables (`ps/embedding_table.py`): rows of
+  the ids it owns, created on first use, updated row by row by a sparse
+  optimizer built from the same Keras optimizer config
+  (`ps/sparse_optimizers.py`), in the same push as the dense gradients.
 
 Example:
 
@@ -38,7 +42,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_elastic.ps.embedding_table import EmbeddingTable
+from keras_elastic.ps.sparse_optimizers import sparse_optimizer_from_config
 from keras_elastic.ps.task_log import DUPLICATE, Range, TaskKey, TaskLog, check_ranges
+
+# Rows of one table in a push: (ids, gradient rows).
+SparseGrads = dict[str, tuple[np.ndarray, np.ndarray]]
 
 APPLIED = "applied"
 STALE = "stale"
@@ -84,8 +93,10 @@ class ParameterStore:
         self.updated_at: dict[str, int] = {}
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.optimizer_config: dict | None = None
+        self.tables: dict[str, EmbeddingTable] = {}
+        self.table_specs: dict[str, dict] = {}
         self.version = 0
-        self._pending: list[dict[str, np.ndarray]] = []
+        self._pending: list[tuple[dict[str, np.ndarray], SparseGrads]] = []
         self._apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
         self.pushes = 0
         self.dropped = 0
@@ -108,11 +119,15 @@ class ParameterStore:
                 for n, v in self.variables.items()}
 
     def init(self, values: dict[str, np.ndarray], trainable: dict[str, bool],
-             optimizer_config: dict) -> bool:
-        """Creates the variables and optimizer; returns False if already done."""
+             optimizer_config: dict, tables: dict[str, dict] | None = None) -> bool:
+        """Creates the variables, embedding tables (`tables`: name -> {"dim",
+        "dtype", "input_dim" (None: unbounded), "initializer"}) and optimizer;
+        returns False if already done."""
+        tables = {n: _table_spec(n, t) for n, t in (tables or {}).items()}
         with self._lock:
             if self.initialized:
                 self._check_same(values, trainable)
+                self._check_same_tables(tables)
                 return False
             try:
                 optimizer = keras.optimizers.deserialize(optimizer_config)
@@ -127,7 +142,12 @@ class ParameterStore:
                 name: keras.Variable(value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
                                      trainable=trainable[name])
                 for name, value in values.items()}
+            sparse = sparse_optimizer_from_config(optimizer_config) if tables else None
             optimizer.build([v for n, v in variables.items() if trainable[n]])
+            self.tables = {n: EmbeddingTable(n, t["dim"], t["dtype"], t["input_dim"],
+                                             t["initializer"], sparse)
+                           for n, t in tables.items()}
+            self.table_specs = tables
             self.variables = variables
             self.trainable = dict(trainable)
             self.updated_at = dict.fromkeys(variables, 0)
@@ -181,6 +201,50 @@ class ParameterStore:
                     f"{theirs.get(name, 'absent')} in this worker's model "
                     "(dtype, shape, trainable). Every worker must build the same model.")
 
+    def _check_same_tables(self, tables: dict[str, dict]) -> None:
+        for name in sorted(set(self.table_specs) | set(tables)):
+            mine, theirs = self.table_specs.get(name), tables.get(name)
+            if mine != theirs:
+                raise ValueError(
+                    f"the parameter server already holds a different model: embedding "
+                    f"table '{name}' is {mine or 'absent'} there but "
+                    f"{theirs or 'absent'} in this worker's model. Every worker must "
+                    "build the same model.")
+
+    def check_sparse(self, table: str, ids: np.ndarray | None,
+                     grads_shape: tuple[int, ...] | None = None,
+                     grads_dtype=None) -> EmbeddingTable:
+        """The table `table`, after checking ids (and the shape and dtype of
+        their gradient rows) pushed or looked up: RuntimeError before init,
+        ValueError otherwise."""
+        if not self.initialized:
+            raise RuntimeError(NOT_INITIALIZED)
+        found = self.tables.get(table)
+        if found is None:
+            raise ValueError(f"this parameter server holds no embedding table "
+                             f"'{table}' (its tables: {sorted(self.tables)})")
+        if ids is not None:
+            found.check_ids(ids)
+        if grads_shape is not None:
+            n = None if ids is None else len(ids)
+            if (len(grads_shape) != 2 or grads_shape[1] != found.dim
+                    or (n is not None and grads_shape[0] != n)):
+                raise ValueError(f"the gradient rows of embedding table '{table}' have "
+                                 f"shape {list(grads_shape)}, expected "
+                                 f"[{'n' if n is None else n}, {found.dim}]")
+            if str(np.dtype(grads_dtype)) != found.dtype:
+                raise ValueError(f"the gradient rows of embedding table '{table}' are "
+                                 f"{np.dtype(grads_dtype)}, the table is {found.dtype}")
+        return found
+
+    def lookup(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows of the given ids of each table (created on first use)."""
+        with self._lock:
+            for name, table_ids in ids.items():
+                self.check_sparse(name, table_ids)
+            return {name: self.tables[name].lookup(table_ids)
+                    for name, table_ids in ids.items()}
+
     def _apply_fn(self, names: tuple[str, ...]):
         fn = self._apply_fns.get(names)
         if fn is None:
@@ -194,8 +258,12 @@ class ParameterStore:
         return fn
 
     def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
-             base_version: int, ranges: list[Range] | tuple = ()) -> PushResult:
+             base_version: int, ranges: list[Range] | tuple = (),
+             sparse: SparseGrads | None = None) -> PushResult:
         """Applies (or buffers) gradients, assigns non-trainable values.
+
+        `sparse`: gradient rows of embedding tables, {table: (ids, rows)},
+        applied in the same step as the dense gradients.
 
         `ranges`: the elements of each task the gradients contain; the push is
         applied only if the task log allows it (nothing changes otherwise).
@@ -214,6 +282,9 @@ class ParameterStore:
                 self.check_tensor(name, value.dtype, np.shape(value), gradient=True)
             for name, value in assigns.items():
                 self.check_tensor(name, value.dtype, np.shape(value), gradient=False)
+            sparse = sparse or {}
+            for name, (ids, rows) in sparse.items():
+                self.check_sparse(name, ids, np.shape(rows), rows.dtype)
             check_ranges(list(ranges))
             self.pushes += 1
             if ranges:
@@ -224,19 +295,20 @@ class ParameterStore:
                 if refusal is not None:
                     self.refused += 1
                     return PushResult(False, self.version, refusal)
-            if (grads and self.grads_to_wait > 1
+            if ((grads or sparse) and self.grads_to_wait > 1
                     and base_version < self.version - self.max_staleness):
                 self.dropped += 1
                 return PushResult(False, self.version, STALE)
             for name, value in assigns.items():
                 self.variables[name].assign(value)
-                self.updated_at[name] = self.version + 1 if grads else self.version
-            if not grads:
+                self.updated_at[name] = (self.version + 1 if grads or sparse
+                                         else self.version)
+            if not grads and not sparse:
                 return PushResult(True, self.version, APPLIED)
             if self.grads_to_wait == 1:
-                self._apply(grads)
+                self._apply(grads, sparse)
             else:
-                self._pending.append(grads)
+                self._pending.append((grads, sparse))
                 if len(self._pending) >= self.grads_to_wait:
                     self._apply_pending()
             self.log.record(list(ranges))
@@ -247,13 +319,17 @@ class ParameterStore:
         mean of a full buffer)."""
         if not self._pending:
             return
-        names = sorted(set().union(*self._pending))
         total = {}
-        for n in names:
-            parts = [g[n] for g in self._pending if n in g]
+        for n in sorted(set().union(*(g for g, _ in self._pending))):
+            parts = [g[n] for g, _ in self._pending if n in g]
             total[n] = np.sum(parts, axis=0) / self.grads_to_wait
+        rows: SparseGrads = {}
+        for t in sorted(set().union(*(s for _, s in self._pending))):
+            parts = [s[t] for _, s in self._pending if t in s]
+            rows[t] = (np.concatenate([ids for ids, _ in parts]),
+                       np.concatenate([g for _, g in parts]) / self.grads_to_wait)
         self._pending = []
-        self._apply(total)
+        self._apply(total, rows)
 
     def flush(self) -> int:
         """Applies gradients still buffered (`grads_to_wait > 1`) at once;
@@ -268,9 +344,21 @@ class ParameterStore:
         with self._lock:
             return self.log.claim(task, lease)
 
-    def _apply(self, grads: dict[str, np.ndarray]) -> None:
+    def _apply(self, grads: dict[str, np.ndarray], sparse: SparseGrads | None = None
+               ) -> None:
+        if sparse:
+            # The step and learning rate the dense update uses (Adam's bias
+            # correction, schedules), read before it advances them.
+            step = int(self.optimizer.iterations.numpy()) + 1
+            learning_rate = float(keras.ops.convert_to_numpy(
+                self.optimizer.learning_rate))
+            for name, (ids, rows) in sorted(sparse.items()):
+                self.tables[name].apply_gradients(ids, rows, step, learning_rate)
         names = tuple(sorted(grads))
-        self._apply_fn(names)([tf.convert_to_tensor(grads[n]) for n in names])
+        if names:
+            self._apply_fn(names)([tf.convert_to_tensor(grads[n]) for n in names])
+        else:
+            self.optimizer.iterations.assign_add(1)
         self.version += 1
         for n in names:
             self.updated_at[n] = self.version
@@ -299,3 +387,23 @@ class ParameterStore:
             self.updated_at = dict.fromkeys(self.variables, self.version)
             self.incarnation = new_incarnation()
             self.restored_from = path
+
+
+def _table_spec(name: str, spec: dict) -> dict:
+    """A checked, canonical table spec (what `init` compares between workers)."""
+    try:
+        dim = int(spec["dim"])
+        dtype = str(np.dtype(spec.get("dtype", "float32")))
+        input_dim = spec.get("input_dim")
+        input_dim = int(input_dim) if input_dim else None
+        initializer = spec.get("initializer", "uniform")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"embedding table '{name}': malformed spec {spec!r}: {e}"
+                         ) from None
+    if dim <= 0 or (input_dim is not None and input_dim <= 0):
+        raise ValueError(f"embedding table '{name}': dim and input_dim must be "
+                         f"positive, got {dim} and {input_dim}")
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        raise ValueError(f"embedding table '{name}': dtype {dtype} is not a float type")
+    return {"dim": dim, "dtype": dtype, "input_dim": input_dim,
+            "initializer": initializer}

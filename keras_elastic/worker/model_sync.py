@@ -18,6 +18,7 @@ import numpy as np
 from keras_elastic.common import faults
 from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.common.variable_keys import model_variables, variable_keys
+from keras_elastic.layers.embedding import Embedding
 from keras_elastic.ps.client import PSClient
 
 
@@ -36,6 +37,10 @@ class ModelSync:
         self.non_trainable_keys = self.keys[len(self.trainable):]
         self._values: dict[str, np.ndarray] = {}
         self.grad_keys: list[str] = []  # set when the train step is traced
+        self.grad_tables: list[str] = []  # embedding tables pushed, likewise
+        self.tables = embedding_tables(model)
+        for name, layer in self.tables.items():
+            layer.connect(name, lambda ids, name=name: self.rows_of(name, ids))
         self.t_data = 0.0
         self.stream = None  # the training TaskStream (set by fit)
 
@@ -50,8 +55,17 @@ class ModelSync:
         config = keras.optimizers.serialize(optimizer)
         values = {k: (np.asarray(keras.ops.convert_to_numpy(v.value)), v.trainable)
                   for k, v in zip(self.keys, self.variables)}
-        self._values = self.ps.init(values, _jsonable(config), restore_from)
+        tables = {name: _jsonable(layer.table_spec())
+                  for name, layer in self.tables.items()}
+        self._values = self.ps.init(values, _jsonable(config), restore_from, tables)
         self.assign_all()
+
+    def rows_of(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Rows of embedding table `table` for unique `ids`, from the servers."""
+        start = time.perf_counter()
+        rows = self.ps.lookup({table: ids})[table]
+        self.timer.add("pull", time.perf_counter() - start)
+        return rows
 
     def pull(self) -> None:
         """Loads the newest values from the parameter servers into the model."""
@@ -92,15 +106,17 @@ class ModelSync:
         t_grads = time.perf_counter()
         if self.t_data:
             self.timer.add("compute", t_grads - self.t_data)
-        n = len(self.grad_keys)
+        n, m = len(self.grad_keys), len(self.non_trainable_keys)
         grads = {k: t.numpy() for k, t in zip(self.grad_keys, tensors[:n])}
-        assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys, tensors[n:])}
+        assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
+                                                 tensors[n:n + m])}
+        sparse = sum_rows(self.grad_tables, tensors[n + m:])
         ranges, live = [], []
         if self.stream is not None:
             ranges, live = self.stream.batch_ranges(tags.numpy())
             if not ranges:
-                grads = {}  # every element belongs to an abandoned task
-        reply = self.ps.exchange(grads, assigns, ranges)
+                grads, sparse = {}, {}  # every element belongs to an abandoned task
+        reply = self.ps.exchange(grads, assigns, ranges, sparse=sparse)
         faults.reached("after_push")
         if not reply.accepted:
             self.stream.abandon(live, f"push refused: {reply.refusals()}")
@@ -111,6 +127,40 @@ class ModelSync:
         out = [self._values[k] for k in self.keys]
         self.timer.add("pull", time.perf_counter() - t_pushed)
         return out
+
+
+def embedding_tables(model: keras.Model) -> dict[str, Embedding]:
+    """The model's `ke.layers.Embedding` layers by table name: their position
+    among them, stable across processes that build the same model (like the
+    variable keys)."""
+    tables = {}
+    layers = [layer for layer in model._flatten_layers(include_self=False)
+              if isinstance(layer, Embedding)]
+    for k, layer in enumerate(layers):
+        tables[f"{k}/{layer.output_dim}"] = layer
+    return tables
+
+
+def sum_rows(tables: list[str], tensors) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{table: (unique ids, gradient rows summed per id)} from the train step's
+    (ids, rows) pairs, one per lookup (a table looked up twice in a step, e.g.
+    shared by two inputs, gets one entry)."""
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for k, table in enumerate(tables):
+        ids, rows = tensors[2 * k].numpy(), tensors[2 * k + 1].numpy()
+        parts.setdefault(table, []).append((ids, rows))
+    sparse = {}
+    for table, pairs in parts.items():
+        if len(pairs) == 1:
+            sparse[table] = pairs[0]
+            continue
+        ids = np.concatenate([i for i, _ in pairs])
+        rows = np.concatenate([r for _, r in pairs])
+        unique, index = np.unique(ids, return_inverse=True)
+        summed = np.zeros((len(unique), rows.shape[1]), rows.dtype)
+        np.add.at(summed, index, rows)
+        sparse[table] = (unique, summed)
+    return sparse
 
 
 def training_loss(model: keras.Model, x, y, sample_weight):

@@ -31,9 +31,10 @@ from absl import logging
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_elastic.data.fingerprint import element_fingerprint, mix, range_fingerprint
+from keras_elastic.layers.embedding import embedding_step
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.client import TaskClaim
-from keras_elastic.worker.model_sync import training_loss
+from keras_elastic.worker.model_sync import sum_rows, training_loss
 
 
 class NondeterministicDatasetError(RuntimeError):
@@ -149,14 +150,19 @@ class Replayer:
             @tf.function
             def grads_of(data):
                 x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-                with tf.GradientTape() as tape:
+                with tf.GradientTape() as tape, embedding_step(tape) as lookups:
                     _, loss = training_loss(model, x, y, sample_weight)
                     loss = model.optimizer.scale_loss(loss)
-                grads = tape.gradient(loss, sync.trainable)
-                pairs = [(k, g) for k, g in zip(sync.trainable_keys, grads)
+                n = len(sync.trainable)
+                grads = tape.gradient(loss, sync.trainable + [r for _, _, r in lookups])
+                pairs = [(k, g) for k, g in zip(sync.trainable_keys, grads[:n])
                          if g is not None]
+                rows = [(layer.table_name, ids, g) for (layer, ids, _), g in zip(
+                    lookups, grads[n:]) if g is not None]
                 self._grad_keys = [k for k, _ in pairs]
-                return [tf.convert_to_tensor(g) for _, g in pairs]
+                self._grad_tables = [name for name, _, _ in rows]
+                return [tf.convert_to_tensor(g) for _, g in pairs] + [
+                    t for _, ids, g in rows for t in (ids, tf.convert_to_tensor(g))]
 
             self._grads = grads_of
         return self._grads
@@ -176,12 +182,14 @@ class Replayer:
                 tags = tags.numpy()
                 start, end = int(tags[0, 0]), int(tags[-1, 0]) + 1
                 grads = self._grad_fn()(batch)
-                values = {k: g.numpy() for k, g in zip(self._grad_keys, grads)}
+                n = len(self._grad_keys)
+                values = {k: g.numpy() for k, g in zip(self._grad_keys, grads[:n])}
+                sparse = sum_rows(self._grad_tables, grads[n:])
                 reply = self.sync.ps.exchange(values, {}, [ps_pb2.TaskRange(
                     dataset=ds.name, epoch=task.epoch, task_id=task.task_id,
                     lease=task.lease, start=start, end=end,
                     fingerprint=range_fingerprint(tags[:, 0], tags[:, 1]))],
-                    targets=list(servers))
+                    targets=list(servers), sparse=sparse)
                 self.sync.take(reply.values)
                 if not reply.accepted:
                     logging.warning("%s: catching up was refused (%s)",

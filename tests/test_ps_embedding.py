@@ -1,0 +1,171 @@
+"""ke.layers.Embedding: tables on the parameter servers, trained in the elastic step.
+
+Real servers: an embedded cluster (a master and 1 or 2 parameter servers
+serving gRPC on 127.0.0.1 inside the test process).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_elastic as ke
+from keras_elastic.ps.row_init import initial_rows
+
+VOCAB, DIM, FIELDS = 200, 4, 3
+
+
+@pytest.fixture(params=[1, 2], ids=["1ps", "2ps"])
+def cluster(request, embedded_cluster):
+    """The embedded cluster, with `request.param` parameter servers."""
+    if request.param == 1:
+        yield embedded_cluster
+        return
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.ps.server import ParameterServer
+    from keras_elastic.worker import cluster as cluster_mod
+
+    cluster_mod.reset_cluster()
+    master = MasterServer()
+    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    made = cluster_mod.Cluster(master.address, [s.address for s in servers],
+                               worker_id=0, embedded_servers=(*servers, master))
+    cluster_mod._cluster = made
+    yield made
+    cluster_mod.reset_cluster()
+
+
+def data(n=512, seed=0):
+    rng = np.random.default_rng(seed)
+    # Skewed ids: many repeats within a batch, some ids never seen.
+    ids = np.minimum(rng.zipf(1.3, size=(n, FIELDS)), VOCAB - 1).astype("int64")
+    y = (ids.sum(axis=1) % 2).astype("float32")
+    return ids, y
+
+
+class DenseGradientEmbedding(keras.layers.Embedding):
+    """keras.layers.Embedding whose table gets a dense gradient (summed per id).
+
+    Keras applies a `keras.layers.Embedding`'s IndexedSlices gradient entry by
+    entry: Adagrad then adds the square of each occurrence of a repeated id to
+    its accumulator (sum of squares), not the square of the id's gradient in
+    the batch. The servers apply the batch's gradient of each row, like Keras'
+    update of a dense table (and TF's deduplicating sparse updates): this is
+    the plain-Keras model with that update.
+    """
+
+    def call(self, inputs):
+        return keras.ops.take(self.embeddings * 1.0, inputs, axis=0)
+
+
+def build(embedding_cls, optimizer, seed=5):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FIELDS,), dtype="int64")
+    x = (DenseGradientEmbedding if embedding_cls == "dense" else embedding_cls)(
+        VOCAB, DIM, name="table")(inputs)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(8, activation="relu")(x)
+    outputs = keras.layers.Dense(1, activation="sigmoid")(x)
+    cls = ke.Model if embedding_cls is ke.layers.Embedding else keras.Model
+    model = cls(inputs, outputs)
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    return model
+
+
+def server_table(cluster, layer, n=VOCAB):
+    return cluster.ps.lookup({layer.table_name: np.arange(n, dtype=np.int64)})[
+        layer.table_name]
+
+
+@pytest.mark.parametrize("optimizer, table", [
+    ("sgd", keras.layers.Embedding), ("adagrad", "dense"),
+    ("adagrad", keras.layers.Embedding)], ids=["sgd", "adagrad", "adagrad-no-repeats"])
+def test_one_epoch_equals_plain_keras_embedding(cluster, optimizer, table):
+    ids, y = data()
+    if table is keras.layers.Embedding and optimizer == "adagrad":
+        # No id twice in a batch: Keras' entry-by-entry update is the same.
+        ids = np.concatenate([np.random.default_rng(b).permutation(VOCAB - 20)[
+            :32 * FIELDS].reshape(32, FIELDS) for b in range(16)]).astype("int64")
+    make = {"sgd": lambda: keras.optimizers.SGD(0.5),
+            "adagrad": lambda: keras.optimizers.Adagrad(0.5)}[optimizer]
+    plain = build(table, make())
+    elastic = build(ke.layers.Embedding, make())
+    # The plain table starts where the servers' rows start.
+    layer = elastic.get_layer("table")
+    start = initial_rows(keras.initializers.serialize(layer.embeddings_initializer),
+                         np.arange(VOCAB, dtype=np.int64), DIM, "float32")
+    plain.get_layer("table").set_weights([start])
+    plain.fit(ids, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    elastic.fit(ids, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+
+    table = server_table(cluster, layer)
+    np.testing.assert_allclose(table, plain.get_layer("table").get_weights()[0],
+                               atol=1e-5)
+    untouched = np.setdiff1d(np.arange(VOCAB), ids)
+    assert untouched.size and np.array_equal(table[untouched], start[untouched])
+    dense = [w for w in plain.get_weights()[1:]]
+    assert len(dense) == len(elastic.get_weights())  # no table on the worker
+    for a, b in zip(dense, elastic.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    if cluster.num_ps == 2:  # both servers hold rows
+        held = [s.store.tables[layer.table_name] for s in cluster._servers[:2]]
+        assert all(len(t) > 0 for t in held)
+        assert sum(len(t) for t in held) == VOCAB  # the lookup above made them all
+
+
+def test_evaluate_and_predict_read_the_servers_rows(cluster):
+    ids, y = data(256)
+    model = build(ke.layers.Embedding, keras.optimizers.Adam(0.05))
+    model.fit(ids, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    layer = model.get_layer("table")
+    table = server_table(cluster, layer)
+    # The same network computed locally from the servers' table.
+    local = keras.Sequential([
+        keras.Input((FIELDS,), dtype="int64"),
+        keras.layers.Embedding(VOCAB, DIM, weights=[table]),
+        keras.layers.Flatten(), keras.layers.Dense(8, activation="relu"),
+        keras.layers.Dense(1, activation="sigmoid")])
+    for dst, src in zip(local.layers[2:], model.layers[3:]):
+        dst.set_weights(src.get_weights())
+    expected = local.predict(ids, verbose=0)
+    np.testing.assert_allclose(model.predict(ids, batch_size=64, verbose=0), expected,
+                               atol=1e-5)
+    loss = keras.losses.binary_crossentropy(y[:, None], expected).numpy().mean()
+    assert model.evaluate(ids, y, batch_size=64, verbose=0) == pytest.approx(
+        loss, abs=1e-5)
+
+
+def test_wrap_moves_large_embeddings_to_the_servers(embedded_cluster):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((FIELDS,), dtype="int64")
+    big = keras.layers.Embedding(VOCAB, DIM, name="big")(inputs)
+    small = keras.layers.Embedding(10, DIM, name="small")(inputs % 10)
+    x = keras.layers.Flatten()(keras.layers.Concatenate()([big, small]))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    model = ke.wrap(model, ps_embeddings_above=100)
+    assert isinstance(model.get_layer("big"), ke.layers.Embedding)
+    assert type(model.get_layer("small")) is keras.layers.Embedding
+    assert all("big" not in w.path for w in model.weights)
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    ids, y = data(128)
+    history = model.fit(ids, y, batch_size=32, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    status = embedded_cluster._servers[0].store.tables
+    assert len(status[model.get_layer("big").table_name]) == len(np.unique(ids))
+
+
+@pytest.mark.parametrize("ids, message", [
+    (np.array([[1, 2, VOCAB]], "int64"), f"id {VOCAB} is out of range"),
+    (np.array([[1, -3, 2]], "int64"), "id -3 is out of range"),
+])
+def test_bad_ids_name_the_layer_and_the_id(embedded_cluster, ids, message):
+    model = build(ke.layers.Embedding, "sgd")
+    with pytest.raises(Exception, match=f"'table'.*{message}"):
+        model.fit(np.repeat(ids, 32, 0), np.zeros(32, "float32"), batch_size=32,
+                  verbose=0)
+
+
+def test_float_ids_are_refused_naming_the_layer():
+    layer = ke.layers.Embedding(10, 2, name="emb")
+    with pytest.raises(TypeError, match="'emb': ids must be integers, got a float32"):
+        layer(tf.constant([[1.0, 2.0]]))

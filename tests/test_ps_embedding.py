@@ -169,3 +169,105 @@ def test_float_ids_are_refused_naming_the_layer():
     layer = ke.layers.Embedding(10, 2, name="emb")
     with pytest.raises(TypeError, match="'emb': ids must be integers, got a float32"):
         layer(tf.constant([[1.0, 2.0]]))
+
+
+def _table_rows(servers, table):
+    """Every row held by the servers: id -> (row, {slot: row})."""
+    rows = {}
+    for server in servers:
+        ids, values, slots = server.store.tables[table].export()
+        for k, i in enumerate(ids.tolist()):
+            assert i not in rows  # one owner per id
+            rows[i] = (values[k], {s: a[k] for s, a in slots.items()})
+    return rows
+
+
+@pytest.mark.parametrize("restore_ps", [1, 3])
+def test_tables_saved_with_two_servers_restore_onto_another_count(tmp_path,
+                                                                  restore_ps):
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.ps.server import ParameterServer
+    from keras_elastic.worker import cluster as cluster_mod
+
+    def start(num_ps):
+        cluster_mod.reset_cluster()
+        master = MasterServer()
+        servers = [ParameterServer(ps_index=i, num_ps=num_ps) for i in range(num_ps)]
+        cluster_mod._cluster = cluster_mod.Cluster(
+            master.address, [s.address for s in servers], 0,
+            embedded_servers=(*servers, master))
+        return servers
+
+    ids, y = data(512)
+    servers = start(2)
+    checkpoint = ke.callbacks.ShardedModelCheckpoint(
+        f"{tmp_path}/ckpt/", sharding_callback=tf.train.experimental.MaxShardSizePolicy(
+            max_shard_size=1024))  # the table's rows span several files
+    model = build(ke.layers.Embedding, keras.optimizers.Adam(0.05))
+    model.fit(ids, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+              callbacks=[checkpoint])
+    table = model.get_layer("table").table_name
+    saved = _table_rows(servers, table)
+    assert len(saved) == len(np.unique(ids))  # only touched rows exist
+    assert all(len(held.store.tables[table]) for held in servers)
+    part = ke.checkpoint.latest(f"{tmp_path}/ckpt/").extra["parts"]
+    assert part == ["ps-000", "ps-001"]
+
+    servers = start(restore_ps)
+    resumed = build(ke.layers.Embedding, keras.optimizers.Adam(0.05), seed=9)
+    history = resumed.fit(ids, y, batch_size=32, epochs=2, verbose=0, callbacks=[
+        ke.callbacks.ShardedModelCheckpoint(f"{tmp_path}/ckpt/",
+                                            restore_on_start=True)])
+    assert history.history == {}  # nothing left to train: the tables as saved
+    restored = _table_rows(servers, table)
+    assert restored.keys() == saved.keys()
+    for i, (row, slots) in saved.items():
+        np.testing.assert_array_equal(restored[i][0], row, err_msg=f"row {i}")
+        assert restored[i][1].keys() == slots.keys() == {"momentum", "velocity"}
+        for s in slots:
+            np.testing.assert_array_equal(restored[i][1][s], slots[s])
+    if restore_ps == 3:
+        assert all(len(held.store.tables[table]) for held in servers)
+    cluster_mod.reset_cluster()
+
+
+def test_export_materializes_the_table_as_a_plain_keras_embedding(tmp_path, cluster):
+    ids, y = data(256)
+    model = build(ke.layers.Embedding, keras.optimizers.Adagrad(0.1))
+    model.fit(ids, y, batch_size=32, epochs=1, verbose=0)
+    path = ke.checkpoint.export_keras(model, str(tmp_path / "ctr.keras"))
+    expected = model.predict(ids, batch_size=64, verbose=0)
+    # Loaded in a process without keras_elastic: only Keras classes inside.
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys, numpy as np, keras\n"
+        f"m = keras.saving.load_model({path!r})\n"
+        "assert not [k for k in sys.modules if k.startswith('keras_elastic')]\n"
+        f"x = np.array({ids.tolist()!r}, 'int64')\n"
+        "print(json.dumps([type(m.get_layer('table')).__name__,"
+        " m.predict(x, verbose=0).ravel().tolist()]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.strip().splitlines()[-1]
+    kind, predicted = json.loads(out)
+    assert kind == "Embedding"
+    np.testing.assert_allclose(np.array(predicted), expected.ravel(), atol=1e-5)
+    table = server_table(cluster, model.get_layer("table"))
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(loaded.get_layer("table").get_weights()[0], table)
+
+
+def test_export_of_an_unbounded_table_is_refused(tmp_path, embedded_cluster):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((FIELDS,), dtype="int64")
+    x = keras.layers.Flatten()(ke.layers.Embedding(None, DIM, name="ids")(inputs))
+    model = ke.Model(inputs, keras.layers.Dense(1)(x))
+    model.compile(optimizer="sgd", loss="mse")
+    ids = np.random.default_rng(0).integers(0, 2**62, size=(64, FIELDS))
+    model.fit(ids, np.zeros(64, "float32"), batch_size=32, verbose=0)
+    assert len(embedded_cluster._servers[0].store.tables[
+        model.get_layer("ids").table_name]) == len(np.unique(ids))
+    with pytest.raises(ValueError, match="'ids'.*unbounded"):
+        ke.checkpoint.export_keras(model, str(tmp_path / "m.keras"))

@@ -6,6 +6,7 @@ import os
 import uuid
 
 import keras
+import numpy as np
 
 
 def export_keras(model: keras.Model, path: str) -> str:
@@ -13,7 +14,10 @@ def export_keras(model: keras.Model, path: str) -> str:
 
     A reader of `path` sees either the previous file or the complete new one.
     An elastic model (`ke.Model`, `ke.Sequential`, `ke.wrap(...)`) is saved as
-    its plain Keras class, so that serving loads it without keras_elastic.
+    its plain Keras class, so that serving loads it without keras_elastic; its
+    `ke.layers.Embedding` layers become `keras.layers.Embedding` layers holding
+    the whole table, read from the parameter servers (bounded tables of
+    functional and sequential models only).
 
     Args:
         model: The model to save.
@@ -29,6 +33,7 @@ def export_keras(model: keras.Model, path: str) -> str:
 
     ```python
     import keras
+import numpy as np
     import keras_elastic as ke
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -45,6 +50,7 @@ def export_keras(model: keras.Model, path: str) -> str:
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(
         directory, f".{os.path.basename(path)[:-6]}.{uuid.uuid4().hex[:8]}.keras")
+    model = with_local_tables(model)
     elastic_class = type(model)
     serving_class = getattr(model, "serving_class", elastic_class)
     try:
@@ -58,3 +64,55 @@ def export_keras(model: keras.Model, path: str) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+# Ids read from the servers per call when a table is materialized.
+_EXPORT_CHUNK = 1 << 20
+
+
+def with_local_tables(model: keras.Model) -> keras.Model:
+    """`model` itself if it has no `ke.layers.Embedding`; else a copy of it
+    (sharing every other layer) whose such layers are `keras.layers.Embedding`
+    layers holding the whole table, read from the parameter servers.
+
+    >>> with_local_tables(model)          # doctest: +SKIP
+    <Functional name=functional, built=True>
+    """
+    from keras_elastic.layers.embedding import Embedding
+
+    layers = [layer for layer in model._flatten_layers(include_self=False)
+              if isinstance(layer, Embedding)]
+    if not layers:
+        return model
+    for layer in layers:
+        if layer.input_dim is None:
+            raise ValueError(
+                f"cannot export embedding '{layer.name}' as a keras.layers.Embedding: "
+                "its table is unbounded (input_dim=None). Export a bounded table, or "
+                "save the model with ShardedModelCheckpoint instead")
+        if layer._rows_of is None:
+            raise ValueError(
+                f"cannot export embedding '{layer.name}': its table lives on the "
+                "parameter servers and the model is not connected to them (export "
+                "after fit, evaluate or predict)")
+    from keras.src.models.functional import Functional
+
+    if not isinstance(model, (Functional, keras.Sequential)):
+        raise ValueError(
+            f"cannot export {type(model).__name__} with ke.layers.Embedding layers "
+            "as a plain Keras model: only functional and sequential models can have "
+            "their embedding layers replaced. Save it with ShardedModelCheckpoint")
+    local = {}
+    for layer in layers:
+        table = np.concatenate([
+            layer._rows_of(np.arange(start, min(start + _EXPORT_CHUNK, layer.input_dim),
+                                     dtype=np.int64))
+            for start in range(0, layer.input_dim, _EXPORT_CHUNK)])
+        plain = keras.layers.Embedding(
+            layer.input_dim, layer.output_dim, name=layer.name, mask_zero=layer.mask_zero,
+            embeddings_initializer=layer.embeddings_initializer, dtype=layer.dtype_policy)
+        plain.build()
+        plain.embeddings.assign(table)
+        local[id(layer)] = plain
+    return keras.models.clone_model(
+        model, clone_function=lambda layer: local.get(id(layer), layer))

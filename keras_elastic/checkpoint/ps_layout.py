@@ -12,7 +12,10 @@ Every tensor is saved under a name that does not depend on how variables were
 partitioned: `v_<variable key>` for a model variable, `o_<optimizer variable
 path>` for an optimizer variable (slot names embed their variable's key). So
 a checkpoint of N servers restores onto M servers: each server reads the
-names it now owns from whichever part holds them.
+names it now owns from whichever part holds them. An embedding table is in
+every part: the rows that server held, as `t_<table>_ids`, `t_<table>_values`
+and `t_<table>_slot_<slot>`; a server restoring it reads every part's rows
+and keeps those of the ids it now owns.
 
 Example:
 
@@ -51,6 +54,12 @@ def optimizer_variable_name(path: str) -> str:
     return safe_name("o_", path)
 
 
+def table_tensor_name(table: str, what: str) -> str:
+    """Name of one tensor of a table's rows in a part: `what` is "ids",
+    "values" or "slot_<name>"."""
+    return safe_name("t_", f"{table}_{what}")
+
+
 def is_ps_checkpoint(info: SaveInfo) -> bool:
     return info.extra.get("layout") == LAYOUT
 
@@ -74,8 +83,8 @@ def read_values(info: SaveInfo, names: list[str] | None = None
             if not key.startswith(TRACKABLE + "/") or not key.endswith(_ATTR):
                 continue
             name = key[len(TRACKABLE) + 1:-len(_ATTR)]
-            if wanted is not None and name not in wanted:
-                continue
+            if (wanted is not None and name not in wanted) or name.startswith("t_"):
+                continue  # (table rows: `read_table`)
             value = reader.get_tensor(key)
             if name in values and np.ndim(value) == 0:
                 value = np.maximum(values[name], value)
@@ -86,6 +95,31 @@ def read_values(info: SaveInfo, names: list[str] | None = None
             raise CheckpointError(f"{info.path}: no value for {missing[:10]}"
                                   f"{' ...' if len(missing) > 10 else ''} in any part")
     return values
+
+
+def read_table(info: SaveInfo, table: str, slot_names: tuple[str, ...] | list[str]
+               ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+    """The rows of embedding table `table` over every part: (ids, values,
+    {slot: rows}), or None if no part holds the table."""
+    what = ["ids", "values", *(f"slot_{s}" for s in slot_names)]
+    found: dict[str, list[np.ndarray]] = {w: [] for w in what}
+    for part in part_infos(info):
+        reader = tf.train.load_checkpoint(part.tf_prefix)
+        keys = set(reader.get_variable_to_shape_map())
+        names = {w: f"{TRACKABLE}/{table_tensor_name(table, w)}{_ATTR}" for w in what}
+        if names["ids"] not in keys:
+            continue
+        missing = [w for w, key in names.items() if key not in keys]
+        if missing:
+            raise CheckpointError(
+                f"{part.path}: embedding table '{table}' lacks {missing} (saved with "
+                f"another optimizer? the table's optimizer has slots {list(slot_names)})")
+        for w, key in names.items():
+            found[w].append(reader.get_tensor(key))
+    if not found["ids"]:
+        return None
+    return (np.concatenate(found["ids"]), np.concatenate(found["values"]),
+            {s: np.concatenate(found[f"slot_{s}"]) for s in slot_names})
 
 
 def restore_model_variables(model, info: SaveInfo) -> None:

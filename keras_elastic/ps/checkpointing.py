@@ -9,9 +9,11 @@ under the server's lock (so they agree), and written to disk after the lock
 is released: pushes wait only for the copy.
 
 Restoring reads each name this server owns from whichever part holds it, so the
-number of servers may change. A server started after a crash has no variables
-yet: `init_from_checkpoint` creates them from the checkpoint (each part records
-the variables' keys, whether they are trainable, and the optimizer's config).
+number of servers may change; an embedding table's rows are read from every
+part and the server keeps those of the ids it owns. A server started after a
+crash has no variables yet: `init_from_checkpoint` creates them from the
+checkpoint (each part records the variables' keys, whether they are trainable,
+the optimizer's config and the embedding tables' specs).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from absl import logging
 from keras_elastic.checkpoint import ps_layout
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.checkpoint.writer import save_trackables
-from keras_elastic.ps.partition import ps_for
+from keras_elastic.ps.partition import ps_for, row_owner
 from keras_elastic.ps.store import ParameterStore
 from keras_elastic.ps.task_log import TaskLog
 
@@ -60,10 +62,17 @@ def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
         store.flush()
         values = {name: np.array(keras_value(v))
                   for name, v in named_variables(store).items()}
+        for name, table in store.tables.items():
+            ids, rows, slots = table.export()
+            values[ps_layout.table_tensor_name(name, "ids")] = ids
+            values[ps_layout.table_tensor_name(name, "values")] = rows
+            for slot, array in slots.items():
+                values[ps_layout.table_tensor_name(name, f"slot_{slot}")] = array
         fields = {
             "model_version": store.version,
             "variables": {k: bool(t) for k, t in store.trainable.items()},
             "optimizer_config": store.optimizer_config,
+            "tables": store.table_specs,
             "task_log": store.log.to_json(),
         }
     return values, fields
@@ -132,9 +141,19 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict)
             logging.warning("parameter server %d: %s has no value for optimizer "
                             "variables %s (another optimizer?): they start afresh",
                             ps_index, info.path, skipped[:10])
+        tables = {name: ps_layout.read_table(info, name, table.slot_names)
+                  for name, table in store.tables.items()}
+        absent = sorted(n for n, rows in tables.items() if rows is None)
+        if absent:
+            raise ValueError(f"{info.path} has no rows of embedding table(s) {absent}: "
+                             "it was saved from another model")
         for name, variable in named.items():
             if name in values:
                 variable.assign(values[name])
+        for name, (ids, rows, slots) in tables.items():
+            owned = row_owner(ids, num_ps) == ps_index
+            store.reset_table(name).load(ids[owned], rows[owned],
+                                         {s: a[owned] for s, a in slots.items()})
         store.log = log
         store.mark_restored(info.path)
     if differing:
@@ -157,14 +176,16 @@ def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
     trainable: dict[str, bool] = {}
     config = None
+    tables: dict[str, dict] = {}
     for part in ps_layout.part_infos(info):
         trainable.update(part.extra.get("variables") or {})
         config = config or part.extra.get("optimizer_config")
+        tables.update(part.extra.get("tables") or {})
     if not trainable or config is None:
         raise ValueError(f"{info.path} does not record its variables and optimizer "
                          "(saved by an older keras_elastic): it cannot start a server")
     owned = sorted(k for k in trainable if ps_for(k, num_ps) == ps_index)
     values = ps_layout.read_values(info, [ps_layout.variable_name(k) for k in owned])
     store.init({k: values[ps_layout.variable_name(k)] for k in owned},
-               {k: trainable[k] for k in owned}, config)
+               {k: trainable[k] for k in owned}, config, tables)
     return restore_shard(store, ps_index, num_ps, {"path": info.path})

@@ -237,6 +237,15 @@ class ParameterStore:
                                  f"{np.dtype(grads_dtype)}, the table is {found.dtype}")
         return found
 
+    def reset_table(self, name: str) -> EmbeddingTable:
+        """Replaces table `name` by an empty one of the same spec (a restore
+        loads its rows next); returns it."""
+        with self._lock:
+            old = self.tables[name]
+            self.tables[name] = EmbeddingTable(name, old.dim, old.dtype, old.input_dim,
+                                               old.initializer_config, old.optimizer)
+            return self.tables[name]
+
     def lookup(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows of the given ids of each table (created on first use)."""
         with self._lock:

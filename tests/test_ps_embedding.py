@@ -271,3 +271,96 @@ def test_export_of_an_unbounded_table_is_refused(tmp_path, embedded_cluster):
         model.get_layer("ids").table_name]) == len(np.unique(ids))
     with pytest.raises(ValueError, match="'ids'.*unbounded"):
         ke.checkpoint.export_keras(model, str(tmp_path / "m.keras"))
+
+
+def test_bad_sparse_requests_are_refused_and_change_nothing():
+    import grpc
+
+    from keras_elastic.common.tensor_codec import encode
+    from keras_elastic.proto import ps_pb2
+    from keras_elastic.ps import ParameterServer, PSClient
+    from keras_elastic.ps.partition import row_owner
+
+    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    client = PSClient([s.address for s in servers])
+    try:
+        client.init({"w": (np.zeros(2, np.float32), True)},
+                    {"class_name": "Adagrad", "config": {"learning_rate": 0.1}},
+                    tables={"t": {"dim": 4, "input_dim": 100}})
+        mine = np.array([i for i in range(20) if row_owner(np.array([i]), 2)[0] == 0])
+        theirs = np.array([i for i in range(20) if row_owner(np.array([i]), 2)[0] == 1])
+        client.lookup({"t": np.arange(20)})
+        before = [s.store.tables["t"].export() for s in servers]
+        stub = client._stubs[0]
+
+        def lookup(name, ids):
+            return stub.Lookup(ps_pb2.LookupRequest(ids=list(encode(name, ids))),
+                               timeout=10)
+
+        def push(*named):
+            tensors = [c for n, a in named for c in encode(n, a)]
+            return stub.PushSmall(ps_pb2.PushBundle(
+                header=ps_pb2.PushHeader(worker_id=3, num_tensors=len(named)),
+                tensors=tensors), timeout=10)
+
+        cases = [
+            (lookup, ("t", mine.astype(np.float32)), "1-D int64"),
+            (lookup, ("t", theirs), f"row {theirs[0]} of embedding table 't' belongs "
+                                    "to parameter server 1"),
+            (lookup, ("nope", mine), "no embedding table 'nope'"),
+            (lookup, ("t", np.array([-1, 0])), "-1"),
+            (lookup, ("t", np.array([100])), "100"),
+            (push, (("@t/ids", mine),), "both its ids and its gradient rows"),
+            (push, (("@t/ids", mine),
+                    ("@t/grads", np.ones((len(mine), 3), "float32"))), "expected [n, 4]"),
+            (push, (("@t/ids", theirs),
+                    ("@t/grads", np.ones((len(theirs), 4), "float32"))), "belongs to"),
+            (push, (("@t/ids", mine),
+                    ("@t/grads", np.ones((len(mine), 4), "float64"))), "float64"),
+        ]
+        for call, args, message in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                call(*args)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, args
+            assert message in info.value.details(), info.value.details()
+        after = [s.store.tables["t"].export() for s in servers]
+        for (i0, v0, s0), (i1, v1, s1) in zip(before, after):
+            assert np.array_equal(i0, i1) and np.array_equal(v0, v1)
+            assert all(np.array_equal(s0[k], s1[k]) for k in s0)
+        assert client.lookup({"t": np.arange(20)})["t"].shape == (20, 4)  # serving
+    finally:
+        client.close()
+        for s in servers:
+            s.stop(0)
+
+
+def test_a_worker_never_holds_a_table_larger_than_itself(tmp_path):
+    """A 2 GiB table (16M x 32 float32): the worker's resident memory stays
+    below 1 GiB (TensorFlow itself takes a few hundred MB)."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    script = '''
+import numpy as np, keras, keras_elastic as ke
+ids_in = keras.Input((26,), dtype="int64")
+x = keras.layers.Flatten()(ke.layers.Embedding(16_000_000, 32)(ids_in))
+model = ke.Model(ids_in, keras.layers.Dense(1, activation="sigmoid")(x))
+model.compile(optimizer="adagrad", loss="binary_crossentropy")
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 16_000_000, size=(4096, 26))
+model.fit(ids, rng.integers(0, 2, 4096).astype("float32"), batch_size=512, verbose=0)
+rss = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
+print("RSS_KB", rss)
+'''
+    env = subprocess_env()
+    for key in [k for k in env if k.startswith("KERAS_ELASTIC_") and k not in (
+            "KERAS_ELASTIC_TOKEN", "KERAS_ELASTIC_INDEX_DIR")]:
+        env.pop(key)  # an embedded cluster in that process
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rss = int(out.stdout.split("RSS_KB")[1].split()[0]) * 1024
+    table = 16_000_000 * 32 * 4
+    assert rss < (1 << 30) < table, (rss, table)

@@ -265,8 +265,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if set(part) != {"ids", "grads"}:
                 raise ValueError(f"embedding table '{table}': a push must carry both "
                                  f"its ids and its gradient rows, got {sorted(part)}")
-            self._check_owned(table, part["ids"])
-            sparse[table] = (part["ids"], part["grads"])
+            ids, grads = part["ids"], part["grads"]
+            self.store.check_sparse(table, ids, grads.shape, grads.dtype)
+            self._check_owned(table, ids)
+            sparse[table] = (ids, grads)
         return sparse
 
     def _check_owned(self, table: str, ids: np.ndarray) -> None:
@@ -286,6 +288,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     raise ValueError(f"the ids of embedding table '{table}' must be a "
                                      f"1-D int64 tensor, got {table_ids.dtype} of shape "
                                      f"{list(table_ids.shape)}")
+                self.store.check_sparse(table, table_ids)
                 self._check_owned(table, table_ids)
             with self.store.lock:
                 self._refuse_if_paused(context)

@@ -109,7 +109,10 @@ class ElasticTrainerMixin:
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         with tf.control_dependencies([live]):
             x = tf.nest.map_structure(tf.identity, x)
-        with tf.GradientTape() as tape, embedding_step(tape) as lookups:
+        # The rows of every table, looked up in one exchange (when the ids
+        # follow from the inputs), before the forward pass.
+        prefetched = sync.prefetch(x) if sync.tables else None
+        with tf.GradientTape() as tape, embedding_step(tape, prefetched) as lookups:
             y_pred, loss = training_loss(self, x, y, _weigh(sample_weight, live))
             self._loss_tracker.update_state(
                 loss, sample_weight=tf.shape(

@@ -364,3 +364,36 @@ print("RSS_KB", rss)
     rss = int(out.stdout.split("RSS_KB")[1].split()[0]) * 1024
     table = 16_000_000 * 32 * 4
     assert rss < (1 << 30) < table, (rss, table)
+
+
+def test_one_lookup_per_step_for_every_table(cluster, monkeypatch):
+    """Two tables (one fed through an op on the inputs): the train step looks
+    up both in one exchange (one call per server), before the forward pass."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((FIELDS,), dtype="int64")
+    wide = ke.layers.Embedding(VOCAB, 1, name="wide")(inputs)
+    deep = ke.layers.Embedding(VOCAB // 10, DIM, name="deep")(inputs // 10)
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(wide),
+                                    keras.layers.Flatten()(deep)])
+    model = ke.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    model.compile(optimizer=keras.optimizers.Adagrad(0.1), loss="binary_crossentropy")
+    calls = []
+    lookup = type(cluster.ps).lookup
+
+    def counted(self, ids):
+        calls.append(sorted(ids))
+        return lookup(self, ids)
+
+    monkeypatch.setattr(type(cluster.ps), "lookup", counted)
+    ids, y = data(256)
+    model.fit(ids, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    tables = sorted([model.get_layer("wide").table_name,
+                     model.get_layer("deep").table_name])
+    assert calls == [tables] * (256 // 32)
+    # Both tables were trained: their rows moved away from the initial ones.
+    for name in ("wide", "deep"):
+        layer = model.get_layer(name)
+        seen = np.unique(ids if name == "wide" else ids // 10)
+        start = initial_rows(keras.initializers.serialize(layer.embeddings_initializer),
+                             seen, layer.output_dim, "float32")
+        assert not np.allclose(server_table(cluster, layer, layer.input_dim)[seen], start)

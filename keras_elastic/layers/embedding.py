@@ -137,7 +137,16 @@ class Embedding(keras.layers.Layer):
                 "keras.layers.Hashing or tf.cast)")
         ids = tf.cast(inputs, tf.int64)
         unique, index = tf.unique(tf.reshape(ids, [-1]))
-        rows = tf.py_function(self._lookup, [unique], Tout=self.compute_dtype)
+        prefetched = _prefetched(self)
+        if prefetched is None:
+            rows = tf.py_function(self._lookup, [unique], Tout=self.compute_dtype)
+        else:  # looked up with every other table of the step, in one exchange
+            fetched_ids, rows = prefetched
+            check = tf.debugging.assert_equal(
+                unique, fetched_ids, message=f"ke.layers.Embedding '{self.name}': the "
+                "ids of the step's lookup differ from the ids of the forward pass")
+            with tf.control_dependencies([check]):
+                rows = tf.identity(rows)
         rows.set_shape([None, self.output_dim])
         _watch(self, unique, rows)
         out = tf.reshape(tf.gather(rows, index),
@@ -167,28 +176,38 @@ class Embedding(keras.layers.Layer):
 class _Step(threading.local):
     lookups: list | None = None
     tape: tf.GradientTape | None = None
+    prefetched: dict | None = None
 
 
 _STEP = _Step()
 
 
 @contextlib.contextmanager
-def embedding_step(tape: tf.GradientTape):
+def embedding_step(tape: tf.GradientTape, prefetched: dict | None = None):
     """Within it, every `Embedding` call has `tape` watch its looked-up rows
     and lists `(layer, unique_ids, rows)`: the train step takes the gradient
-    with respect to those rows and pushes it.
+    with respect to those rows and pushes it. `prefetched`: {layer: (unique
+    ids, rows)} the step already looked up (all tables at once); a layer's
+    first call in the step uses them instead of a lookup of its own.
 
     >>> with tf.GradientTape() as tape, embedding_step(tape) as lookups:
     ...     pass
     >>> lookups
     []
     """
-    previous = _STEP.lookups, _STEP.tape
+    previous = _STEP.lookups, _STEP.tape, _STEP.prefetched
     _STEP.lookups, _STEP.tape = [], tape
+    _STEP.prefetched = {id(layer): v for layer, v in (prefetched or {}).items()}
     try:
         yield _STEP.lookups
     finally:
-        _STEP.lookups, _STEP.tape = previous
+        _STEP.lookups, _STEP.tape, _STEP.prefetched = previous
+
+
+def _prefetched(layer: Embedding):
+    if not _STEP.prefetched:
+        return None
+    return _STEP.prefetched.pop(id(layer), None)
 
 
 def _watch(layer: Embedding, unique: tf.Tensor, rows: tf.Tensor) -> None:

@@ -14,6 +14,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from keras_elastic.common import faults
 from keras_elastic.common.timing import PhaseTimer
@@ -39,6 +40,7 @@ class ModelSync:
         self.grad_keys: list[str] = []  # set when the train step is traced
         self.grad_tables: list[str] = []  # embedding tables pushed, likewise
         self.tables = embedding_tables(model)
+        self._ids_model = None  # (model -> ids of each table, layers), or False
         for name, layer in self.tables.items():
             layer.connect(name, lambda ids, name=name: self.rows_of(name, ids))
         self.t_data = 0.0
@@ -59,6 +61,41 @@ class ModelSync:
                   for name, layer in self.tables.items()}
         self._values = self.ps.init(values, _jsonable(config), restore_from, tables)
         self.assign_all()
+
+    # -- embedding tables --------------------------------------------------
+    def prefetch(self, x) -> dict | None:
+        """In the train step, before the forward pass: the rows of every table
+        whose ids the model's inputs determine (a functional or sequential
+        model calling the layer once), looked up in one exchange with the
+        servers (one call per server for all tables). None if there is none;
+        other tables are looked up by their layer."""
+        if self._ids_model is None:
+            self._ids_model = _ids_model(self.model, list(self.tables.values()))
+        if not self._ids_model:
+            return None
+        ids_model, layers = self._ids_model
+        ids = ids_model(x)
+        ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
+        uniques = [tf.unique(tf.reshape(tf.cast(t, tf.int64), [-1]))[0] for t in ids]
+        rows = tf.py_function(
+            lambda *u: self.rows_of_all(layers, u), uniques,
+            Tout=[layer.compute_dtype for layer in layers])
+        for r, layer in zip(rows, layers):
+            r.set_shape([None, layer.output_dim])
+        return {layer: (u, r) for layer, u, r in zip(layers, uniques, rows)}
+
+    def rows_of_all(self, layers: list[Embedding], uniques) -> list[np.ndarray]:
+        """Rows of several tables' unique ids, in one exchange."""
+        ids = {}
+        for layer, u in zip(layers, uniques):
+            ids[layer.table_name] = u.numpy()
+            layer.check_ids(ids[layer.table_name])
+        start = time.perf_counter()
+        rows = self.ps.lookup({t: v for t, v in ids.items() if v.size})
+        self.timer.add("pull", time.perf_counter() - start)
+        return [rows.get(layer.table_name, np.zeros((0, layer.output_dim),
+                                                    layer.compute_dtype))
+                for layer in layers]
 
     def rows_of(self, table: str, ids: np.ndarray) -> np.ndarray:
         """Rows of embedding table `table` for unique `ids`, from the servers."""
@@ -139,6 +176,25 @@ def embedding_tables(model: keras.Model) -> dict[str, Embedding]:
     for k, layer in enumerate(layers):
         tables[f"{k}/{layer.output_dim}"] = layer
     return tables
+
+
+def _ids_model(model: keras.Model, layers: list[Embedding]):
+    """(a model from `model`'s inputs to the ids of each layer, those layers),
+    for the layers called once on tensors derived from the model's inputs; or
+    False if there is none (a subclassed model, shared layers)."""
+    eligible, outputs = [], []
+    for layer in layers:
+        try:
+            outputs.append(layer.input)
+        except (AttributeError, ValueError):
+            continue  # not called in a graph of layers, or called more than once
+        eligible.append(layer)
+    if not eligible:
+        return False
+    try:
+        return keras.Model(model.input, outputs), eligible
+    except (AttributeError, ValueError, TypeError):
+        return False
 
 
 def sum_rows(tables: list[str], tensors) -> dict[str, tuple[np.ndarray, np.ndarray]]:

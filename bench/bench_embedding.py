@@ -1,0 +1,450 @@
+"""Embedding tables on the parameter servers: keras-elastic against plain Keras.
+
+A CTR-like model: `--fields` int64 id inputs (default 26, as in Criteo) looked
+up in one table of `--rows` x `--dim` (default 2,000,000 x 32 float32: 256 MB),
+the concatenated vectors into a small MLP with a sigmoid output, binary
+cross-entropy, Adagrad, batch `--batch_size` (512). Synthetic data: the ids of
+each field follow a Zipf law (`--zipf_a`) hashed over the table, so a batch
+repeats its popular ids many times; binary labels. Both configurations train
+one epoch over the same NumPy arrays, in the same order:
+
+- plain:   `keras.Model.fit(ids, labels)` in this process, with
+           `keras.layers.Embedding` (the table local, its gradient IndexedSlices
+           applied by Keras' Adagrad): the baseline;
+- elastic: the same model with `ke.layers.Embedding` (the table on the servers),
+           `ke.Model.fit(ke.ElasticDataset((ids, labels)))` in this process as
+           the one worker, with the master and 2 parameter servers as separate
+           processes (`python -m keras_elastic.master` / `keras_elastic.ps`,
+           started with --ready_file, as the launcher does).
+
+The first `--warmup_steps` steps of each run (tracing, the first pulls) are
+left out: the clock runs from the end of step `warmup_steps` to the end of the
+epoch (`--steps` steps). The elastic run goes first, so that the worker's
+resident memory after it is not inflated by the plain run's local table.
+
+Prints samples/s of each configuration and their ratio (target >= 0.7); the
+bytes the elastic worker moved per step, measured by instrumenting
+`PSClient.lookup` and `PSClient.exchange` in this process (nbytes of the arrays
+sent and received: ids, rows and gradient rows of the table; dense gradients
+and values separately) and, at the wire, the protobuf size of the `Lookup` and
+`PushSmall` messages; the minimum per step (unique ids of the batch x dim x 4
+bytes, each way: rows pulled + gradient rows pushed) and the ratio (target
+<= 1.5); the worker's and servers' resident memory against the table's size;
+CPU seconds of every process in the timed window; the worker's phase timers.
+
+Run from the repository root:
+
+```
+PYTHONPATH=. python bench/bench_embedding.py
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("rows", 2_000_000, "Rows of the embedding table.")
+flags.DEFINE_integer("dim", 32, "Width of the embedding table.")
+flags.DEFINE_integer("fields", 26, "Id inputs of the model (one table for all).")
+flags.DEFINE_list("hidden", ["256", "128"], "Units of the MLP's hidden layers.")
+flags.DEFINE_integer("batch_size", 512, "Minibatch size.")
+flags.DEFINE_integer("steps", 300, "Timed steps per configuration.")
+flags.DEFINE_integer("warmup_steps", 20, "Steps before the timed ones (left out).")
+flags.DEFINE_integer("minibatches_per_task", 32, "Elastic: minibatches per task.")
+flags.DEFINE_float("zipf_a", 1.2, "Exponent of the Zipf law of each field's ids.")
+flags.DEFINE_float("learning_rate", 0.05, "Adagrad learning rate.")
+flags.DEFINE_integer("num_ps", 2, "Parameter server processes (elastic).")
+flags.DEFINE_integer("seed", 0, "Seed of the data and of the models.")
+flags.DEFINE_float("target_ratio", 0.7, "Elastic/plain samples/s ratio to meet.")
+flags.DEFINE_float("target_bytes_ratio", 1.5,
+                   "Embedding bytes per step / minimum, not to exceed.")
+flags.DEFINE_bool("wire_bytes", True, "Also take the protobuf size of the Lookup and "
+                  "PushSmall messages (one extra size computation per message).")
+
+_MB = 1 << 20
+
+
+# -- data -------------------------------------------------------------------
+def make_data(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` records: int64 ids (n, fields), Zipf-skewed per field and hashed
+    over the table; float32 binary labels (n, 1) that depend on the ids."""
+    rng = np.random.default_rng(FLAGS.seed)
+    ranks = rng.zipf(FLAGS.zipf_a, size=(n, FLAGS.fields)).astype(np.uint64)
+    field = np.arange(FLAGS.fields, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = ranks * np.uint64(0x9E3779B97F4A7C15) + field * np.uint64(
+            0xC2B2AE3D27D4EB4F)
+        h ^= h >> np.uint64(29)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(32)
+    ids = (h % np.uint64(FLAGS.rows)).astype(np.int64)
+    # A click rate that depends on the popularity of a few fields' ids.
+    logit = -1.5 + 0.8 * (ranks[:, :4] <= 3).sum(axis=1) - 0.3 * np.log(
+        ranks[:, 4:6].astype(np.float64)).sum(axis=1)
+    labels = rng.random(n) < 1 / (1 + np.exp(-logit))
+    return ids, labels.astype(np.float32).reshape(n, 1)
+
+
+def unique_per_batch(ids: np.ndarray, first: int, last: int) -> np.ndarray:
+    b = FLAGS.batch_size
+    return np.array([np.unique(ids[i * b:(i + 1) * b]).size for i in range(first, last)])
+
+
+# -- the model --------------------------------------------------------------
+def compiled_model(elastic: bool):
+    import keras
+
+    import keras_elastic as ke
+
+    keras.utils.set_random_seed(FLAGS.seed)
+    ids = keras.Input((FLAGS.fields,), dtype="int64", name="ids")
+    table = (ke.layers.Embedding if elastic else keras.layers.Embedding)(
+        FLAGS.rows, FLAGS.dim, name="table")
+    x = keras.layers.Flatten()(table(ids))
+    for units in FLAGS.hidden:
+        x = keras.layers.Dense(int(units), activation="relu")(x)
+    outputs = keras.layers.Dense(1, activation="sigmoid")(x)
+    model = (ke.Model if elastic else keras.Model)(ids, outputs)
+    model.compile(optimizer=keras.optimizers.Adagrad(FLAGS.learning_rate),
+                  loss="binary_crossentropy")
+    return model
+
+
+# -- measuring ----------------------------------------------------------------
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes `pids`."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of process `pid` (VmRSS of /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+class Traffic:
+    """Bytes the worker's `PSClient` sends and receives, by kind (thread-safe)."""
+
+    KINDS = ("lookup_ids_sent", "rows_received", "push_ids_sent", "grad_rows_sent",
+             "dense_sent", "dense_received", "wire_lookup", "wire_push",
+             "lookups", "lookup_ids", "exchanges")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.totals = dict.fromkeys(self.KINDS, 0)
+
+    def add(self, **amounts: int) -> None:
+        with self._lock:
+            for k, v in amounts.items():
+                self.totals[k] += int(v)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.totals)
+
+
+TRAFFIC = Traffic()
+
+
+def instrument_ps_client() -> None:
+    """Counts what `PSClient.lookup` and `PSClient.exchange` move (class-wide)."""
+    from keras_elastic.ps.client import PSClient
+
+    if getattr(PSClient, "_bench_instrumented", False):
+        return
+    lookup, exchange = PSClient.lookup, PSClient.exchange
+
+    def counted_lookup(self, ids):
+        out = lookup(self, ids)
+        TRAFFIC.add(lookups=1,
+                    lookup_ids=sum(np.size(v) for v in ids.values()),
+                    lookup_ids_sent=sum(np.asarray(v, np.int64).nbytes
+                                        for v in ids.values()),
+                    rows_received=sum(r.nbytes for r in out.values()))
+        return out
+
+    def counted_exchange(self, grads, assigns, ranges=(), targets=None, sparse=None):
+        reply = exchange(self, grads, assigns, ranges, targets, sparse)
+        sparse = sparse or {}
+        TRAFFIC.add(exchanges=1,
+                    push_ids_sent=sum(i.nbytes for i, _ in sparse.values()),
+                    grad_rows_sent=sum(r.nbytes for _, r in sparse.values()),
+                    dense_sent=sum(g.nbytes for g in grads.values()) + sum(
+                        v.nbytes for v in assigns.values()),
+                    dense_received=sum(v.nbytes for v in reply.values.values()))
+        return reply
+
+    PSClient.lookup, PSClient.exchange = counted_lookup, counted_exchange
+    PSClient._bench_instrumented = True
+
+
+class _WireCountingStub:
+    """A `ParameterServerStub` whose unary Lookup and PushSmall count the
+    serialized size of the request and of the reply."""
+
+    _COUNTED = {"Lookup": "wire_lookup", "PushSmall": "wire_push"}
+
+    def __init__(self, stub) -> None:
+        self._stub = stub
+
+    def __getattr__(self, name):
+        method = getattr(self._stub, name)
+        kind = self._COUNTED.get(name)
+        if kind is None:
+            return method
+
+        def call(request, *args, **kwargs):
+            reply = method(request, *args, **kwargs)
+            TRAFFIC.add(**{kind: request.ByteSize() + reply.ByteSize()})
+            return reply
+
+        return call
+
+
+class Window:
+    """Times from the end of step `warmup` to the end of the epoch, and takes
+    the CPU seconds of this process and of `pids`, the worker's phase timers
+    and the traffic counters over that window."""
+
+    def __init__(self, warmup: int, pids: list[int] | None = None, phase_timer=None
+                 ) -> None:
+        import keras
+
+        outer = self
+        services = list(pids or [])
+
+        def take():
+            return (time.perf_counter(), cpu_seconds([os.getpid()]),
+                    cpu_seconds(services), TRAFFIC.snapshot(),
+                    phase_timer.snapshot() if phase_timer is not None else {})
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                outer.batches = batch + 1
+                if batch + 1 == warmup:
+                    outer.first = take()
+
+            def on_epoch_end(self, epoch, logs=None):
+                outer.last = take()
+
+        self.callback = _Callback()
+        self.batches = 0
+        self.first = self.last = None
+
+    def measurement(self, samples: int) -> Measurement:
+        if self.first is None or self.last is None:
+            raise RuntimeError(f"the epoch had {self.batches} steps, not more than "
+                               "--warmup_steps")
+        (t0, w0, s0, b0, p0), (t1, w1, s1, b1, p1) = self.first, self.last
+        return Measurement(samples=samples, seconds=t1 - t0, worker_cpu=w1 - w0,
+                           service_cpu=s1 - s0,
+                           traffic={k: b1[k] - b0[k] for k in b1},
+                           phases={k: v - p0.get(k, 0.0) for k, v in p1.items()})
+
+
+@dataclasses.dataclass
+class Measurement:
+    samples: int
+    seconds: float
+    worker_cpu: float
+    service_cpu: float
+    traffic: dict[str, int]
+    phases: dict[str, float]
+    rss_before: int = 0
+    rss_after: int = 0
+    service_rss: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+
+# -- the configurations ------------------------------------------------------
+def run_plain(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measurement:
+    model = compiled_model(elastic=False)
+    window = Window(FLAGS.warmup_steps)
+    before = rss_bytes()
+    model.fit(ids, labels, batch_size=FLAGS.batch_size, epochs=1, shuffle=False,
+              verbose=0, callbacks=[window.callback])
+    m = window.measurement(samples)
+    m.rss_before, m.rss_after = before, rss_bytes()
+    return m
+
+
+def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measurement:
+    """The worker here; the master and the parameter servers as processes."""
+    import keras_elastic as ke
+    from keras_elastic.common import cluster_env
+    from keras_elastic.launcher.processes import start_service
+    from keras_elastic.worker.cluster import get_cluster, reset_cluster
+
+    instrument_ps_client()
+    job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-embedding-")
+    services = []
+    saved = {k: os.environ.get(k) for k in (cluster_env.MASTER, cluster_env.PS,
+                                            cluster_env.WORKER_ID, cluster_env.JOB_DIR)}
+    try:
+        master, master_info = start_service("master", "keras_elastic.master", [],
+                                            job_dir)
+        services.append(master)
+        addresses = []
+        for i in range(FLAGS.num_ps):
+            ps, ps_info = start_service(
+                f"ps-{i}", "keras_elastic.ps",
+                [f"--ps_index={i}", f"--num_ps={FLAGS.num_ps}", "--grads_to_wait=1"],
+                job_dir)
+            services.append(ps)
+            addresses.append(ps_info["address"])
+        os.environ.update(cluster_env.to_env(master_info["address"], addresses, 0,
+                                             job_dir))
+        reset_cluster()
+        cluster = get_cluster()
+        if FLAGS.wire_bytes:
+            cluster.ps._stubs = [_WireCountingStub(s) for s in cluster.ps._stubs]
+        logging.info("worker %d: master %s, PS %s", cluster.worker_id,
+                     cluster.master_address, ",".join(cluster.ps_addresses))
+        train = ke.ElasticDataset((ids, labels), batch_size=FLAGS.batch_size,
+                                  minibatches_per_task=FLAGS.minibatches_per_task,
+                                  name="ctr")
+        model = compiled_model(elastic=True)
+        window = Window(FLAGS.warmup_steps, [p.pid for p in services], cluster.timer)
+        before = rss_bytes()
+        model.fit(train, epochs=1, verbose=0, callbacks=[window.callback])
+        m = window.measurement(samples)
+        m.rss_before, m.rss_after = before, rss_bytes()
+        m.service_rss = [rss_bytes(p.pid) for p in services]
+        return m
+    finally:
+        reset_cluster()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        for process in reversed(services):
+            process.terminate()
+        logging.info("service logs in %s", job_dir)
+
+
+# -- the report --------------------------------------------------------------
+def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
+    from keras_elastic.common.timing import PHASE_HELP, format_table
+
+    steps = FLAGS.steps
+    table_bytes = FLAGS.rows * FLAGS.dim * 4
+    t = {k: v / max(elastic.traffic["exchanges"], 1) for k, v in elastic.traffic.items()}
+    row_bytes = FLAGS.dim * 4
+    mean_unique = float(unique.mean())
+    minimum = 2 * mean_unique * row_bytes
+    sparse = (t["lookup_ids_sent"] + t["rows_received"] + t["push_ids_sent"]
+              + t["grad_rows_sent"])
+    dense = t["dense_sent"] + t["dense_received"]
+    ratio = elastic.rate / plain.rate
+    bytes_ratio = sparse / minimum
+    lines = [
+        "", f"CTR-like model: {FLAGS.fields} int64 id fields -> one table {FLAGS.rows:,}"
+        f" x {FLAGS.dim} ({table_bytes / _MB:.0f} MB) -> MLP {','.join(FLAGS.hidden)}"
+        f" -> 1; Adagrad({FLAGS.learning_rate}); batch {FLAGS.batch_size}; Zipf "
+        f"a={FLAGS.zipf_a}: {mean_unique:.0f} unique ids per batch of "
+        f"{FLAGS.batch_size * FLAGS.fields} (min {unique.min()}, max {unique.max()})",
+        f"{steps} steps ({plain.samples} samples) timed after {FLAGS.warmup_steps} "
+        f"warm-up steps; elastic: 1 worker (this process) + {FLAGS.num_ps} PS + master "
+        "processes", "",
+        f"  {'configuration':44s} {'samples/s':>9s} {'wall s':>7s} {'ratio':>6s}   "
+        f"{'CPU s (worker+services)':>23s} {'samples/CPU-s':>13s}"]
+    for label, m, r in (("plain Keras fit, keras.layers.Embedding", plain, None),
+                        ("keras-elastic, ke.layers.Embedding on PS", elastic, ratio)):
+        cpu = m.worker_cpu + m.service_cpu
+        lines.append(f"  {label:44s} {m.rate:9.1f} {m.seconds:7.1f} "
+                     f"{'' if r is None else f'{r:6.3f}':>6s}   "
+                     f"{f'{cpu:.1f} ({m.worker_cpu:.1f}+{m.service_cpu:.1f})':>23s} "
+                     f"{m.samples / cpu:13.1f}")
+    lines += [
+        "", "elastic worker traffic per step (mean over the timed steps; "
+        f"{elastic.traffic['exchanges']} pushes, {elastic.traffic['lookups']} lookups "
+        "in the window):",
+        f"  unique ids looked up per step:   {t['lookup_ids']:12.1f}"
+        f"   (from the data: {mean_unique:.1f})",
+        f"  embedding, pulled: ids sent      {t['lookup_ids_sent']:12,.0f} B",
+        f"                     rows received {t['rows_received']:12,.0f} B",
+        f"  embedding, pushed: ids sent      {t['push_ids_sent']:12,.0f} B",
+        f"                     grad rows     {t['grad_rows_sent']:12,.0f} B",
+        f"  embedding total                  {sparse:12,.0f} B",
+        f"  minimum (2 x unique x {FLAGS.dim} x 4) {minimum:12,.0f} B   ratio "
+        f"{bytes_ratio:.3f}",
+        f"  dense (MLP): grads sent          {t['dense_sent']:12,.0f} B",
+        f"               values received     {t['dense_received']:12,.0f} B",
+        f"  dense total                      {dense:12,.0f} B",
+    ]
+    if FLAGS.wire_bytes:
+        lines += [
+            f"  at the wire (protobuf): Lookup   {t['wire_lookup']:12,.0f} B",
+            f"                       PushSmall   {t['wire_push']:12,.0f} B   (embedding"
+            " + dense, both ways)"]
+    lines += [
+        "", "resident memory (VmRSS):",
+        f"  table size ({FLAGS.rows:,} x {FLAGS.dim} x 4)         "
+        f"{table_bytes / _MB:8.1f} MB",
+        f"  elastic worker after training      {elastic.rss_after / _MB:8.1f} MB   "
+        f"({(elastic.rss_after - elastic.rss_before) / _MB:+.1f} MB in fit; "
+        f"{elastic.rss_after / table_bytes:.2f} x the table)",
+        "  services after training            " + ", ".join(
+            f"{name} {rss / _MB:.1f} MB" for name, rss in zip(
+                ["master"] + [f"ps-{i}" for i in range(FLAGS.num_ps)],
+                elastic.service_rss)),
+        f"  plain Keras process after training {plain.rss_after / _MB:8.1f} MB   "
+        f"({(plain.rss_after - plain.rss_before) / _MB:+.1f} MB in fit)",
+        "", "per-phase seconds of the elastic worker, timed window:"]
+    lines += ["  " + r for r in format_table(elastic.phases, elastic.seconds).splitlines()]
+    lines += [f"  {phase}: {text}" for phase, text in PHASE_HELP.items()
+              if phase in elastic.phases]
+    verdict = "meets" if ratio >= FLAGS.target_ratio else "is BELOW"
+    bverdict = "meets" if bytes_ratio <= FLAGS.target_bytes_ratio else "is ABOVE"
+    lines += [
+        "", f"samples/s ratio elastic/plain {ratio:.3f} {verdict} the target "
+        f"{FLAGS.target_ratio}",
+        f"embedding bytes per step / minimum {bytes_ratio:.3f} {bverdict} the target "
+        f"{FLAGS.target_bytes_ratio}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.warmup_steps < 1 or FLAGS.steps < 1:
+        raise app.UsageError("--warmup_steps and --steps must be at least 1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    total = FLAGS.warmup_steps + FLAGS.steps
+    ids, labels = make_data(total * FLAGS.batch_size)
+    unique = unique_per_batch(ids, FLAGS.warmup_steps, total)
+    samples = FLAGS.steps * FLAGS.batch_size
+    # Elastic first: its worker's resident memory is then not the plain run's.
+    logging.info("measuring elastic ...")
+    elastic = run_elastic(ids, labels, samples)
+    logging.info("elastic: %.1f s for %d samples", elastic.seconds, samples)
+    gc.collect()
+    logging.info("measuring plain ...")
+    plain = run_plain(ids, labels, samples)
+    logging.info("plain: %.1f s for %d samples", plain.seconds, samples)
+    print(report(plain, elastic, unique), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -57,7 +57,10 @@ flags.DEFINE_integer("dim", 32, "Width of the embedding table.")
 flags.DEFINE_integer("fields", 26, "Id inputs of the model (one table for all).")
 flags.DEFINE_list("hidden", ["256", "128"], "Units of the MLP's hidden layers.")
 flags.DEFINE_integer("batch_size", 512, "Minibatch size.")
-flags.DEFINE_integer("steps", 300, "Timed steps per configuration.")
+flags.DEFINE_integer("steps", 300, "Timed steps of the elastic configuration.")
+flags.DEFINE_integer("plain_steps", 100, "Timed steps of the plain configuration (on "
+                     "the first records; at most --steps): Keras' Adagrad does work "
+                     "proportional to the whole table every step, so each is slow.")
 flags.DEFINE_integer("warmup_steps", 20, "Steps before the timed ones (left out).")
 flags.DEFINE_integer("minibatches_per_task", 32, "Elastic: minibatches per task.")
 flags.DEFINE_float("zipf_a", 1.2, "Exponent of the Zipf law of each field's ids.")
@@ -269,7 +272,9 @@ class Measurement:
     phases: dict[str, float]
     rss_before: int = 0
     rss_after: int = 0
+    service_rss_before: list[int] = dataclasses.field(default_factory=list)
     service_rss: list[int] = dataclasses.field(default_factory=list)
+    rows_held: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -326,10 +331,14 @@ def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measuremen
         model = compiled_model(elastic=True)
         window = Window(FLAGS.warmup_steps, [p.pid for p in services], cluster.timer)
         before = rss_bytes()
+        services_before = [rss_bytes(p.pid) for p in services]
         model.fit(train, epochs=1, verbose=0, callbacks=[window.callback])
         m = window.measurement(samples)
         m.rss_before, m.rss_after = before, rss_bytes()
+        m.service_rss_before = services_before
         m.service_rss = [rss_bytes(p.pid) for p in services]
+        m.rows_held = [sum(s["tables"].values())
+                       for s in cluster.ps.call_all("Status", {}, timeout=60)]
         return m
     finally:
         reset_cluster()
@@ -347,7 +356,6 @@ def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measuremen
 def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
     from keras_elastic.common.timing import PHASE_HELP, format_table
 
-    steps = FLAGS.steps
     table_bytes = FLAGS.rows * FLAGS.dim * 4
     t = {k: v / max(elastic.traffic["exchanges"], 1) for k, v in elastic.traffic.items()}
     row_bytes = FLAGS.dim * 4
@@ -364,9 +372,10 @@ def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
         f" -> 1; Adagrad({FLAGS.learning_rate}); batch {FLAGS.batch_size}; Zipf "
         f"a={FLAGS.zipf_a}: {mean_unique:.0f} unique ids per batch of "
         f"{FLAGS.batch_size * FLAGS.fields} (min {unique.min()}, max {unique.max()})",
-        f"{steps} steps ({plain.samples} samples) timed after {FLAGS.warmup_steps} "
-        f"warm-up steps; elastic: 1 worker (this process) + {FLAGS.num_ps} PS + master "
-        "processes", "",
+        f"timed after {FLAGS.warmup_steps} warm-up steps: elastic {elastic.samples} "
+        f"samples ({elastic.samples // FLAGS.batch_size} steps; 1 worker = this process"
+        f", {FLAGS.num_ps} PS + master processes), plain {plain.samples} samples "
+        f"({plain.samples // FLAGS.batch_size} steps, the first records)", "",
         f"  {'configuration':44s} {'samples/s':>9s} {'wall s':>7s} {'ratio':>6s}   "
         f"{'CPU s (worker+services)':>23s} {'samples/CPU-s':>13s}"]
     for label, m, r in (("plain Keras fit, keras.layers.Embedding", plain, None),
@@ -405,10 +414,13 @@ def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
         f"  elastic worker after training      {elastic.rss_after / _MB:8.1f} MB   "
         f"({(elastic.rss_after - elastic.rss_before) / _MB:+.1f} MB in fit; "
         f"{elastic.rss_after / table_bytes:.2f} x the table)",
-        "  services after training            " + ", ".join(
-            f"{name} {rss / _MB:.1f} MB" for name, rss in zip(
+        "  services before -> after training  " + ", ".join(
+            f"{name} {a / _MB:.0f} -> {b / _MB:.0f} MB" for name, a, b in zip(
                 ["master"] + [f"ps-{i}" for i in range(FLAGS.num_ps)],
-                elastic.service_rss)),
+                elastic.service_rss_before, elastic.service_rss)),
+        f"  rows held by the servers           {', '.join(map(str, elastic.rows_held))}"
+        f" ({sum(elastic.rows_held) / FLAGS.rows:.1%} of the table; rows + Adagrad "
+        f"slot {2 * sum(elastic.rows_held) * FLAGS.dim * 4 / _MB:.1f} MB)",
         f"  plain Keras process after training {plain.rss_after / _MB:8.1f} MB   "
         f"({(plain.rss_after - plain.rss_before) / _MB:+.1f} MB in fit)",
         "", "per-phase seconds of the elastic worker, timed window:"]
@@ -431,18 +443,20 @@ def main(argv: list[str]) -> None:
     if FLAGS.warmup_steps < 1 or FLAGS.steps < 1:
         raise app.UsageError("--warmup_steps and --steps must be at least 1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not 1 <= FLAGS.plain_steps <= FLAGS.steps:
+        raise app.UsageError("--plain_steps must be in [1, --steps]")
     total = FLAGS.warmup_steps + FLAGS.steps
     ids, labels = make_data(total * FLAGS.batch_size)
     unique = unique_per_batch(ids, FLAGS.warmup_steps, total)
-    samples = FLAGS.steps * FLAGS.batch_size
     # Elastic first: its worker's resident memory is then not the plain run's.
     logging.info("measuring elastic ...")
-    elastic = run_elastic(ids, labels, samples)
-    logging.info("elastic: %.1f s for %d samples", elastic.seconds, samples)
+    elastic = run_elastic(ids, labels, FLAGS.steps * FLAGS.batch_size)
+    logging.info("elastic: %.1f s for %d samples", elastic.seconds, elastic.samples)
     gc.collect()
     logging.info("measuring plain ...")
-    plain = run_plain(ids, labels, samples)
-    logging.info("plain: %.1f s for %d samples", plain.seconds, samples)
+    n = (FLAGS.warmup_steps + FLAGS.plain_steps) * FLAGS.batch_size
+    plain = run_plain(ids[:n], labels[:n], FLAGS.plain_steps * FLAGS.batch_size)
+    logging.info("plain: %.1f s for %d samples", plain.seconds, plain.samples)
     print(report(plain, elastic, unique), flush=True)
 
 

@@ -397,3 +397,43 @@ def test_one_lookup_per_step_for_every_table(cluster, monkeypatch):
         start = initial_rows(keras.initializers.serialize(layer.embeddings_initializer),
                              seen, layer.output_dim, "float32")
         assert not np.allclose(server_table(cluster, layer, layer.input_dim)[seen], start)
+
+
+def test_store_applies_rows_with_the_dense_step_lazy_adam_and_averaging():
+    """Through the store's push: Adam's rows use the dense update's step (bias
+    correction) and learning rate, only touched rows and slots change (lazy),
+    and with grads_to_wait=2 two pushes are averaged into one update."""
+    from keras_elastic.ps.store import ParameterStore
+
+    adam = {"class_name": "Adam", "config": {"learning_rate": 0.1, "beta_1": 0.9,
+                                             "beta_2": 0.999, "epsilon": 1e-7}}
+    store = ParameterStore()
+    store.init({"w": np.zeros(2, np.float32)}, {"w": True}, adam,
+               tables={"t": {"dim": 2, "input_dim": 10, "initializer": "zeros"}})
+    rng = np.random.default_rng(0)
+    m, v, rows = np.zeros((10, 2)), np.zeros((10, 2)), np.zeros((10, 2))
+    for step in range(1, 5):
+        ids = np.unique(rng.integers(0, 10, size=4))
+        g = rng.normal(size=(len(ids), 2)).astype(np.float32)
+        store.push({"w": np.ones(2, np.float32)}, {}, store.version,
+                   sparse={"t": (ids, g)})
+        m[ids] = 0.9 * m[ids] + 0.1 * g
+        v[ids] = 0.999 * v[ids] + 0.001 * g * g
+        lr = 0.1 * np.sqrt(1 - 0.999 ** step) / (1 - 0.9 ** step)
+        rows[ids] -= lr * m[ids] / (np.sqrt(v[ids]) + 1e-7)
+        held, values, slots = store.tables["t"].export()
+        np.testing.assert_allclose(values, rows[held], atol=1e-5)
+        np.testing.assert_allclose(slots["momentum"], m[held], atol=1e-6)
+        np.testing.assert_allclose(slots["velocity"], v[held], atol=1e-6)
+    assert int(store.optimizer.iterations.numpy()) == 4
+
+    averaged = ParameterStore(grads_to_wait=2)
+    averaged.init({"w": np.zeros(2, np.float32)}, {"w": True},
+                  {"class_name": "SGD", "config": {"learning_rate": 1.0}},
+                  tables={"t": {"dim": 2, "input_dim": 10, "initializer": "zeros"}})
+    averaged.push({}, {}, 0, sparse={"t": (np.array([1, 2]), np.ones((2, 2), "f4"))})
+    assert len(averaged.tables["t"]) == 0  # buffered, nothing applied yet
+    averaged.push({}, {}, 0, sparse={"t": (np.array([2]), np.full((1, 2), 3, "f4"))})
+    ids, values, _ = averaged.tables["t"].export()
+    assert ids.tolist() == [1, 2]
+    np.testing.assert_allclose(values, [[-0.5, -0.5], [-2.0, -2.0]])

@@ -108,6 +108,28 @@ def embedded_cluster():
     cluster_mod.reset_cluster()
 
 
+@pytest.fixture
+def start_cluster():
+    """`start(num_ps)` makes real in-process master + `num_ps` parameter servers
+    *the* cluster of this process (closed after the test); returns (cluster,
+    servers)."""
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.ps.server import ParameterServer
+    from keras_elastic.worker import cluster as cluster_mod
+
+    def start(num_ps: int):
+        cluster_mod.reset_cluster()
+        master = MasterServer()
+        servers = [ParameterServer(ps_index=i, num_ps=num_ps) for i in range(num_ps)]
+        cluster = cluster_mod.Cluster(master.address, [s.address for s in servers], 0,
+                                      embedded_servers=(*servers, master))
+        cluster_mod._cluster = cluster
+        return cluster, servers
+
+    yield start
+    cluster_mod.reset_cluster()
+
+
 @pytest.fixture(autouse=True)
 def _index_dir(tmp_path, monkeypatch):
     """TFRecord indexes go to the test's own folder, not ~/.cache."""

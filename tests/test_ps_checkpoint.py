@@ -9,30 +9,7 @@ from tfrecord_data import make_arrays
 
 import keras_elastic as ke
 from keras_elastic.checkpoint import ps_layout
-from keras_elastic.master.server import MasterServer
 from keras_elastic.ps.checkpointing import named_variables
-from keras_elastic.ps.server import ParameterServer
-from keras_elastic.worker import cluster as cluster_mod
-
-
-@pytest.fixture
-def start_cluster():
-    """Starts real in-process master + N parameter servers as *the* cluster."""
-    started = []
-
-    def start(num_ps: int):
-        cluster_mod.reset_cluster()
-        master = MasterServer()
-        servers = [ParameterServer(ps_index=i, num_ps=num_ps) for i in range(num_ps)]
-        cluster = cluster_mod.Cluster(master.address, [s.address for s in servers], 0,
-                                      embedded_servers=(*servers, master))
-        cluster_mod._cluster = cluster
-        started.append(cluster)
-        return cluster, servers
-
-    yield start
-    cluster_mod.reset_cluster()
-
 
 CKPT = "{}/ckpt/"  # a directory (trailing slash): ckpt-0001, ckpt-0002, ...
 

@@ -16,23 +16,9 @@ VOCAB, DIM, FIELDS = 200, 4, 3
 
 
 @pytest.fixture(params=[1, 2], ids=["1ps", "2ps"])
-def cluster(request, embedded_cluster):
-    """The embedded cluster, with `request.param` parameter servers."""
-    if request.param == 1:
-        yield embedded_cluster
-        return
-    from keras_elastic.master.server import MasterServer
-    from keras_elastic.ps.server import ParameterServer
-    from keras_elastic.worker import cluster as cluster_mod
-
-    cluster_mod.reset_cluster()
-    master = MasterServer()
-    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
-    made = cluster_mod.Cluster(master.address, [s.address for s in servers],
-                               worker_id=0, embedded_servers=(*servers, master))
-    cluster_mod._cluster = made
-    yield made
-    cluster_mod.reset_cluster()
+def cluster(request, start_cluster):
+    """The cluster of this process, with `request.param` parameter servers."""
+    return start_cluster(request.param)[0]
 
 
 def data(n=512, seed=0):
@@ -184,22 +170,10 @@ def _table_rows(servers, table):
 
 @pytest.mark.parametrize("restore_ps", [1, 3])
 def test_tables_saved_with_two_servers_restore_onto_another_count(tmp_path,
+                                                                  start_cluster,
                                                                   restore_ps):
-    from keras_elastic.master.server import MasterServer
-    from keras_elastic.ps.server import ParameterServer
-    from keras_elastic.worker import cluster as cluster_mod
-
-    def start(num_ps):
-        cluster_mod.reset_cluster()
-        master = MasterServer()
-        servers = [ParameterServer(ps_index=i, num_ps=num_ps) for i in range(num_ps)]
-        cluster_mod._cluster = cluster_mod.Cluster(
-            master.address, [s.address for s in servers], 0,
-            embedded_servers=(*servers, master))
-        return servers
-
     ids, y = data(512)
-    servers = start(2)
+    _, servers = start_cluster(2)
     checkpoint = ke.callbacks.ShardedModelCheckpoint(
         f"{tmp_path}/ckpt/", sharding_callback=tf.train.experimental.MaxShardSizePolicy(
             max_shard_size=1024))  # the table's rows span several files
@@ -213,7 +187,7 @@ def test_tables_saved_with_two_servers_restore_onto_another_count(tmp_path,
     part = ke.checkpoint.latest(f"{tmp_path}/ckpt/").extra["parts"]
     assert part == ["ps-000", "ps-001"]
 
-    servers = start(restore_ps)
+    _, servers = start_cluster(restore_ps)
     resumed = build(ke.layers.Embedding, keras.optimizers.Adam(0.05), seed=9)
     history = resumed.fit(ids, y, batch_size=32, epochs=2, verbose=0, callbacks=[
         ke.callbacks.ShardedModelCheckpoint(f"{tmp_path}/ckpt/",
@@ -228,7 +202,6 @@ def test_tables_saved_with_two_servers_restore_onto_another_count(tmp_path,
             np.testing.assert_array_equal(restored[i][1][s], slots[s])
     if restore_ps == 3:
         assert all(len(held.store.tables[table]) for held in servers)
-    cluster_mod.reset_cluster()
 
 
 def test_export_materializes_the_table_as_a_plain_keras_embedding(tmp_path, cluster):

@@ -67,6 +67,9 @@ class _ElasticState:
         self.eval_step = None        # compiled test_step / predict_step
         self.predict_step = None
         self.eval_rounds: dict[str, int] = {}  # dataset -> next standalone round
+        # A parameter-server checkpoint the servers load when the model first
+        # connects to them (set by ke.checkpoint.restore_model).
+        self.restore_from = ""
 
 
 class ElasticTrainerMixin:
@@ -183,7 +186,8 @@ class ElasticTrainerMixin:
             restore_model(self, local_restore.path)
         if state.sync is None or state.sync.ps is not cluster.ps:
             state.sync = ModelSync(self, cluster.ps, cluster.timer)
-            state.sync.initialize(restore_from)
+            state.sync.initialize(restore_from or state.restore_from)
+            state.restore_from = ""
         else:
             state.sync.pull()
         return state.sync

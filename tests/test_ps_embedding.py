@@ -410,3 +410,27 @@ def test_store_applies_rows_with_the_dense_step_lazy_adam_and_averaging():
     ids, values, _ = averaged.tables["t"].export()
     assert ids.tolist() == [1, 2]
     np.testing.assert_allclose(values, [[-0.5, -0.5], [-2.0, -2.0]])
+
+
+def test_restore_model_brings_the_servers_tables_back(tmp_path, cluster):
+    import glob
+
+    ids, y = data(256)
+    model = build(ke.layers.Embedding, keras.optimizers.Adagrad(0.2))
+    layer = model.get_layer("table")
+    after_first = {}
+
+    class Keep(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                after_first["table"] = server_table(cluster, layer)
+                after_first["weights"] = model.get_weights()
+
+    model.fit(ids, y, batch_size=32, epochs=2, verbose=0, callbacks=[
+        ke.callbacks.ShardedModelCheckpoint(f"{tmp_path}/ckpt/"), Keep()])
+    assert not np.allclose(server_table(cluster, layer), after_first["table"])
+    first = sorted(glob.glob(f"{tmp_path}/ckpt/ckpt-*"))[0]
+    ke.checkpoint.restore_model(model, first)  # connected: the servers at once
+    np.testing.assert_array_equal(server_table(cluster, layer), after_first["table"])
+    for a, b in zip(model.get_weights(), after_first["weights"]):
+        np.testing.assert_array_equal(a, b)

@@ -64,7 +64,7 @@ ZIPF_EXPONENT = 1.4
 NONZERO_FRACTION = 0.5
 FIELD_SCALE = 0.5
 HEAD_RANKS = 10.0
-DENSE_SCALE = 0.3  # the dense weights: N(0, DENSE_SCALE**2), 30 % of them zero
+DENSE_SCALE = 0.3  # dense weights: N(0, DENSE_SCALE**2), about 30 % set to 0
 CLICK_RATE = 0.25
 FORMAT_VERSION = 1  # in metadata.json: data of another version is rewritten
 
@@ -244,9 +244,9 @@ def prepare(output_dir: str = DEFAULT_DIR, num_train: int = 200_000,
     paths["validation"]   # ['/tmp/ctr/validation-00000-of-00001.tfrecord']
     ```
     """
-    for name, value, low in (("num_train", num_train, num_shards),
-                             ("num_validation", num_validation, 1),
-                             ("num_shards", num_shards, 1)):
+    for name, value, low in (("num_shards", num_shards, 1),
+                             ("num_train", num_train, num_shards),
+                             ("num_validation", num_validation, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"prepare_data: --{name} must be an integer >= {low}, "
                              f"got {value!r}")

@@ -124,7 +124,10 @@ def read_table(info: SaveInfo, table: str, slot_names: tuple[str, ...] | list[st
 
 def restore_model_variables(model, info: SaveInfo) -> None:
     """Loads a parameter-server checkpoint's model variables into `model`
-    (weights only: the optimizer's slots live on the servers)."""
+    (weights only: the optimizer's slots live on the servers). An elastic
+    model's servers restore the whole checkpoint (slots and embedding tables
+    included): at once if the model is connected to them, else when it
+    connects (its next fit, evaluate or predict)."""
     from keras_elastic.common.variable_keys import model_variables, variable_keys
 
     keys = variable_keys(model)
@@ -136,3 +139,10 @@ def restore_model_variables(model, info: SaveInfo) -> None:
                 f"{tuple(variable.shape)} in the model but "
                 f"{values[variable_name(key)].shape} in the checkpoint")
         variable.assign(values[variable_name(key)])
+    state = getattr(model, "_ke", None)  # an elastic model (ke.Model, ke.wrap)
+    if state is not None:
+        if state.sync is None:
+            state.restore_from = info.path
+        else:
+            state.sync.ps.call_all("Restore", {"path": info.path})
+            state.sync.pull()

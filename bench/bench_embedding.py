@@ -57,6 +57,7 @@ import time
 
 import numpy as np
 from absl import app, flags, logging
+from proc_stats import cpu_seconds, rss_bytes
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rows", 2_000_000, "Rows of the embedding table.")
@@ -131,25 +132,6 @@ def compiled_model(elastic: bool):
 
 
 # -- measuring ----------------------------------------------------------------
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds used so far by the processes `pids`."""
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def rss_bytes(pid: int | str = "self") -> int:
-    """Resident memory of process `pid` (VmRSS of /proc/<pid>/status)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
-
-
 class Traffic:
     """Bytes the worker's `PSClient` sends and receives, by kind (thread-safe)."""
 

@@ -24,6 +24,7 @@ import threading
 import time
 
 from absl import app, flags, logging
+from proc_stats import cpu_seconds
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("clients", 64, "Concurrent clients.")
@@ -70,12 +71,6 @@ def _client_process(address: str, threads: int, first_id: int, seconds: float,
     queue.put(sum(counts))
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(journal: str | None, per_call: int) -> float:
     """Tasks done per second by the clients against a fresh master."""
     ready = tempfile.mktemp(suffix=".json")
@@ -102,7 +97,7 @@ def measure(journal: str | None, per_call: int) -> float:
         for p in procs:
             p.start()
         done = sum(queue.get(timeout=FLAGS.seconds + 120) for _ in procs)
-        cpu = _cpu_seconds(master.pid)
+        cpu = cpu_seconds([master.pid])
         for p in procs:
             p.join()
         logging.info("master CPU %.1f s for %d tasks (%.0f us per task)", cpu, done,

@@ -46,6 +46,7 @@ import time
 import types
 
 from absl import app, flags, logging
+from proc_stats import cpu_seconds
 
 _EXAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "examples", "cifar10")
@@ -83,16 +84,6 @@ flags.DEFINE_bool("deterministic", True, "ElasticDataset(deterministic=...): Fal
                   "skips the per-element fingerprints of exactly-once replays.")
 
 CONFIGS = ("plain", "processes", "embedded")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds used so far by the processes `pids` (all threads)."""
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 class WindowTimer:

@@ -434,3 +434,44 @@ def test_restore_model_brings_the_servers_tables_back(tmp_path, cluster):
     np.testing.assert_array_equal(server_table(cluster, layer), after_first["table"])
     for a, b in zip(model.get_weights(), after_first["weights"]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_layer_and_table_errors_name_what_is_wrong():
+    from keras_elastic.ps.store import ParameterStore
+
+    with pytest.raises(ValueError, match="does not support \\['embeddings_regularizer'"):
+        ke.layers.Embedding(10, 2, embeddings_regularizer="l2")
+    with pytest.raises(ValueError, match="'e': input_dim must be positive or None"):
+        ke.layers.Embedding(0, 2, name="e")
+    model = keras.Sequential([keras.Input((3,), dtype="int64"), keras.layers.Embedding(
+        100, 4, embeddings_regularizer="l2", name="reg")])
+    with pytest.raises(ValueError, match="cannot move embedding 'reg'"):
+        ke.wrap(model, ps_embeddings_above=0)
+    store = ParameterStore()
+    sgd = {"class_name": "SGD", "config": {}}
+    store.init({"w": np.zeros(1, "f4")}, {"w": True}, sgd, tables={"t": {"dim": 4}})
+    with pytest.raises(ValueError, match="embedding table 't' is .* there but"):
+        store.init({"w": np.zeros(1, "f4")}, {"w": True}, sgd, tables={"t": {"dim": 8}})
+    with pytest.raises(ValueError, match="embedding table 'u': dtype int32 is not a float"):
+        ParameterStore().init({}, {}, sgd, tables={"u": {"dim": 2, "dtype": "int32"}})
+
+
+def test_export_of_a_subclassed_model_with_server_tables_is_refused(tmp_path,
+                                                                   embedded_cluster):
+    class Sub(ke.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = ke.layers.Embedding(VOCAB, DIM, name="sub_table")
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(keras.ops.sum(self.table(x), axis=1))
+
+    model = Sub()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError, match="'sub_table'.*not connected"):
+        ke.checkpoint.export_keras(model, str(tmp_path / "a.keras"))
+    ids, y = data(64)
+    model.fit(ids, y, batch_size=32, verbose=0)
+    with pytest.raises(ValueError, match="cannot export Sub with ke.layers.Embedding"):
+        ke.checkpoint.export_keras(model, str(tmp_path / "b.keras"))

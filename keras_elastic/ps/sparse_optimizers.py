@@ -51,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import math
 import numbers
 
@@ -85,7 +86,7 @@ def _number(cls: str, key: str, value: object, low: float | None = None,
     return float(value)
 
 
-class SparseOptimizer:
+class SparseOptimizer(abc.ABC):
     """Updates embedding rows and their slots; see the module docstring.
 
     Subclasses set `slot_names` and `_initial` (the initial value of each
@@ -155,9 +156,10 @@ class SparseOptimizer:
         self._update(values, slots, grads.astype(values.dtype, copy=False), int(step),
                      dt(learning_rate))
 
+    @abc.abstractmethod
     def _update(self, values: np.ndarray, slots: dict[str, np.ndarray],
                 grads: np.ndarray, step: int, lr: np.floating) -> None:
-        raise NotImplementedError
+        """The optimizer's row update, in place (arguments checked)."""
 
 
 class SparseSGD(SparseOptimizer):

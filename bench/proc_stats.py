@@ -1,0 +1,28 @@
+"""CPU time and resident memory of processes, from /proc (shared by the benches).
+
+>>> cpu_seconds([os.getpid()]) >= 0
+True
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes `pids` (all threads)."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of process `pid` (VmRSS of /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")

@@ -38,7 +38,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
+from keras.src.trainers.trainer import Trainer
+from keras.src.utils.naming import auto_name
 
 from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.checkpoint import ps_layout
@@ -454,6 +458,43 @@ class Model(ElasticTrainerMixin, keras.Model):
     model.fit(ke.ElasticDataset((x, y), batch_size=16), epochs=2)
     ```
     """
+
+    # Keras turns a `keras.Model` subclass called with (inputs, outputs) into
+    # a functional one by rewriting the `__bases__` of every class up to
+    # `keras.Model`: done to `ke.Model`, that would make every later subclass
+    # of `ke.Model` functional (`super().__init__()` then fails for want of
+    # inputs). As Keras does for `keras.Model`, `ke.Model(inputs, outputs)`
+    # builds an instance of a functional subclass instead, and a subclass of
+    # `ke.Model` used functionally is rebased on that subclass.
+    def __new__(cls, *args, **kwargs):
+        if cls is Model and functional_init_arguments(args, kwargs):
+            return _FunctionalModel.__new__(_FunctionalModel, *args, **kwargs)
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        if not functional_init_arguments(args, kwargs):
+            super().__init__(*args, **kwargs)
+            return
+        if not isinstance(self, Functional):
+            _inject_functional_model(type(self))
+        Trainer.__init__(self)
+        if len(args) < 3 and kwargs.get("name") is None:
+            kwargs["name"] = auto_name("model")   # as before: not "_functional_model"
+        Functional.__init__(self, *args, **kwargs)
+
+
+class _FunctionalModel(Model, Functional):
+    """`ke.Model(inputs, outputs)`: a functional `ke.Model`."""
+
+
+def _inject_functional_model(cls: type) -> type:
+    """Keras' `inject_functional_model_class`, stopping at `ke.Model`."""
+    if cls is Model:
+        return _FunctionalModel
+    if cls is object or not issubclass(cls, Model):
+        return cls
+    cls.__bases__ = tuple(_inject_functional_model(b) for b in cls.__bases__)
+    return cls
 
 
 class Sequential(ElasticTrainerMixin, keras.Sequential):

@@ -107,3 +107,33 @@ def test_keras_callbacks_and_history_work(embedded_cluster):
     assert [e for e, _ in seen] == [0, 1, 2]
     assert seen[0][1] == ["accuracy", "loss"]
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_functional_ke_model_leaves_ke_model_subclassable():
+    # Keras makes a `keras.Model` subclass called with (inputs, outputs)
+    # functional by rewriting class bases; done to ke.Model itself, every
+    # later `class M(ke.Model)` would need inputs and outputs.
+    bases = ke.Model.__bases__
+    functional_model = functional(ke.Model)
+    assert isinstance(functional_model, ke.Model)
+    assert functional_model.name.startswith("model")
+
+    class UsedFunctionally(ke.Model):
+        def __init__(self):
+            inputs = keras.Input((8,))
+            super().__init__(inputs, keras.layers.Dense(2)(inputs))
+
+    assert UsedFunctionally()(np.ones((1, 8))).shape == (1, 2)
+    assert ke.Model.__bases__ == bases
+
+    class Sub(ke.Model):
+        def __init__(self):
+            super().__init__()
+            self.out = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.out(x)
+
+    assert Sub()(np.ones((3, 8))).shape == (3, 2)
+    # What an export saves: Keras' own functional class.
+    assert functional_model.serving_class.__name__ == "Functional"

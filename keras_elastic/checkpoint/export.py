@@ -33,7 +33,6 @@ def export_keras(model: keras.Model, path: str) -> str:
 
     ```python
     import keras
-import numpy as np
     import keras_elastic as ke
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

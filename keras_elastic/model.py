@@ -475,7 +475,9 @@ class Model(ElasticTrainerMixin, keras.Model):
         if not functional_init_arguments(args, kwargs):
             super().__init__(*args, **kwargs)
             return
-        if not isinstance(self, Functional):
+        if type(self) is Model:  # made by Model.__new__(Model) without arguments
+            self.__class__ = _FunctionalModel
+        elif not isinstance(self, Functional):
             _inject_functional_model(type(self))
         Trainer.__init__(self)
         if len(args) < 3 and kwargs.get("name") is None:

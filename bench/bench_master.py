@@ -3,7 +3,10 @@
 A master process (with the job token check, as always) serves one training
 dataset of one-record tasks; `--clients` concurrent clients (threads spread
 over `--client_processes` processes, each a `MasterClient` of its own) ask for
-a task and report it done, as fast as they can, for `--seconds`. The same run
+tasks and report them done, as fast as they can, for `--seconds`: first as a
+worker's task stream does (one task per GetTask, then a ReportTask), then as a
+client that fetches `--tasks_per_call` tasks ahead and reports them with its
+next GetTask (one call per round trip). The same run
 measures the master without a journal and with it (every answer waits for
 its record to be fsync'd; records are written in batches), and prints tasks/s
 of each and the ratio on / off.
@@ -32,8 +35,9 @@ flags.DEFINE_integer("client_processes", 4, "Processes the clients are spread ov
 flags.DEFINE_float("seconds", 10.0, "Seconds measured per configuration.")
 flags.DEFINE_integer("rounds", 3, "Measurements per configuration (best kept).")
 flags.DEFINE_integer("tasks_per_call", 8, "Second configuration: tasks each client "
-                     "asks for (and reports) per call (the first is 1, what a worker "
-                     "does).")
+                     "asks for per call, reporting the previous ones with the same "
+                     "call (the first configuration is what a worker's task stream "
+                     "does: one task per GetTask, then a ReportTask).")
 
 
 def _client_process(address: str, threads: int, first_id: int, seconds: float,
@@ -53,14 +57,23 @@ def _client_process(address: str, threads: int, first_id: int, seconds: float,
         while time.time() < start_at:
             time.sleep(0.001)
         end = start_at + seconds
+        held: list = []
         while time.time() < end:
-            tasks = client.get_tasks("bench", 0, per_call,
-                                     return_on_wait=True)
-            if not isinstance(tasks, list):
-                continue
-            client.report_tasks("bench", [t.task_id for t in tasks],
-                                leases=[t.lease for t in tasks])
-            counts[k] += len(tasks)
+            if per_call == 1:  # a worker's TaskStream: ask, train, report
+                tasks = client.get_tasks("bench", 0, 1, return_on_wait=True)
+                if not isinstance(tasks, list):
+                    continue
+                client.report_tasks("bench", [t.task_id for t in tasks],
+                                    leases=[t.lease for t in tasks])
+                counts[k] += len(tasks)
+            else:  # a client that fetches ahead: report with the next request
+                tasks = client.get_tasks("bench", 0, per_call, return_on_wait=True,
+                                         done=held)
+                counts[k] += len(held)
+                held = tasks if isinstance(tasks, list) else []
+        if held:
+            client.report_tasks("bench", [t.task_id for t in held],
+                                leases=[t.lease for t in held])
         client.close()
 
     pool = [threading.Thread(target=run, args=(k,)) for k in range(threads)]

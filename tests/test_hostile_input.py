@@ -17,6 +17,7 @@ import pytest
 
 from keras_elastic.common import rpc
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES, encode
+from keras_elastic.master.client import MasterClient, TaskNotHeldError
 from keras_elastic.master.server import MasterServer
 from keras_elastic.proto import master_pb2, master_pb2_grpc, ps_pb2, tensor_pb2
 from keras_elastic.ps import ParameterServer, PSClient, ps_for
@@ -545,3 +546,34 @@ def test_report_of_a_task_the_worker_does_not_hold(master):
                                                  task_ids=[held], success=True),
                     timeout=10)
     assert master_state(stub)["datasets"]["train"]["done_task_ids"] == [held]
+
+
+def test_tasks_reported_with_the_next_get_task(master):
+    """GetTask carries the tasks done since the last call (one call per round
+    trip); a report the master refuses hands out nothing and changes nothing."""
+    server, channel, stub = master
+    client = MasterClient(server.address)
+    client.register_worker()
+    client.register_dataset(master_pb2.RegisterDatasetRequest(
+        dataset="train", mode="training", records_per_task=5, num_epochs=1,
+        shards=[master_pb2.Shard(name="a", num_records=40)]))
+    first = client.get_tasks("train", 0, 3)
+    assert len(first) == 3
+    wrong_lease = master_pb2.Task(task_id=first[0].task_id, lease=first[0].lease + 99)
+    before = master_state(stub)
+    with pytest.raises(TaskNotHeldError, match=f"task {first[0].task_id}"):
+        client.get_tasks("train", 0, 3, done=[first[1], wrong_lease])
+    after = master_state(stub)
+    for state in (before, after):
+        state["datasets"]["train"].pop("late_reports", None)
+    assert after == before  # neither task recorded, nothing handed out
+    second = client.get_tasks("train", 0, 3, done=first)
+    assert len(second) == 3
+    status = master_state(stub)["datasets"]["train"]
+    assert status["done_task_ids"] == sorted(t.task_id for t in first)
+    rest = client.get_tasks("train", 0, 8, done=second)
+    assert len(rest) == 2
+    assert client.get_tasks("train", 0, 1, done=rest) is None  # the epoch is over
+    status = master_state(stub)["datasets"]["train"]
+    assert status["finished"] and status["tasks_done_total"] == 8
+    client.close()

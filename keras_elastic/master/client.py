@@ -59,7 +59,8 @@ class MasterClient:
                 raise ConnectionError(
                     f"master at {self.address} did not answer {method}: "
                     f"{e.details()}") from None
-            if code == grpc.StatusCode.FAILED_PRECONDITION and method == "ReportTask":
+            if code == grpc.StatusCode.FAILED_PRECONDITION and (
+                    method == "ReportTask" or getattr(request, "done_task_ids", None)):
                 raise TaskNotHeldError(e.details()) from None
             if code in (grpc.StatusCode.INVALID_ARGUMENT,
                         grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
@@ -128,14 +129,29 @@ class MasterClient:
 
     def get_tasks(self, dataset: str, epoch: int, max_tasks: int,
                   stop: threading.Event | None = None,
-                  return_on_wait: bool = False) -> list[master_pb2.Task] | str | None:
-        """Like `get_task`, but up to `max_tasks` tasks at once (a list)."""
+                  return_on_wait: bool = False,
+                  done: list[master_pb2.Task] | None = None
+                  ) -> list[master_pb2.Task] | str | None:
+        """Like `get_task`, but up to `max_tasks` tasks at once (a list).
+
+        `done`: tasks this worker finished, reported with this request (one
+        call instead of a `report_tasks` and a `get_tasks`). If the master
+        refuses that report (a task no longer held), `TaskNotHeldError` is
+        raised and nothing was handed out: report them one by one with
+        `report_tasks`, which says which.
+        """
+        ids = [t.task_id for t in done or ()]
+        leases = [t.lease for t in done or ()]
         while True:
             if stop is not None and stop.is_set():
+                if ids:  # still to be reported
+                    self.report_tasks(dataset, ids, leases=leases)
                 return None
             response = self._call("GetTask", master_pb2.GetTaskRequest(
                 worker_id=self.worker_id, dataset=dataset, epoch=epoch,
-                return_on_wait=return_on_wait, max_tasks=max_tasks))
+                return_on_wait=return_on_wait, max_tasks=max_tasks,
+                done_task_ids=ids, done_leases=leases))
+            ids, leases = [], []  # recorded: a repeated request must not repeat them
             kind = response.kind
             if kind == master_pb2.GetTaskResponse.TASK:
                 return [response.task, *response.more_tasks]

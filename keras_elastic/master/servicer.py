@@ -337,6 +337,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def GetTask(self, request, context):
         kinds = master_pb2.GetTaskResponse
+        if request.done_task_ids:
+            self._piggybacked_report(request, context)
         waiting = self._waiting.get(request.dataset, {})
 
         def attempt(ds):
@@ -389,6 +391,42 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return True
         return not train.finished and train.epoch <= epoch
 
+    def _done(self, ds: DatasetTasks, worker_id: int, task_ids: list[int],
+              states: dict | None) -> int:
+        """Records tasks done (held: checked by the caller), under the lock;
+        returns the journal record to wait for (0: none, the epoch goes on)."""
+        epoch = ds.epoch
+        accepted = ds.report_done(worker_id, task_ids, states)
+        if accepted:
+            done = self._log({"t": "done", "ds": ds.spec.name,
+                              "rows": ds.ledger_rows(len(accepted)),
+                              "states": _encode_states(states)})
+            if ds.epoch != epoch:  # this report ended the epoch
+                self._milestone_seq = done
+                return done
+        return 0
+
+    def _piggybacked_report(self, request, context) -> None:
+        """The tasks a GetTask reports done, recorded before anything is handed
+        out (as a ReportTask would: refused, nothing changes)."""
+        task_ids, leases = list(request.done_task_ids), list(request.done_leases)
+        if leases and len(leases) != len(task_ids):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"GetTask: {len(task_ids)} done task ids but {len(leases)} "
+                          "leases")
+        with self._cond:
+            ds = self._datasets.get(request.dataset)
+            if ds is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"dataset '{request.dataset}' is not registered")
+            refused = ds.not_held(request.worker_id, task_ids, leases)
+            if refused:
+                ds.late_reports += len(refused)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              ds.describe_not_held(request.worker_id, refused))
+            self._done(ds, request.worker_id, task_ids, None)
+            self._cond.notify_all()
+
     def ReportTask(self, request, context):
         seq = 0
         task_ids, leases = list(request.task_ids), list(request.leases)
@@ -414,14 +452,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"ReportTask: bad metric states: {e}")
-                epoch = ds.epoch
-                accepted = ds.report_done(request.worker_id, task_ids, states)
-                if accepted:
-                    done = self._log({"t": "done", "ds": ds.spec.name,
-                                      "rows": ds.ledger_rows(len(accepted)),
-                                      "states": _encode_states(states)})
-                    if ds.epoch != epoch:  # this report ended the epoch
-                        seq = self._milestone_seq = done
+                seq = self._done(ds, request.worker_id, task_ids, states)
             elif request.release:
                 given = ds.release(request.worker_id, task_ids, leases)
                 logging.info("worker %d gave back %d task(s) of '%s': %s",

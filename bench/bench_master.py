@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -130,14 +131,19 @@ def main(argv) -> None:
         for per_call in sorted({1, FLAGS.tasks_per_call}):
             results: dict[str, list[float]] = {"off": [], "on": []}
             for r in range(FLAGS.rounds):
-                results["off"].append(measure(None, per_call))
-                results["on"].append(measure(
-                    os.path.join(tmp, f"journal-{per_call}-{r}"), per_call))
+                # Alternate which goes first: no configuration always measures
+                # right after the other's teardown.
+                for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                    journal = (os.path.join(tmp, f"journal-{per_call}-{r}")
+                               if mode == "on" else None)
+                    results[mode].append(measure(journal, per_call))
                 logging.info("%d per call, round %d: off %.0f tasks/s, on %.0f tasks/s",
                              per_call, r, results["off"][-1], results["on"][-1])
             off, on = max(results["off"]), max(results["on"])
+            mid_off, mid_on = (statistics.median(results[m]) for m in ("off", "on"))
             print(f"  {per_call} task(s) per call: journal off {off:7.0f} tasks/s, "
-                  f"on {on:7.0f} tasks/s, ratio on / off {on / off:.3f}", flush=True)
+                  f"on {on:7.0f} tasks/s, ratio on / off {on / off:.3f} (medians "
+                  f"{mid_off:.0f} and {mid_on:.0f}: {mid_on / mid_off:.3f})", flush=True)
 
 
 if __name__ == "__main__":

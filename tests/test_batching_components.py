@@ -7,6 +7,8 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 import keras_elastic.batching as kb
 
@@ -178,3 +180,202 @@ def test_batching_spec_checks_its_arguments_when_made():
         kb.Batching(0)
     with pytest.raises(TypeError, match="drop_remainder must be a bool"):
         kb.Batching(2, drop_remainder=1)
+
+
+# The mixed native path (Dataset.ragged_batch) against the per-window path,
+# where each component is batched alone, and against the other native ops.
+
+def _ragged_element(rng, dtype=np.int32):
+    rows = [list(rng.integers(1, 9, rng.integers(0, 4))) for _ in range(rng.integers(0, 4))]
+    return tf.RaggedTensor.from_row_lengths(
+        np.array([v for row in rows for v in row], dtype),
+        np.array([len(row) for row in rows], np.int64))
+
+
+def _sparse_element(rng):
+    shape = [int(rng.integers(0, 4)), int(rng.integers(1, 5))]
+    cells = [c for c in np.ndindex(*shape) if rng.random() < 0.4]  # may be empty
+    return tf.SparseTensor(np.array(cells, np.int64).reshape(-1, 2),
+                           rng.integers(1, 9, len(cells)).astype(np.float32), shape)
+
+
+# name: (spec, element maker, reducers the component may get)
+LEAVES = {
+    "ints": (tf.TensorSpec([None], tf.int32),
+             lambda rng: rng.integers(0, 4, rng.integers(0, 6)).astype(np.int32),
+             [kb.padded(), kb.padded([6]), kb.padded([6], -1), kb.padded_sparse(),
+              kb.padded_sparse([7]), kb.sparse(), kb.ragged(), kb.ragged(tf.int32),
+              kb.count()]),
+    "grid": (tf.TensorSpec([None, None], tf.int64),
+             lambda rng: rng.integers(0, 3, rng.integers(0, 4, 2)).astype(np.int64),
+             [kb.padded(), kb.padded([4, 4], 7), kb.padded([None, 4]), kb.ragged(),
+              kb.padded_sparse(), kb.padded_sparse([4, None]), kb.count()]),
+    "rows3": (tf.TensorSpec([None, 3], tf.float32),
+              lambda rng: rng.random([rng.integers(0, 4), 3]).astype(np.float32),
+              [kb.padded(), kb.padded([5, 4], -1.0), kb.ragged(), kb.sparse()]),
+    "vec": (tf.TensorSpec([3], tf.float32),
+            lambda rng: rng.integers(0, 3, 3).astype(np.float32),
+            [None, kb.dense(), kb.padded([5]), kb.ragged(), kb.padded_sparse([4]),
+             kb.count()]),
+    "label": (tf.TensorSpec([], tf.int64), lambda rng: np.int64(rng.integers(0, 99)),
+              [None, kb.dense(), kb.count()]),
+    "words": (tf.TensorSpec([None], tf.string),
+              lambda rng: np.array([b"w%d" % k for k in rng.integers(0, 9,
+                                                                      rng.integers(0, 4))],
+                                   object),
+              [kb.padded(padding_value="<pad>"), kb.ragged()]),
+    "sp": (tf.SparseTensorSpec([None, None], tf.float32), _sparse_element,
+           [None, kb.sparse(), kb.padded_sparse([4, 5]), kb.padded_sparse(),
+            kb.padded(), kb.padded([4, 5], -1.0), kb.count()]),
+    "rg": (tf.RaggedTensorSpec([None, None], tf.int32, 1), _ragged_element,
+           [None, kb.ragged(), kb.padded(), kb.padded([4, 4], -2), kb.padded_sparse(),
+            kb.count()]),
+    # from_tensor_slices of a ragged tensor: ragged_rank 0 (no ragged_batch).
+    "rg0": (None, None, [None, kb.ragged(), kb.padded()]),
+}
+
+
+def _leaf_dataset(name, count, seed):
+    spec, make, _ = LEAVES[name]
+    rng = np.random.default_rng(seed)
+    if name == "rg0":
+        rows = [list(rng.integers(1, 9, rng.integers(0, 4))) for _ in range(count)]
+        return tf.data.Dataset.from_tensor_slices(tf.ragged.constant(rows, tf.int32))
+    values = [make(rng) for _ in range(count)]
+    return tf.data.Dataset.from_generator(lambda: iter(values), output_signature=spec)
+
+
+@st.composite
+def mixed_nests(draw):
+    """(dataset, components, batch_size, drop_remainder) for a random nest."""
+    count = draw(st.integers(1, 7))
+    names = draw(st.lists(st.sampled_from(sorted(LEAVES)), min_size=2, max_size=5))
+    leaves = []
+    for k, name in enumerate(names):
+        reducer = draw(st.sampled_from(LEAVES[name][2]))
+        leaves.append((_leaf_dataset(name, count, seed=draw(st.integers(0, 999))),
+                       reducer, f"{name}{k}"))
+    inner = draw(st.integers(0, len(leaves)))  # leaves[:inner] go into a sub-nest
+    sub_as_tuple = draw(st.booleans())
+
+    def nest(items, as_tuple):
+        if as_tuple:
+            return tuple(i[0] for i in items), tuple(i[1] for i in items)
+        return {i[2]: i[0] for i in items}, {i[2]: i[1] for i in items}
+
+    head = [nest(leaves[:inner], sub_as_tuple) + ("sub",)] if inner else []
+    root = head + leaves[inner:]
+    datasets, components = nest(root, draw(st.booleans()))
+    return (tf.data.Dataset.zip(datasets), components, draw(st.integers(1, 4)),
+            draw(st.booleans()))
+
+
+def _windowed(ds, components, batch_size, drop):
+    from keras_elastic.batching.dense import Default
+    from keras_elastic.batching.structure import assign, leaves_with_paths
+    from keras_elastic.batching.windowed import batch_by_windows
+
+    units = []
+    for unit in assign(components, ds.element_spec, lambda c: c is None or isinstance(
+            c, kb.Reducer)):
+        for path, _ in leaves_with_paths(unit.spec, unit.path):
+            units.append((path, unit.reducer or Default()))
+    return batch_by_windows(ds, units, batch_size, drop)
+
+
+def _forced(monkeypatch, mode, ds, components, batch_size, drop):
+    """`kb.batch` restricted to one native op, or None if it cannot batch these."""
+    from keras_elastic.batching import native
+
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "MODES", (mode,))
+        try:
+            return kb.batch(ds, batch_size, components=components, drop_remainder=drop)
+        except ValueError as error:
+            assert "cannot be batched together in one pass" in str(error)
+            return None
+
+
+def _identical(ours, reference):
+    assert ours.element_spec == reference.element_spec
+    ours, reference = list(ours), list(reference)
+    assert len(ours) == len(reference)
+    for a, b in zip(ours, reference, strict=True):
+        tf.nest.assert_same_structure(a, b, expand_composites=True)
+        for x, y in zip(tf.nest.flatten(a, expand_composites=True),
+                        tf.nest.flatten(b, expand_composites=True), strict=True):
+            assert x.dtype == y.dtype
+            assert x.shape == y.shape
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+@settings(max_examples=20, deadline=None, derandomize=True,
+          phases=[Phase.explicit, Phase.generate],  # shrinking would take minutes
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=mixed_nests())
+def test_mixed_native_path_equals_the_window_path_and_the_other_ops(case):
+    ds, components, batch_size, drop = case
+    ours = kb.batch(ds, batch_size, components=components, drop_remainder=drop)
+    _identical(ours, _windowed(ds, components, batch_size, drop))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for mode in ("batch", "padded", "ragged"):
+            other = _forced(monkeypatch, mode, ds, components, batch_size, drop)
+            if other is not None:
+                _identical(ours, other)
+
+
+def _mixed(count=11):
+    rng = np.random.default_rng(0)
+    return tf.data.Dataset.zip({
+        "tokens": tf.data.Dataset.range(count).map(
+            lambda i: tf.range(tf.cast(i % 5, tf.int32))),  # rows of length 0 too
+        "tags": _leaf_dataset("sp", count, 1),  # empty sparse rows too
+        "words": _leaf_dataset("rg", count, 2),
+        "pair": (tf.data.Dataset.range(count),
+                 tf.data.Dataset.from_tensor_slices(rng.random([count, 2], np.float32))),
+    })
+
+
+MIXED = {"tokens": kb.padded([6], -1), "tags": kb.padded_sparse([4, 8]),
+         "words": kb.ragged(), "pair": (None, kb.dense())}
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_mixed_dict_is_one_ragged_batch_and_one_per_batch_map(drop):
+    ds = _mixed()
+    out = kb.batch(ds, 4, components=MIXED, drop_remainder=drop)
+    # Dataset.ragged_batch is a per-element MapDataset and a BatchDatasetV2; no
+    # window, no encode map of ours.
+    assert _dataset_ops(out) == _dataset_ops(ds) + ["MapDataset", "BatchDatasetV2",
+                                                    "ParallelMapDatasetV2"]
+    assert out.element_spec["tokens"].shape.as_list() == [4 if drop else None, 6]
+    assert out.element_spec["tags"].shape.as_list() == [4 if drop else None, 4, 8]
+    sizes = [int(b["pair"][0].shape[0]) for b in out]
+    assert sizes == ([4, 4] if drop else [4, 4, 3])
+    _identical(out, _windowed(ds, MIXED, 4, drop))
+
+
+def test_padded_keeps_sizes_below_an_empty_dimension_next_to_sparse():
+    """A ragged batch has no rows below an empty dimension: the size 3 of an
+    element of shape [0, 3] travels beside it, as padded_batch would see it."""
+    shapes = [[0, 3], [2, 2], [1, 0]]
+    dense = tf.data.Dataset.from_generator(
+        lambda: (np.ones(s, np.int32) for s in shapes),
+        output_signature=tf.TensorSpec([None, None], tf.int32))
+    ds = tf.data.Dataset.zip((dense, _leaf_dataset("sp", 3, 0)))
+    for fixed in (None, [None, 4]):
+        batch = next(iter(kb.batch(ds, 3, components=(kb.padded(fixed), None))))
+        want = next(iter(dense.padded_batch(3, fixed or [None, None])))
+        np.testing.assert_array_equal(batch[0], want)
+    too_small = kb.batch(ds, 3, components=(kb.padded([None, 2]), None))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"`\[0\]`.*larger than padded_shape \[None, 2\]"):
+        next(iter(too_small))
+
+
+def test_mixed_native_path_names_an_element_larger_than_padded_shape():
+    out = kb.batch(_mixed(), 4, components=dict(MIXED, tokens=kb.padded([3])))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"`tokens`.*larger than padded_shape \[3\].*\[4\]"):
+        for _ in out:
+            pass

@@ -29,9 +29,10 @@ first = next(iter(batches))   # tokens [2, 8], tags dense_shape [2, 1, 8], label
   same as a reusable spec, `Batching(batch_size, components, drop_remainder)`.
 - Canned reducers: `dense()`, `padded(padded_shape, padding_value)`,
   `sparse()`, `padded_sparse(padded_shape)`, `ragged()`, `count()`. They
-  compile to one native `Dataset.batch`/`padded_batch` pass (no Python or
-  `tf.concat` loop per element); every canned reducer also reduces a whole
-  finite dataset with `.reduce(dataset)`.
+  compile to one native `Dataset.batch`/`padded_batch`/`ragged_batch` pass
+  (no Python or `tf.concat` loop per element), also when the components of
+  one element mix them; every canned reducer also reduces a whole finite
+  dataset with `.reduce(dataset)`.
 - `reducer(init_fn, reduce_fn, finalize_fn)`: your own logic, run over
   windows made by `Dataset.window` (state may be any nest of tensors).
 - `window(dataset, size, shift=1, stride=1, drop_remainder=True)`: the RFC's

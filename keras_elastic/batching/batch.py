@@ -40,11 +40,15 @@ def batch(dataset: tf.data.Dataset, batch_size: int, components: Any = None,
     or None. A None component is batched as `Dataset.batch` would batch it.
 
     With canned reducers only (`dense`, `padded`, `sparse`, `padded_sparse`,
-    `ragged`, `count`), the result is one native `Dataset.batch` or
-    `Dataset.padded_batch` over the whole element, plus a per-element `map`
-    and a per-batch `map` only for the components that need them. If every
-    component maps onto the native op as it is (for example all dense, or
-    dense and `padded`), the pipeline is just that op. With a custom
+    `ragged`, `count`), the result is one native `Dataset.batch`,
+    `Dataset.padded_batch` or `Dataset.ragged_batch` over the whole element,
+    plus a per-element `map` and a per-batch `map` only for the components
+    that need them. If every component maps onto the native op as it is (for
+    example all dense, or dense and `padded`), the pipeline is just that op;
+    a mix of `padded` (dense), `padded_sparse` (sparse), `ragged` and plain
+    components is one `Dataset.ragged_batch` and one per-batch `map`. With
+    `drop_remainder=True` every component's batch dimension is statically
+    `batch_size`, as with `Dataset.batch`. With a custom
     `reducer(...)` anywhere, batches are made by `Dataset.window` and each
     component's window is reduced by its reducer (the RFC's general form).
 

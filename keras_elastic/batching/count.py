@@ -8,8 +8,10 @@ import tensorflow as tf
 
 from keras_elastic.batching.plan import (
     BATCH,
+    RAGGED,
     Kind,
     Plan,
+    is_ragged_rank_zero,
     kind_of,
     leading_dim,
     ragged_passthrough,
@@ -33,6 +35,14 @@ class Count(CannedReducer):
 
     def plan(self, spec: Any, path: Path, mode: str, mapped: bool) -> Plan:
         kind = kind_of(spec)
+        if mode == RAGGED:
+            # Dense parts of known rank batch as they are or as ragged; empty
+            # placeholders stand for what Dataset.ragged_batch cannot take.
+            if (kind is Kind.DENSE and spec.shape.rank is not None) or (
+                    kind is Kind.SPARSE) or (
+                    kind is Kind.RAGGED and not is_ragged_rank_zero(spec)):
+                return Plan(decode=leading_dim)
+            return Plan(encode=_nothing, decode=leading_dim)
         if mode == BATCH:
             # Batch the component as it is where Dataset.batch surely can
             # (no map needed); otherwise count empty placeholders.

@@ -7,10 +7,14 @@ from typing import Any
 from keras_elastic.batching.dense_codec import checked_dense_plan
 from keras_elastic.batching.plan import (
     BATCH,
+    PADDED,
+    RAGGED,
     Infeasible,
     Kind,
     Plan,
+    becomes_ragged,
     kind_of,
+    ragged_feasible,
     ragged_passthrough,
     spec_name,
     zero,
@@ -32,9 +36,9 @@ class Dense(CannedReducer):
     def plan(self, spec: Any, path: Path, mode: str, mapped: bool) -> Plan:
         self.check(spec, path)
         if spec.shape.is_fully_defined():
-            return Plan() if mode == BATCH else Plan(
+            return Plan() if mode != PADDED else Plan(
                 padded_shapes=spec.shape, padding_values=zero(spec.dtype))
-        if mode == BATCH:
+        if mode != PADDED:
             raise Infeasible(
                 f"dense() at `{path_str(path)}` checks the shapes of its elements "
                 f"(its static shape is {spec_name(spec)}), which needs "
@@ -77,9 +81,17 @@ class Default(CannedReducer):
 
     def plan(self, spec: Any, path: Path, mode: str, mapped: bool) -> Plan:
         kind = kind_of(spec)
+        name = repr(self)
         if mode == BATCH:
             return ragged_passthrough(spec, mapped)
-        name = repr(self)
+        if mode == RAGGED:
+            if kind is Kind.DENSE and becomes_ragged(spec.shape):
+                raise Infeasible(
+                    f"the component `{path_str(path)}` ({spec_name(spec)}) would "
+                    "become ragged, but None batches it as Dataset.batch does")
+            if kind is Kind.RAGGED:
+                ragged_feasible(spec, path, name)
+            return Plan()
         if kind is Kind.DENSE:
             if spec.shape.is_fully_defined():
                 return Plan(padded_shapes=spec.shape,

@@ -4,12 +4,15 @@ The pass is at most three tf.data ops over the whole element:
 
 1. a per-element `map` that encodes the components that need it (only if
    some component does);
-2. one `Dataset.batch` or `Dataset.padded_batch` over the whole element;
+2. one `Dataset.batch`, `Dataset.padded_batch` or `Dataset.ragged_batch`
+   over the whole element;
 3. a per-batch `map` that decodes the components that need it (only if
    some component does).
 
 So when every component maps onto the native op unchanged, the pipeline is
-exactly `Dataset.batch` or `Dataset.padded_batch`.
+exactly that op. A mix such as padded dense + sparse + ragged + dense
+components is one `Dataset.ragged_batch` (whose only per-element work is
+one encoding op per variable-shape dense part) and one per-batch `map`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_elastic.batching.plan import BATCH, MODES, PADDED, Infeasible, Plan
+from keras_elastic.batching.plan import (
+    BATCH,
+    MODES,
+    OP_NAMES,
+    RAGGED,
+    Infeasible,
+    Plan,
+)
 from keras_elastic.batching.structure import Path
 
 Leaf = tuple[Path, Any, Any]  # (path, spec, canned reducer)
@@ -45,11 +55,24 @@ def _plans(leaves: list[Leaf], mode: str, mapped: bool) -> list[Plan]:
     return [reducer.plan(spec, path, mode, mapped) for path, spec, reducer in leaves]
 
 
+def cost(mode: str, plans: list[Plan]) -> tuple[int, bool]:
+    """How much a mode costs beyond its native op: `(per-element, per-batch)`.
+
+    Per-element work dominates. An encode map (codecs, wrapping) counts 2;
+    `Dataset.ragged_batch` counts 1 for its own per-element map, which runs
+    one encoding op per variable-shape dense part. A per-batch decode map
+    comes second.
+    """
+    encode = any(p.encode is not None for p in plans)
+    per_element = (2 if encode else 0) + (1 if mode == RAGGED else 0)
+    return per_element, any(p.decode is not None for p in plans)
+
+
 def choose(leaves: list[Leaf]) -> tuple[str, bool, list[Plan]]:
-    """Picks the native op needing the fewest extra maps.
+    """Picks the native op needing the least extra work (see `cost`).
 
     Returns:
-      `(mode, mapped, plans)`: the op (`BATCH` or `PADDED`), whether a
+      `(mode, mapped, plans)`: the op (`BATCH`, `PADDED` or `RAGGED`), whether a
       per-element encode map runs, and one `Plan` per leaf.
 
     Raises:
@@ -63,14 +86,11 @@ def choose(leaves: list[Leaf]) -> tuple[str, bool, list[Plan]]:
         except Infeasible as error:
             reasons[mode] = str(error)
             continue
-        cost = (any(p.encode is not None for p in plans),
-                any(p.decode is not None for p in plans))
-        options.append((cost, rank, mode))
+        options.append((cost(mode, plans), rank, mode))
     if not options:
+        why = "; ".join(f"with {OP_NAMES[mode]}, {reasons[mode]}" for mode in MODES)
         raise ValueError(
-            "these components cannot be batched together in one pass: with "
-            f"Dataset.batch, {reasons[BATCH]}; with Dataset.padded_batch, "
-            f"{reasons[PADDED]}.")
+            f"these components cannot be batched together in one pass: {why}.")
     mode = min(options)[2]
     plans = _plans(leaves, mode, mapped=False)
     mapped = any(p.encode is not None for p in plans)
@@ -80,9 +100,22 @@ def choose(leaves: list[Leaf]) -> tuple[str, bool, list[Plan]]:
 
 
 def set_batch_dim(value: Any, batch_size: int) -> Any:
-    """Sets the static batch size of a dense batch (for drop_remainder)."""
+    """Sets the static batch size of a batch (for drop_remainder).
+
+    As `Dataset.batch(..., drop_remainder=True)` does, for dense, sparse and
+    ragged batches alike, so that every path gives the same element_spec.
+    """
     if isinstance(value, tf.Tensor) and value.shape.rank:
         value.set_shape(tf.TensorShape([batch_size]).concatenate(value.shape[1:]))
+    elif isinstance(value, tf.SparseTensor) and value.shape.rank:
+        value.set_shape(tf.TensorShape([batch_size]).concatenate(value.shape[1:]))
+    elif isinstance(value, tf.RaggedTensor) and value.shape[0] is None:
+        if value.uniform_row_length is not None:
+            return tf.RaggedTensor.from_uniform_row_length(
+                value.values, value.uniform_row_length, nrows=batch_size,
+                validate=False)
+        splits = tf.ensure_shape(value.row_splits, [batch_size + 1])
+        value = tf.RaggedTensor.from_row_splits(value.values, splits, validate=False)
     return value
 
 
@@ -113,6 +146,8 @@ def batch_leaves(dataset: tf.data.Dataset, leaves: list[Leaf], batch_size: Any,
 
     if mode == BATCH:
         dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    elif mode == RAGGED:
+        dataset = dataset.ragged_batch(batch_size, drop_remainder=drop_remainder)
     else:
         shapes = [p.padded_shapes for p in plans]
         values = [p.padding_values for p in plans]

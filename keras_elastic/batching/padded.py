@@ -1,8 +1,10 @@
 """`padded()`: pad components of different shapes to one shape.
 
-Dense components go through `Dataset.padded_batch` unchanged. Ragged
-components go through `Dataset.batch` and become dense per batch
-(`RaggedTensor.to_tensor`). Sparse components are made dense per element.
+Dense components go through `Dataset.padded_batch` unchanged, or, next to
+sparse and ragged components, through `Dataset.ragged_batch` (or
+`Dataset.batch` wrapped as ragged) and become dense per batch
+(`RaggedTensor.to_tensor`). Ragged components go through `Dataset.batch`
+and become dense per batch. Sparse components are made dense per element.
 When `padded_shape` fixes a dimension whose size is not known statically,
 padding happens to the batch's largest size natively and then once per
 batch up to `padded_shape`, after checking that no element was larger (the
@@ -17,11 +19,13 @@ import tensorflow as tf
 
 from keras_elastic.batching import checks
 from keras_elastic.batching.plan import (
-    BATCH,
+    PADDED,
+    RAGGED,
     Kind,
     Plan,
     kind_of,
     last_unknown_axis,
+    ragged_feasible,
     ragged_passthrough,
     unwrap_ragged,
     wrap_as_ragged,
@@ -63,35 +67,91 @@ def pad_batch(batched: tf.Tensor, target: list[int | None], value: tf.Tensor,
 
 
 def ragged_to_padded(batched: tf.RaggedTensor, target: list[int | None],
-                     value: tf.Tensor, path: Path, name: str) -> tf.Tensor:
-    """A ragged batch as a dense batch `[n] + target` (None: the batch max)."""
-    largest = batched.bounding_shape()[1:]
-    check = checks.runtime_assert(
-        checks.fits(checks.slack(largest, target)), path, name,
-        f"an element is larger than padded_shape {checks.shape_str(target)}: "
-        "the largest element shape in the batch is", largest)
-    batched = checks.after([check], batched)
-    return batched.to_tensor(default_value=value, shape=[None] + list(target))
+                     value: tf.Tensor, path: Path, name: str, static: tf.TensorShape,
+                     shapes: tf.Tensor | None = None) -> tf.Tensor:
+    """A ragged batch as a dense batch `[n] + target` (None: the batch max).
+
+    Args:
+      batched: the batch, ragged in its elements' first dimensions and
+        uniform in the others.
+      target: the padded shape of one element.
+      value: the padding value.
+      path: the component's path, for error messages.
+      name: the reducer's name, for error messages.
+      static: the element's static shape (kept where `target` has None).
+      shapes: the elements' shapes (`[n, rank]`), or None when the batch's
+        bounding shape is the largest element shape. It is not when a
+        dimension below the first is ragged too: a ragged batch has no rows
+        below an empty dimension, so e.g. the 5 of an element of shape
+        `[0, 5]` is only in `shapes`.
+    """
+    if shapes is None:
+        largest = batched.bounding_shape()[1:]
+    else:
+        largest = tf.reduce_max(shapes, axis=0)
+    if any(d is not None for d in target):
+        check = checks.runtime_assert(
+            checks.fits(checks.slack(largest, target)), path, name,
+            f"an element is larger than padded_shape {checks.shape_str(target)}: "
+            "the largest element shape in the batch is", largest)
+        batched = checks.after([check], batched)
+    # to_tensor pads the ragged dimensions; the uniform ones are padded after.
+    ragged = batched.ragged_rank
+    outer, inner = target[:ragged], target[ragged:]
+    if shapes is None:
+        shape = [None] + list(outer) + [None] * len(inner)
+    else:
+        dims = tf.constant([0 if d is None else d for d in outer], largest.dtype)
+        if not all(d is not None for d in outer):
+            dims = tf.where(tf.constant([d is None for d in outer]), largest[:ragged],
+                            dims)
+        nrows = tf.reshape(batched.nrows(out_type=largest.dtype), [1])
+        shape = tf.concat([nrows, dims, largest[ragged:]], 0)
+    padded = batched.to_tensor(default_value=value, shape=shape)
+    if any(d is not None for d in inner):
+        padded = pad_batch(padded, target, value, path, name, check=False)
+    padded.set_shape([None] + [d if t is None else t
+                               for d, t in zip(static.as_list(), target, strict=True)])
+    return padded
 
 
 def padded_dense_plan(static: tf.TensorShape, target: list[int | None],
                       value: tf.Tensor, path: Path, name: str, mode: str) -> Plan:
     """Plan for a dense part of known rank padded to `target` (None: batch max)."""
     dims = static.as_list()
-    if mode == BATCH:
+    if mode != PADDED:
         if static.is_fully_defined():
             if any(t is not None and t > d for d, t in zip(dims, target, strict=True)):
                 return Plan(decode=lambda b: pad_batch(b, target, value, path, name,
                                                        check=False))
             return Plan()
-        ragged_rank = last_unknown_axis(static) + 1
-        return Plan(
-            encode=lambda x: wrap_as_ragged(x, ragged_rank, tf.int64),
-            decode=lambda b: ragged_to_padded(unwrap_ragged(b), target, value,
-                                              path, name))
+        # Batched as ragged: by Dataset.ragged_batch itself (RAGGED), or
+        # wrapped per element for Dataset.batch (BATCH).
+        last = last_unknown_axis(static)
+
+        def ragged_part(x: tf.Tensor) -> Any:
+            return x if mode == RAGGED else wrap_as_ragged(x, last + 1, tf.int64)
+
+        def ragged_batch(batched: Any) -> tf.RaggedTensor:
+            return batched if mode == RAGGED else unwrap_ragged(batched)
+
+        if last == 0:
+            return Plan(encode=None if mode == RAGGED else ragged_part,
+                        decode=lambda b: ragged_to_padded(ragged_batch(b), target,
+                                                          value, path, name, static))
+
+        def encode_with_shape(x: tf.Tensor) -> dict[str, Any]:
+            return {"value": ragged_part(x), "shape": tf.shape(x, out_type=tf.int64)}
+
+        def decode_with_shape(batched: dict[str, Any]) -> tf.Tensor:
+            return ragged_to_padded(ragged_batch(batched["value"]), target, value,
+                                    path, name, static, shapes=batched["shape"])
+
+        return Plan(encode=encode_with_shape, decode=decode_with_shape)
     # PADDED: padded_batch pads to `target` wherever the element's size is
     # known statically (so it fits); elsewhere to the batch max, then per batch.
-    native = [t if (d is not None or t is None) else None
+    # A dimension padded to the batch max keeps its static size, if known.
+    native = [d if t is None else (t if d is not None else None)
               for d, t in zip(dims, target, strict=True)]
     later = any(t is not None and d is None for d, t in zip(dims, target, strict=True))
     decode = (lambda b: pad_batch(b, target, value, path, name, check=True)) \
@@ -149,12 +209,19 @@ class Padded(CannedReducer):
 
         elif kind is Kind.RAGGED:
             target = target_shape(self.padded_shape, static, path, name)
-            if mode == BATCH:
+            if mode == RAGGED:
+                ragged_feasible(spec, path, name)
+            if mode != PADDED:
                 return ragged_passthrough(spec, mapped).then(
-                    lambda b: ragged_to_padded(b, target, value, path, name))
+                    lambda b: ragged_to_padded(b, target, value, path, name, static))
             if spec.ragged_rank > 0:
                 def pre(x: tf.RaggedTensor) -> tf.Tensor:
                     return x.to_tensor(default_value=value)
+            else:
+                # A plain tensor inside a map, but padded_batch only takes
+                # it from one (see plan.is_ragged_rank_zero).
+                def pre(x: tf.Tensor) -> tf.Tensor:
+                    return x
 
         target = target_shape(self.padded_shape, static, path, name)
         plan = padded_dense_plan(static, target, value, path, name, mode)

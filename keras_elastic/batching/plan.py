@@ -1,19 +1,34 @@
 """How a canned reducer maps onto one native tf.data batching op.
 
 A canned reducer does not loop over elements in Python or with `tf.concat`.
-For each component it gives a `Plan` for one of two native ops:
+For each component it gives a `Plan` for one of three native ops:
 
 - `BATCH`: `Dataset.batch`, which takes dense tensors of one shape,
   `tf.SparseTensor`s and `tf.RaggedTensor`s;
-- `PADDED`: `Dataset.padded_batch`, which takes dense tensors of one rank.
+- `PADDED`: `Dataset.padded_batch`, which takes dense tensors of one rank;
+- `RAGGED`: `Dataset.ragged_batch`, which is `Dataset.batch` except that a
+  dense part of known rank whose static shape is not fully known becomes a
+  `tf.RaggedTensor` batch (ragged up to its last dimension of unknown size,
+  int64 row splits). It encodes such parts with one cheap op per element, so
+  it batches padded, ragged and sparse components together without a codec.
+  Ragged components of ragged_rank 0 (see `is_ragged_rank_zero`) cannot
+  take this op: their plans raise `Infeasible`.
 
 A plan says how one element's component becomes the *part* that op batches
 (`encode`, run in a per-element `map`, or None when the component goes in as
 it is), and how the batched part becomes the reducer's output (`decode`, run
 once per batch, or None when the batched part is the output). `ke.batching.batch`
-picks the op for which the whole element needs the fewest extra maps, so that
-when every component maps onto the native op unchanged the pipeline *is* that
-op.
+picks the op for which the whole element needs the least extra work (see
+`native.cost`), so that when every component maps onto the native op
+unchanged the pipeline *is* that op. Under `RAGGED`, an encoded part is
+batched by `Dataset.ragged_batch` too (a dense part of unknown sizes
+becomes ragged).
+
+Whatever the op, a reducer's result is the same: values, dtypes and static
+shapes (tests compare every op with each component batched on its own).
+A ragged batch has no rows below an empty dimension (the 5 of an element
+of shape `[0, 5]`), so plans that need the elements' sizes there carry them
+beside the element.
 """
 
 from __future__ import annotations
@@ -26,10 +41,14 @@ from typing import Any
 import tensorflow as tf
 
 from keras_elastic.batching.checks import shape_str
+from keras_elastic.batching.structure import Path, path_str
 
 BATCH = "batch"
 PADDED = "padded"
-MODES = (BATCH, PADDED)
+RAGGED = "ragged"
+MODES = (BATCH, PADDED, RAGGED)  # on equal cost, the first wins
+OP_NAMES = {BATCH: "Dataset.batch", PADDED: "Dataset.padded_batch",
+            RAGGED: "Dataset.ragged_batch"}
 
 
 class Kind(enum.Enum):
@@ -136,6 +155,23 @@ def ragged_passthrough(spec: Any, mapped: bool) -> Plan:
             encode=lambda value: wrap_as_ragged(value, 1, spec.row_splits_dtype),
             decode=unwrap_ragged)
     return Plan()
+
+
+def ragged_feasible(spec: Any, path: Path, name: str) -> None:
+    """Raises `Infeasible` for a ragged_rank-0 component under `RAGGED` mode.
+
+    Inside a map such a component is a plain tensor, which `Dataset.ragged_batch`
+    would treat as dense; the other modes batch it as `Dataset.batch` does.
+    """
+    if is_ragged_rank_zero(spec):
+        raise Infeasible(
+            f"{name} at `{path_str(path)}` has a ragged component of ragged_rank 0, "
+            "which Dataset.ragged_batch would batch as a dense one")
+
+
+def becomes_ragged(shape: tf.TensorShape) -> bool:
+    """Whether `Dataset.ragged_batch` batches a dense part of `shape` as ragged."""
+    return shape.rank is not None and not shape.is_fully_defined()
 
 
 def last_unknown_axis(shape: tf.TensorShape) -> int:

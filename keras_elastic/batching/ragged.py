@@ -9,10 +9,13 @@ import tensorflow as tf
 from keras_elastic.batching import checks
 from keras_elastic.batching.plan import (
     BATCH,
+    PADDED,
+    RAGGED,
     Kind,
     Plan,
     kind_of,
     last_unknown_axis,
+    ragged_feasible,
     ragged_passthrough,
     unwrap_ragged,
     wrap_as_ragged,
@@ -42,7 +45,9 @@ class Ragged(CannedReducer):
     def plan(self, spec: Any, path: Path, mode: str, mapped: bool) -> Plan:
         self.check(spec, path)
         if kind_of(spec) is Kind.RAGGED:
-            if mode == BATCH:
+            if mode == RAGGED:
+                ragged_feasible(spec, path, repr(self))
+            if mode != PADDED:
                 return ragged_passthrough(spec, mapped)
             return ragged_codec_plan(spec, path, repr(self))
         shape = spec.shape
@@ -59,12 +64,16 @@ class Ragged(CannedReducer):
                 return tf.RaggedTensor.from_tensor(batched, ragged_rank=1,
                                                    row_splits_dtype=splits)
 
-            if mode == BATCH:
+            if mode != PADDED:
                 return Plan(decode=to_ragged)
             return Plan(decode=to_ragged, padded_shapes=shape,
                         padding_values=zero(spec.dtype))
         # Ragged up to the last dimension of unknown size, as Dataset.ragged_batch.
         last = last_unknown_axis(shape)
+        if mode == RAGGED:  # what Dataset.ragged_batch gives, with int64 splits
+            if splits == tf.int64:
+                return Plan()
+            return Plan(decode=lambda b: b.with_row_splits_dtype(splits))
         if mode == BATCH:
             return Plan(encode=lambda x: wrap_as_ragged(x, last + 1, splits),
                         decode=unwrap_ragged)

@@ -8,11 +8,14 @@ import tensorflow as tf
 
 from keras_elastic.batching import checks
 from keras_elastic.batching.plan import (
-    BATCH,
+    PADDED,
+    RAGGED,
     Infeasible,
     Kind,
     Plan,
     kind_of,
+    last_unknown_axis,
+    ragged_feasible,
     ragged_passthrough,
     zero,
 )
@@ -47,7 +50,7 @@ class PaddedSparse(CannedReducer):
         pre = None
         if static.rank is None:  # dense or sparse of unknown rank
             if self.padded_shape is None:
-                if mode != BATCH:
+                if mode == PADDED:
                     raise Infeasible(
                         f"{name} at `{path_str(path)}` has a component of unknown "
                         "rank, which Dataset.padded_batch cannot take (give "
@@ -73,14 +76,16 @@ class PaddedSparse(CannedReducer):
             return fit_dense_shape(batched, target, path, name)
 
         if kind is Kind.SPARSE:
-            if mode == BATCH:
+            if mode != PADDED:
                 plan = Plan(encode=pre)
                 return plan.then(fit) if fixes else plan
             codec = sparse_codec_plan(static.rank, spec.dtype, target, path, name)
             return codec if pre is None else codec.before(pre)
 
         if kind is Kind.RAGGED:
-            if mode == BATCH:
+            if mode == RAGGED:
+                ragged_feasible(spec, path, name)
+            if mode != PADDED:
                 return ragged_passthrough(spec, mapped).then(
                     lambda b: fit(b.to_sparse()))
             return sparse_codec_plan(static.rank, spec.dtype, target, path,
@@ -88,9 +93,13 @@ class PaddedSparse(CannedReducer):
                 lambda x: ragged_element_to_sparse(x, spec))
 
         # Dense: stored values are the non-zero entries (tf.sparse.from_dense).
-        if mode == BATCH:
+        if mode != PADDED:
             if static.is_fully_defined() and pre is None:
                 return Plan(decode=lambda b: fit(tf.sparse.from_dense(b)))
+            if mode == RAGGED and pre is None and last_unknown_axis(static) == 0:
+                # A ragged batch whose bounding shape is the largest element
+                # shape: made dense, its non-zero entries are the elements'.
+                return Plan(decode=lambda b: fit(tf.sparse.from_dense(b.to_tensor())))
             plan = Plan(encode=tf.sparse.from_dense)
             if pre is not None:
                 plan = plan.before(pre)

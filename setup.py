@@ -52,15 +52,20 @@ setup(
         "cloudpickle>=2.0",
         "numpy>=1.24",
         "cryptography>=41",  # a job's self-signed TLS certificate
+        # keras.callbacks.TensorBoard needs it; TensorFlow 2.21 no longer
+        # installs it.
+        "tensorboard>=2.16",
     ],
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.16,<3"],
-        "datasets": ["tensorflow-datasets>=4.9"],
+        # ElasticDataset.from_tfds and ArrayRecord files.
+        "datasets": ["tensorflow-datasets>=4.9", "array-record>=0.5"],
         "examples": ["scikit-learn>=1.2"],
         "ray": ["ray>=2.9"],  # --backend ray
         # pytest-xdist: the README's test command runs two test files at once.
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.2",
-                 "ruff>=0.4", "ray>=2.9"],
+                 "ruff>=0.4", "ray>=2.9", "tensorflow-datasets>=4.9",
+                 "array-record>=0.5"],
     },
     entry_points={"console_scripts": ["keras-elastic=keras_elastic.cli:run_main"]},
     cmdclass={"build_py": BuildWithProtos},

@@ -54,6 +54,7 @@ from keras_elastic.worker.model_sync import ModelSync, training_loss
 from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
+from keras_elastic.worker.tensorboard import per_worker as per_worker_tensorboard
 
 check_tensorflow_backend()
 
@@ -254,6 +255,7 @@ class ElasticTrainerMixin:
                 logs = self._ke_evaluate(validation_data, eval_round=epoch,
                                          after=dataset.name)
                 return {f"val_{k}": v for k, v in logs.items()}
+        callbacks = per_worker_tensorboard(callbacks, cluster, elastic_validation)
         reporter = TaskReporter(stream, self._ke.trained_seq, sync, validate)
         self._ke_set_tagged(True)
         if start_epoch >= epochs:

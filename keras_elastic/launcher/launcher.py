@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -864,6 +865,8 @@ class Launcher:
             for phase in PHASE_HELP:
                 if phase in summary["timings"]:
                     lines.append(f"[launcher]   {phase}: {PHASE_HELP[phase]}")
+        lines.extend(f"[launcher] TensorBoard: tensorboard --logdir {shlex.quote(d)}"
+                     for d in _tensorboard_log_dirs(self.job_dir))
         lines.append(f"[launcher] logs, ledger and summary in {self.job_dir}")
         return "\n".join(lines)
 
@@ -880,6 +883,15 @@ class Launcher:
         if self.master_proc is not None:
             self.master_proc.terminate()
         self.backend.shutdown()
+
+
+def _tensorboard_log_dirs(job_dir: str) -> list[str]:
+    """The TensorBoard log dirs the workers recorded (worker/tensorboard.py)."""
+    try:
+        with open(os.path.join(job_dir, "tensorboard.json")) as f:
+            return [str(d) for d in json.load(f).get("log_dirs", [])]
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def _last_line(text: str) -> str:

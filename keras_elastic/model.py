@@ -50,7 +50,7 @@ from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers.embedding import convert_embeddings, embedding_step
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.epoch_iterator import elastic_epochs, segmented_function
-from keras_elastic.worker.model_sync import ModelSync, training_loss
+from keras_elastic.worker.model_sync import EXCHANGES, ModelSync, training_loss
 from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
@@ -75,6 +75,7 @@ class _ElasticState:
         # A parameter-server checkpoint the servers load when the model first
         # connects to them (set by ke.checkpoint.restore_model).
         self.restore_from = ""
+        self.exchange = "sync"       # see compile(exchange=...)
 
 
 class ElasticTrainerMixin:
@@ -94,8 +95,30 @@ class ElasticTrainerMixin:
         return next(c for c in type(self).__mro__[1:]
                     if not issubclass(c, ElasticTrainerMixin))
 
-    def compile(self, *args, jit_compile: Any = "auto", **kwargs) -> None:
+    def compile(self, *args, jit_compile: Any = "auto", exchange: str | None = None,
+                **kwargs) -> None:
+        """Keras' `compile`, plus how the train step exchanges with the
+        parameter servers.
+
+        `exchange`: `"sync"` (the default) pushes each step's gradients and
+        waits for the new values before the next step: with one worker the
+        updates are exactly Keras'. `"pipelined"` sends step k's push while
+        step k+1 computes, which uses the newest values that have arrived
+        (one update of its own behind at most, on top of asynchronous SGD's
+        staleness): faster when the push is a noticeable part of the step
+        (large models, slow networks), with the same exactly-once task
+        accounting. See `keras_elastic/worker/push_pipeline.py`.
+
+        Example:
+
+        ```python
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      exchange="pipelined")
+        ```
+        """
         super().compile(*args, jit_compile=jit_compile, **kwargs)
+        if exchange is not None:
+            self._ke.exchange = _check_exchange(exchange)
         # The step calls the parameter servers through tf.py_function, which XLA
         # cannot compile; gradients are computed in a separate compiled function
         # that keeps the user's jit_compile choice.
@@ -195,6 +218,7 @@ class ElasticTrainerMixin:
             state.restore_from = ""
         else:
             state.sync.pull()
+        state.sync.exchange_mode = state.exchange
         return state.sync
 
     def make_train_function(self, force=False):
@@ -273,6 +297,9 @@ class ElasticTrainerMixin:
             if stream.error is not None:
                 raise stream.error from None
             raise e
+        except BaseException:
+            sync.drop_push()
+            raise
         finally:
             stream.stop()
             del tf_dataset
@@ -419,8 +446,18 @@ def _exactly_once(model, dataset: ElasticDataset, sync: ModelSync,
     sync.stream = stream
     replayer = Replayer(model, dataset, sync)
     stream.claimer = sync.claim
-    stream.replayer = replayer.run
-    stream.flusher = sync.ps.flush
+    sync.completed_seq = -1  # the new stream's seqs start at 0
+
+    def replay(task_replay) -> bool:
+        sync.flush()  # the push in flight first (pipelined exchange)
+        return replayer.run(task_replay)
+
+    def flush() -> None:
+        sync.flush()
+        sync.ps.flush()
+
+    stream.replayer = replay
+    stream.flusher = flush
 
 
 def _resume_request(request, resume) -> str:
@@ -517,7 +554,16 @@ class Sequential(ElasticTrainerMixin, keras.Sequential):
 _WRAPPED: dict[type, type] = {}
 
 
-def wrap(model: keras.Model, ps_embeddings_above: int | None = None) -> keras.Model:
+def _check_exchange(exchange: str) -> str:
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange={exchange!r}: choose one of {list(EXCHANGES)} "
+                         "('sync' waits for each push; 'pipelined' overlaps it "
+                         "with the next step)")
+    return exchange
+
+
+def wrap(model: keras.Model, ps_embeddings_above: int | None = None,
+         exchange: str | None = None) -> keras.Model:
     """Makes an existing Keras model train on the elastic cluster, in place.
 
     Works for functional, sequential and subclassed models; the model keeps
@@ -528,6 +574,9 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None) -> keras.Mo
     parameter servers (partitioned by id, rows looked up and updated per
     batch) instead of on each worker; its rows start from the layer's
     initializer on the servers. None (the default) converts none; 0 all.
+
+    `exchange`: `"sync"` (default) or `"pipelined"`, as in `compile`
+    (which may also set it).
 
     Example:
 
@@ -541,7 +590,11 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None) -> keras.Mo
         raise TypeError(f"ke.wrap expects a keras.Model, got {type(model).__name__}")
     if ps_embeddings_above is not None:
         convert_embeddings(model, ps_embeddings_above)
+    if exchange is not None:
+        exchange = _check_exchange(exchange)
     if isinstance(model, ElasticTrainerMixin):
+        if exchange is not None:
+            model._ke.exchange = exchange
         return model
     cls = type(model)
     elastic_cls = _WRAPPED.get(cls)
@@ -550,6 +603,8 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None) -> keras.Mo
                            {"__module__": cls.__module__})
         _WRAPPED[cls] = elastic_cls
     model.__class__ = elastic_cls
+    if exchange is not None:
+        model._ke.exchange = exchange
     if getattr(model, "compiled", False):
         model._ke.jit_compile = bool(model.jit_compile)
         model.jit_compile = False

@@ -29,6 +29,7 @@ flags.DEFINE_integer("minibatches_per_task", 4, "Minibatches per task.")
 flags.DEFINE_integer("weights", 8, "Counting weights (spread over the servers).")
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
+flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"], "compile(exchange=...).")
 flags.DEFINE_bool("validate", False, "Validate on the data after each epoch.")
 flags.DEFINE_bool("filter_odd", False, "dataset_fn drops records with an odd id "
                   "(tasks' element counts then differ from their record counts).")
@@ -87,7 +88,8 @@ def main(argv):
             f.write(str(os.getpid()))
     inputs = keras.Input((2,))
     model = ke.Model(inputs, Counting()(inputs))
-    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=MinusSum())
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=MinusSum(),
+                  exchange=FLAGS.exchange)
     callbacks = []
     if FLAGS.sleep_per_batch:
         callbacks.append(keras.callbacks.LambdaCallback(

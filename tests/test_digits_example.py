@@ -39,12 +39,14 @@ def digits_dir(tmp_path_factory):
     return str(data)
 
 
-def test_readme_example_job_reaches_95_percent(tmp_path, digits_dir):
+# "pipelined": the push of step k travels while step k+1 computes (issue 12).
+@pytest.mark.parametrize("exchange", ["sync", "pipelined"])
+def test_readme_example_job_reaches_95_percent(tmp_path, digits_dir, exchange):
     out = tmp_path / "metrics.json"
     run("-m", "keras_elastic", "run", "--num_workers=2", "--num_ps=1",
         f"--job_dir={tmp_path / 'job'}", "--", sys.executable,
         os.path.join(DIGITS, "train.py"), "--epochs=8", f"--data_dir={digits_dir}",
-        "--noprepare", f"--output={out}")
+        "--noprepare", f"--output={out}", f"--exchange={exchange}")
     metrics = json.loads(out.read_text())
     assert metrics["val_accuracy"] >= 0.95, metrics
     # Validation after every epoch, the same on both workers (identical logs).

@@ -71,19 +71,24 @@ def worker_logs(tmp_path) -> str:
                    if n.startswith("worker-"))
 
 
-@pytest.mark.parametrize("point, nth, num_ps", [
-    ("after_claim", 3, 2),   # a task claimed on the servers, nothing pushed
-    ("mid_push", 5, 2),      # a push reached the first server only
-    ("after_push", 5, 2),    # pushed everywhere, not reported
-    ("epoch_end", 1, 2),     # at the epoch barrier, last tasks not reported
-    ("validation", 1, 2),    # during a validation round
+@pytest.mark.parametrize("point, nth, num_ps, exchange", [
+    ("after_claim", 3, 2, "sync"),   # a task claimed on the servers, nothing pushed
+    ("mid_push", 5, 2, "sync"),      # a push reached the first server only
+    ("after_push", 5, 2, "sync"),    # pushed everywhere, not reported
+    ("epoch_end", 1, 2, "sync"),     # at the epoch barrier, last tasks not reported
+    ("validation", 1, 2, "sync"),    # during a validation round
     # One server: the claim and the push are one call each (no partial push).
-    ("after_claim", 3, 1),
-    ("after_push", 5, 1),
+    ("after_claim", 3, 1, "sync"),
+    ("after_push", 5, 1, "sync"),
+    # The pipelined exchange: a push cut while the next step computes, and
+    # one applied whose tasks were not reported.
+    ("mid_push", 5, 2, "pipelined"),
+    ("after_push", 5, 2, "pipelined"),
 ])
 def test_worker_killed_at_any_moment_applies_every_gradient_once(
-        tmp_path, data, point, nth, num_ps):
+        tmp_path, data, point, nth, num_ps, exchange):
     extra = ("--validate",) if point == "validation" else ()
+    extra += (f"--exchange={exchange}",)
     out, result = counting_job(
         tmp_path, data, f"--num_ps={num_ps}", "--max_worker_restarts=2",
         script_args=("--sleep_per_batch=0.03", *extra), faults=f"{point}@{nth}:w1")

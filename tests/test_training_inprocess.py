@@ -137,3 +137,55 @@ def test_functional_ke_model_leaves_ke_model_subclassable():
     assert Sub()(np.ones((3, 8))).shape == (3, 2)
     # What an export saves: Keras' own functional class.
     assert functional_model.serving_class.__name__ == "Functional"
+
+
+def test_pipelined_exchange_is_sgd_with_gradients_one_step_late(embedded_cluster):
+    # compile(exchange="pipelined"): step k's push travels while step k+1
+    # computes on the newest values that arrived, those before step k's update.
+    # With one worker that is exactly SGD whose gradient at step k is taken at
+    # the weights of step k-1: w[k+1] = w[k] - lr * g_k(w[k-1]); the epoch's
+    # end waits for the push in flight, so an epoch's first step is up to date.
+    x, y = make_arrays(256)
+
+    def build(cls, **compile_args):
+        keras.utils.set_random_seed(5)
+        model = cls([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                     keras.layers.Dense(2, activation="softmax")])
+        model.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss="sparse_categorical_crossentropy", **compile_args)
+        return model
+
+    elastic = build(ke.Sequential, exchange="pipelined")
+    elastic.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+
+    reference, lagging = build(keras.Sequential), build(keras.Sequential)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    for _ in range(2):
+        previous = reference.get_weights()
+        for k in range(0, 256, 32):
+            lagging.set_weights(previous)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[k:k + 32], lagging(x[k:k + 32], training=True))
+            grads = tape.gradient(loss, lagging.trainable_weights)
+            previous = reference.get_weights()
+            reference.optimizer.apply(grads, reference.trainable_weights)
+    for a, b in zip(reference.get_weights(), elastic.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Not the synchronous result: the exchange really was pipelined.
+    synchronous = build(keras.Sequential)
+    synchronous.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    assert not all(np.allclose(a, b, atol=1e-4) for a, b in zip(
+        synchronous.get_weights(), elastic.get_weights()))
+    status = embedded_cluster.master.status(include_ledger=True)["datasets"]
+    ledger = next(iter(status.values()))["ledger"]
+    assert sorted((e["epoch"], e["task_id"]) for e in ledger) == [
+        (e, t) for e in range(2) for t in range(len(ledger) // 2)]
+
+
+def test_exchange_must_be_sync_or_pipelined():
+    model = ke.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="exchange='async'.*'sync', 'pipelined'"):
+        model.compile(optimizer="sgd", loss="mse", exchange="async")
+    with pytest.raises(ValueError, match="exchange='fast'"):
+        ke.wrap(keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)]),
+                exchange="fast")

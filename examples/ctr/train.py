@@ -70,10 +70,6 @@ def validation_data(data_dir: str, batch_size: int) -> ke.ElasticDataset:
                              name="validation")
 
 
-def is_chief() -> bool:
-    """Worker 0 of a launched job, or a plain (embedded) process."""
-    return os.environ.get("KERAS_ELASTIC_WORKER_ID", "0") == "0"
-
 
 def write_json(path: str, payload: dict) -> None:
     directory = os.path.dirname(os.path.abspath(path))
@@ -112,7 +108,7 @@ def main(argv: list[str]) -> None:
     print(f"validation AUC: {val_auc:.4f} (loss {val_loss:.4f}; the true model's AUC: "
           f"{true_auc if true_auc is None else format(true_auc, '.4f')}) after "
           f"{FLAGS.epochs} epochs, {train_seconds:.1f} s of training", flush=True)
-    if FLAGS.output and is_chief():
+    if FLAGS.output and ke.worker.is_chief():
         write_json(FLAGS.output, {
             "val_auc": val_auc, "val_loss": val_loss, "true_val_auc": true_auc,
             "epochs": FLAGS.epochs, "train_seconds": train_seconds,

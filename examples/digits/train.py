@@ -44,6 +44,9 @@ flags.DEFINE_string("checkpoint_dir", None,
                     "from the latest one).")
 flags.DEFINE_string("output", None,
                     "Write the final metrics here as JSON (worker 0 only).")
+flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"],
+                  "How the workers exchange with the parameter servers: 'sync' waits "
+                  "for each push; 'pipelined' overlaps it with the next step.")
 flags.DEFINE_bool("prepare", True, "Write the data first if it is missing.")
 flags.DEFINE_integer("num_shards", 2, "Training shards to write when preparing.")
 
@@ -61,10 +64,6 @@ def validation_data(data_dir: str, name: str = "validation") -> ke.ElasticDatase
                              dataset_fn=model_def.dataset_fn, batch_size=128,
                              minibatches_per_task=1, mode="evaluation", name=name)
 
-
-def is_chief() -> bool:
-    """Worker 0 of a launched job, or a plain (embedded) process."""
-    return os.environ.get("KERAS_ELASTIC_WORKER_ID", "0") == "0"
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -85,7 +84,8 @@ def main(argv: list[str]) -> None:
         prepare_data.prepare(FLAGS.data_dir, FLAGS.num_shards)
     train = training_data(FLAGS.data_dir, FLAGS.batch_size, FLAGS.minibatches_per_task)
     logging.info("%s", train.describe())
-    model = ke.wrap(model_def.custom_model(FLAGS.learning_rate))
+    model = ke.wrap(model_def.custom_model(FLAGS.learning_rate),
+                    exchange=FLAGS.exchange)
     callbacks = []
     if FLAGS.checkpoint_dir:
         callbacks.append(ke.callbacks.ShardedModelCheckpoint(FLAGS.checkpoint_dir))
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> None:
         validation_data(FLAGS.data_dir, name="final_validation"), verbose=0)
     print(f"validation accuracy: {val_accuracy:.4f} (loss {val_loss:.4f}) after "
           f"{FLAGS.epochs} epochs, {train_seconds:.1f} s of training", flush=True)
-    if FLAGS.output and is_chief():
+    if FLAGS.output and ke.worker.is_chief():
         write_json(FLAGS.output, {
             "val_accuracy": float(val_accuracy), "val_loss": float(val_loss),
             "epochs": FLAGS.epochs, "train_seconds": train_seconds,

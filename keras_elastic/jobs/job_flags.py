@@ -25,7 +25,7 @@ WORKER_FLAGS = ("model_def", "model_zoo", "model_params", "training_data",
                 "validation_data", "prediction_data", "num_epochs", "minibatch_size",
                 "num_minibatches_per_task", "evaluation_steps", "checkpoint_dir",
                 "checkpoint_steps", "keep_checkpoint_max", "output", "shuffle",
-                "log_level", "feed", "loss", "optimizer", "eval_metrics_fn",
+                "exchange", "log_level", "feed", "loss", "optimizer", "eval_metrics_fn",
                 "callbacks", "prediction_outputs_processor")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -191,6 +191,10 @@ def define_job_flags() -> None:
     flags.DEFINE_string("output", None, "train: export the final model (.keras); "
                         "evaluate: write metrics (JSON); predict: output directory.")
     flags.DEFINE_bool("shuffle", False, "Shuffle tasks and records each epoch.")
+    flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"],
+                      "train: 'sync' waits for each push to the parameter servers; "
+                      "'pipelined' sends it while the next step computes "
+                      "(compile(exchange=...)).")
 
 
 def patterns(value: str | None) -> list[str]:

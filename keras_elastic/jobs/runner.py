@@ -150,7 +150,7 @@ def main(argv) -> None:
             def override(optimizer):
                 return zoo_hooks.with_learning_rate(optimizer, rate)
     _hooks_used(module, _compile(module, model, override))
-    model = ke.wrap(model)
+    model = ke.wrap(model, exchange=FLAGS.exchange)
 
     if FLAGS.job == "train":
         validation = (dataset(FLAGS.validation_data, "evaluation", "validation")

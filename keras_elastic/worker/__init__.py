@@ -7,9 +7,9 @@ cluster), and keras_elastic.callbacks (to find a ShardedModelCheckpoint).
 """
 
 from keras_elastic.common.variable_keys import variable_keys
-from keras_elastic.worker.cluster import Cluster, get_cluster, reset_cluster
+from keras_elastic.worker.cluster import Cluster, get_cluster, is_chief, reset_cluster
 from keras_elastic.worker.model_sync import ModelSync
 from keras_elastic.worker.task_stream import TaskStream
 
-__all__ = ["Cluster", "ModelSync", "TaskStream", "get_cluster", "reset_cluster",
-           "variable_keys"]
+__all__ = ["Cluster", "ModelSync", "TaskStream", "get_cluster", "is_chief",
+           "reset_cluster", "variable_keys"]

@@ -107,6 +107,24 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
+def is_chief(cluster: Cluster | None = None) -> bool:
+    """Whether this worker should write the job's own outputs (final metrics,
+    an export): the alive worker with the smallest id, or a plain process.
+
+    Worker 0 is not always there: a lost worker comes back with a new id.
+
+    Example:
+
+    >>> if ke.worker.is_chief():                     # doctest: +SKIP
+    ...     model.save("model.keras")
+    """
+    cluster = cluster if cluster is not None else get_cluster()
+    if cluster.embedded:
+        return True
+    alive = cluster.master.status()["workers"]["alive"]
+    return not alive or cluster.worker_id == min(alive)
+
+
 def reset_cluster() -> None:
     """Closes the process-wide cluster (the next `get_cluster` makes a new one)."""
     global _cluster

@@ -21,6 +21,9 @@ from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.layers.embedding import Embedding
 from keras_elastic.ps.client import PSClient
+from keras_elastic.worker.push_pipeline import PushPipeline
+
+EXCHANGES = ("sync", "pipelined")
 
 
 class ModelSync:
@@ -45,6 +48,12 @@ class ModelSync:
             layer.connect(name, lambda ids, name=name: self.rows_of(name, ids))
         self.t_data = 0.0
         self.stream = None  # the training TaskStream (set by fit)
+        # The exchange (see worker/push_pipeline.py): "sync" pushes and waits
+        # in the step; "pipelined" lets the push travel during the next step.
+        self.exchange_mode = "sync"
+        self.pipeline = PushPipeline()
+        self.completed_seq = -1  # pipelined: largest seq of a batch whose push returned
+        self._dead_at_mark: frozenset = frozenset()
 
     def initialize(self, restore_from: str = "") -> None:
         """Initializes the PS with this model (first worker wins; it has the
@@ -106,8 +115,38 @@ class ModelSync:
 
     def pull(self) -> None:
         """Loads the newest values from the parameter servers into the model."""
+        self._finish_push()
         self._values.update(self.ps.pull())
         self.assign_all()
+
+    @property
+    def pipelined(self) -> bool:
+        return self.exchange_mode == "pipelined"
+
+    def flush(self) -> None:
+        """Pipelined exchange: waits for the push in flight and loads its reply
+        into the model (between steps: the epoch's end, before a replay)."""
+        if self._finish_push():
+            self.assign_all()
+
+    def drop_push(self) -> None:
+        """Waits for the push in flight, ignoring its outcome (`fit` failed)."""
+        self.pipeline.drop()
+
+    def _finish_push(self) -> bool:
+        """Takes the reply of the push in flight, if any: its values, its
+        refusals (the tasks go back to the master), the tasks it completes."""
+        t = time.perf_counter()
+        done = self.pipeline.finish()
+        if done is None:
+            return False
+        faults.reached("after_push")
+        if not done.reply.accepted and self.stream is not None:
+            self.stream.abandon(done.live, f"push refused: {done.reply.refusals()}")
+        self._values.update(done.reply.values)
+        self.completed_seq = max(self.completed_seq, done.max_seq)
+        self.timer.add("push", time.perf_counter() - t)
+        return True
 
     def take(self, values: dict[str, np.ndarray]) -> None:
         """New values from a push made outside the train step: into the model."""
@@ -133,6 +172,8 @@ class ModelSync:
         seqs = seqs.numpy()
         if self.stream is None:
             return np.ones(len(seqs), np.float32)
+        if self.pipelined:
+            self._dead_at_mark = self.stream.dead()
         return self.stream.live_mask(seqs)
 
     def exchange(self, tags, *tensors) -> list[np.ndarray]:
@@ -148,6 +189,9 @@ class ModelSync:
         assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
                                                  tensors[n:n + m])}
         sparse = sum_rows(self.grad_tables, tensors[n + m:])
+        if self.pipelined:
+            return self._exchange_pipelined(tags.numpy(), grads, assigns, sparse,
+                                            t_grads)
         ranges, live = [], []
         if self.stream is not None:
             ranges, live = self.stream.batch_ranges(tags.numpy())
@@ -164,6 +208,35 @@ class ModelSync:
         out = [self._values[k] for k in self.keys]
         self.timer.add("pull", time.perf_counter() - t_pushed)
         return out
+
+    def _exchange_pipelined(self, tags: np.ndarray, grads, assigns, sparse,
+                            t_grads: float) -> list[np.ndarray]:
+        """Waits for the previous push, sends this one on the pipeline's
+        thread, returns the newest values that arrived (see push_pipeline)."""
+        self._finish_push()
+        ranges, live = [], []
+        max_seq = int(tags[:, 0].max()) if len(tags) else -1
+        if self.stream is not None:
+            ranges, live = self.stream.batch_ranges(tags)
+            given_back = self.stream.dead() - self._dead_at_mark
+            if given_back and np.isin(tags[:, 0], list(given_back)).any():
+                # Weighed as live when the step began, given back since (the
+                # previous push was refused): the gradient holds elements that
+                # are no longer ours. Push none of it; the batch's other tasks
+                # go back too (their elements here are not applied).
+                self.stream.abandon(live, "a task of the batch was given back "
+                                    "while its step ran")
+                ranges, live = [], []
+            if not ranges:
+                grads, sparse = {}, {}
+        self.pipeline.submit(
+            lambda: self.ps.exchange(grads, assigns, ranges, sparse=sparse),
+            max_seq, live)
+        t_sent = time.perf_counter()
+        self.timer.add("push", t_sent - t_grads)
+        # This worker's non-trainable values are the newest (its push is on the
+        # way): keep them rather than the previous reply's.
+        return [assigns[k] if k in assigns else self._values[k] for k in self.keys]
 
 
 def embedding_tables(model: keras.Model) -> dict[str, Embedding]:

@@ -25,13 +25,7 @@ from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import SaveInfo
 from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
 from keras_elastic.ps.checkpointing import encode_callback
-from keras_elastic.worker.cluster import Cluster
-
-
-def is_chief(cluster: Cluster) -> bool:
-    """The saving worker: the alive worker with the smallest id."""
-    alive = cluster.master.status()["workers"]["alive"]
-    return not alive or cluster.worker_id == min(alive)
+from keras_elastic.worker.cluster import Cluster, is_chief  # noqa: F401 (re-exported)
 
 
 def master_progress(cluster: Cluster) -> dict[str, dict]:

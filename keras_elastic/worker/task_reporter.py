@@ -35,7 +35,11 @@ class TaskReporter(keras.callbacks.Callback):
         if self._sync is not None and self._sync.t_data > self._batch_start:
             self.stream.timer.add("input_wait", self._sync.t_data - self._batch_start)
         self.stream.run_replays()
-        seq = int(self._trained_seq.numpy())
+        if self._sync is not None and self._sync.pipelined:
+            # Only batches whose push has returned count as trained.
+            seq = self._sync.completed_seq
+        else:
+            seq = int(self._trained_seq.numpy())
         if seq > self._last_seq:
             self._last_seq = seq
             self.stream.mark_trained(seq)

@@ -196,6 +196,11 @@ class TaskStream:
             if not ok:
                 self.abandon([seq], "catching up was refused")
 
+    def dead(self) -> frozenset:
+        """The seqs given back so far."""
+        with self._lock:
+            return frozenset(self._dead)
+
     def live_mask(self, seqs: np.ndarray) -> np.ndarray:
         """1.0 for elements of tasks still ours, 0.0 for abandoned ones."""
         if not self._dead:

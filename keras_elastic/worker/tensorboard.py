@@ -111,7 +111,7 @@ class PerWorkerTensorBoard(keras.callbacks.Callback):
         self.tensorboard.on_epoch_end(epoch, logs)
 
     def _chief(self) -> bool:
-        from keras_elastic.worker.ps_checkpoint import is_chief
+        from keras_elastic.worker.cluster import is_chief
 
         try:
             return is_chief(self.cluster)

@@ -44,12 +44,15 @@ class ElasticDataset:
     """A dataset whose records are handed out by the master in tasks.
 
     Args:
-        data: TFRecord file pattern(s) (a string or a list), a nest of NumPy
+        data: TFRecord file pattern(s) (a string or a list; ArrayRecord files
+            when every file is named `*.array_record`), a nest of NumPy
             arrays (every worker must build the same arrays), or a
-            `keras_elastic.data.DataSource`.
+            `keras_elastic.data.DataSource`. `ElasticDataset.from_tfds`
+            reads a prepared TensorFlow Datasets split.
         dataset_fn: `dataset_fn(records, mode)` (or `dataset_fn(records)`) maps
-            a `tf.data.Dataset` of one task's raw records (scalar strings for
-            TFRecord; array rows for arrays) to *unbatched* elements: `(x, y)`
+            a `tf.data.Dataset` of one task's records (scalar strings for
+            TFRecord and ArrayRecord; array rows for arrays; decoded feature
+            dicts for `from_tfds`) to *unbatched* elements: `(x, y)`
             or `(x, y, sample_weight)` for training and evaluation, `x` (or
             `(x,)`) for prediction. It may filter or expand records. None:
             records are the elements.
@@ -124,6 +127,57 @@ class ElasticDataset:
                              f"mode='prediction', not {mode!r}")
         self._element_spec = None
 
+    @classmethod
+    def from_tfds(cls, name_or_builder: Any, split: str = "train",
+                  data_dir: str | None = None, *, as_supervised: bool = False,
+                  decode: bool = True, decoders: Any = None,
+                  **kwargs: Any) -> ElasticDataset:
+        """An `ElasticDataset` over a prepared TensorFlow Datasets split.
+
+        Reads the dataset's own files (TFRecord or ArrayRecord, as prepared);
+        the shards and their record counts come from its dataset info, so a
+        task is a record range of one shard and nothing is scanned first.
+        Nothing is downloaded: prepare the dataset beforehand
+        (`builder.download_and_prepare()` or `tfds build`).
+
+        Args:
+            name_or_builder: a registered dataset name (`"mnist"`,
+                `"mnist:3.0.1"`, `"name/config"`), a `tfds` `DatasetBuilder`
+                (instance or class) or the directory of a prepared version
+                (`.../mnist/3.0.1`, read without the dataset's code).
+            split: a split of the dataset, sliced or combined as TFDS allows
+                (`"train[:90%]"`, `"train+test"`).
+            data_dir: where the dataset is prepared (TFDS' default if None).
+            as_supervised: elements are `(input, target)` from the dataset's
+                `supervised_keys` (no `dataset_fn` needed).
+            decode: records are decoded with the dataset's features before
+                `dataset_fn` sees them (a dict of features, as `tfds.load`
+                gives). False: `dataset_fn` gets the raw serialized examples
+                (scalar strings) and decodes them itself.
+            decoders: per-feature decoders, as in `tfds.load` (e.g.
+                `{"image": tfds.decode.SkipDecoding()}`).
+            **kwargs: `ElasticDataset` arguments (`dataset_fn`, `batch_size`,
+                `mode`, `name`, `shuffle`, ...).
+
+        Raises:
+            FileNotFoundError: the dataset is not prepared in `data_dir` (or
+                not known at all), or a file of the split is missing.
+            ValueError: `split` is not a split of the dataset (the message
+                lists them), or the dataset is stored in another file format.
+
+        Example:
+
+        >>> train = ke.ElasticDataset.from_tfds(            # doctest: +SKIP
+        ...     "mnist", split="train", data_dir="~/tensorflow_datasets",
+        ...     as_supervised=True, batch_size=64, shuffle=True)
+        """
+        from keras_elastic.data.tfds import TFDSSource, load_builder
+
+        builder = load_builder(name_or_builder, data_dir)
+        source = TFDSSource(builder, split, decode=decode, as_supervised=as_supervised,
+                            decoders=decoders)
+        return cls(source, **kwargs)
+
     @property
     def records_per_task(self) -> int:
         return self.batch_size * self.minibatches_per_task
@@ -139,6 +193,7 @@ class ElasticDataset:
 
     # -- the user's dataset_fn --------------------------------------------
     def _apply_dataset_fn(self, records: tf.data.Dataset) -> tf.data.Dataset:
+        records = self.source.decode(records)
         if self.dataset_fn is None:
             return records
         fn = self.dataset_fn

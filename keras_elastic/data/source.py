@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import abc
+import importlib
+import threading
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import tensorflow as tf
@@ -32,6 +36,12 @@ class DataSource(abc.ABC):
     def record_spec(self) -> Any:
         """`tf.TensorSpec` nest of one record."""
 
+    def decode(self, records: tf.data.Dataset) -> tf.data.Dataset:
+        """Maps one task's records (`read`'s output, as a dataset) to what
+        `dataset_fn` receives: unchanged unless the source knows how its
+        records are encoded (a TFDS dataset decodes with its features)."""
+        return records
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -43,23 +53,105 @@ class DataSource(abc.ABC):
             lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype), self.record_spec)
 
 
+def optional_module(module: str, needed_for: str, package: str) -> ModuleType:
+    """Imports `module`, which only some sources need; if it is missing, an
+    `ImportError` saying what needs it and how to install it.
+
+    Example:
+
+    >>> optional_module("json", "reading JSON", "json").dumps(1)
+    '1'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"{needed_for} needs the {package} package: pip install "
+            f"'keras-elastic[datasets]' (or pip install {package})") from e
+
+
+def check_range(owner: str, shard: str, count: int | None, start: int,
+                end: int) -> None:
+    """Checks that records `[start, end)` of `shard` (`count` records, None if
+    `owner` has no such shard) exist, for `DataSource.read`.
+
+    Example:
+
+    >>> check_range("ArrayRecordSource", "a.array_record", 10, 0, 12)
+    Traceback (most recent call last):
+    ...
+    IndexError: a.array_record: records [0, 12) out of range (the shard has 10)
+    """
+    if count is None:
+        raise KeyError(f"{owner} has no shard '{shard}'")
+    if not 0 <= start <= end <= count:
+        raise IndexError(f"{shard}: records [{start}, {end}) out of range (the shard "
+                         f"has {count})")
+
+
+class PerThreadReaders:
+    """File readers opened on first use, one per (thread, file): `read` runs in
+    a worker's input thread, and a random-access reader is not shared across
+    threads.
+
+    Example:
+
+    >>> readers = PerThreadReaders(lambda path: [path])  # a reader: open(path)
+    >>> readers.get("a.bin") is readers.get("a.bin")
+    True
+    """
+
+    def __init__(self, open_reader: Callable[[str], Any]) -> None:
+        self._open = open_reader
+        self._local = threading.local()
+
+    def get(self, path: str) -> Any:
+        readers = getattr(self._local, "readers", None)
+        if readers is None:
+            readers = self._local.readers = {}
+        if path not in readers:
+            readers[path] = self._open(path)
+        return readers[path]
+
+
 def as_source(data: Any, index_dir: str | None = None) -> DataSource:
     """Turns what a user passes to `ElasticDataset` into a `DataSource`.
 
-    Accepts a `DataSource`, a file pattern or a list of patterns (TFRecord), or
-    a NumPy array / tuple / dict of arrays.
+    Accepts a `DataSource`, a file pattern or a list of patterns (TFRecord
+    files; ArrayRecord files when every file matched is named `*.array_record`,
+    `*.arrayrecord` or `*.array_record-NNNNN-of-NNNNN`), or a NumPy array /
+    tuple / dict of arrays.
+
+    Example:
+
+    >>> import numpy as np
+    >>> as_source({"x": np.zeros((4, 2))}).shards()
+    [('arrays', 4)]
+    >>> as_source("data/train-*.array_record")  # doctest: +SKIP
+    <keras_elastic.data.array_record.ArrayRecordSource object at ...>
     """
     import numpy as np
 
     from keras_elastic.data.arrays import ArraySource
-    from keras_elastic.data.tfrecord import TFRecordSource
+    from keras_elastic.data.tfrecord import TFRecordSource, expand_patterns
 
     if isinstance(data, DataSource):
         return data
     if isinstance(data, (str, bytes)) or (
             isinstance(data, (list, tuple)) and data
             and all(isinstance(p, str) for p in data)):
-        return TFRecordSource(data, index_dir=index_dir)
+        from keras_elastic.data.array_record import ArrayRecordSource, is_array_record_path
+
+        files = expand_patterns(data)
+        array_records = [f for f in files if is_array_record_path(f)]
+        if array_records and len(array_records) == len(files):
+            return ArrayRecordSource(files)
+        if array_records:
+            other = next(f for f in files if not is_array_record_path(f))
+            raise ValueError(
+                f"the files mix ArrayRecord files ({array_records[0]}) with others "
+                f"read as TFRecord ({other}); one dataset reads one format")
+        return TFRecordSource(files, index_dir=index_dir)
     leaves = tf.nest.flatten(data)
     if leaves and all(isinstance(x, np.ndarray) or hasattr(x, "__array__")
                       for x in leaves):

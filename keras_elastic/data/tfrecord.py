@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import glob
 import os
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.lib.io import tf_record
 
-from keras_elastic.data.source import DataSource
+from keras_elastic.data.source import DataSource, PerThreadReaders
 from keras_elastic.data.tfrecord_index import CorruptRecordError, load_or_build_index
 
 
@@ -51,7 +50,7 @@ class TFRecordSource(DataSource):
                  index_dir: str | None = None) -> None:
         self._files = expand_patterns(patterns)
         self._offsets = {f: load_or_build_index(f, index_dir) for f in self._files}
-        self._local = threading.local()
+        self._readers = PerThreadReaders(tf_record.tf_record_random_reader)
 
     def shards(self) -> list[tuple[str, int]]:
         return [(f, len(self._offsets[f]) - 1) for f in self._files]
@@ -65,12 +64,7 @@ class TFRecordSource(DataSource):
         return tf.TensorSpec([], tf.string)
 
     def _reader(self, path: str):
-        readers = getattr(self._local, "readers", None)
-        if readers is None:
-            readers = self._local.readers = {}
-        if path not in readers:
-            readers[path] = tf_record.tf_record_random_reader(path)
-        return readers[path]
+        return self._readers.get(path)
 
     def read(self, shard: str, start: int, end: int) -> np.ndarray:
         offsets = self._offsets.get(shard)

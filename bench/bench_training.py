@@ -13,6 +13,9 @@ Configurations, each a fresh model trained for one epoch over the same files:
              as the worker, with the master and the parameter server as separate
              processes (`python -m keras_elastic.master` / `keras_elastic.ps`,
              started with --ready_file, as the launcher does): the deployment;
+- pipelined: "processes" with `compile(exchange="pipelined")`: the push of step
+             k travels while step k+1 computes (targets: processes >= 0.93,
+             pipelined >= 0.97 of plain);
 - embedded:  the same with the embedded cluster (master and PS in this process);
 - ray:       master, PS and the worker as Ray actors (the launcher's Ray backend,
              `keras_elastic/launcher/backends/ray.py`) on a local one-node Ray
@@ -82,8 +85,9 @@ flags.DEFINE_integer("warmup_batches", 8,
 flags.DEFINE_string("data_dir", os.path.join(tempfile.gettempdir(),
                                              "keras_elastic_bench", "cifar10"),
                     "Where the synthetic TFRecords are written (kept for reuse).")
-flags.DEFINE_list("configs", ["plain", "processes", "embedded", "ray"],
-                  "Configurations to measure, among plain, processes, embedded, ray; "
+flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "embedded", "ray"],
+                  "Configurations to measure, among plain, processes, pipelined, "
+                  "embedded, ray; "
                   "plain is always measured (it is the baseline); ray is skipped "
                   "when Ray is not installed.")
 flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
@@ -97,7 +101,7 @@ flags.DEFINE_list("worker_files", [], "Internal: the data files of --worker_outp
 flags.DEFINE_list("service_pids", [], "Internal: the master and PS pids of "
                   "--worker_output (for their CPU seconds).")
 
-CONFIGS = ("plain", "processes", "embedded", "ray")
+CONFIGS = ("plain", "processes", "pipelined", "embedded", "ray")
 
 
 class WindowTimer:
@@ -152,7 +156,7 @@ class WindowTimer:
         return {k: v - self.phases_start.get(k, 0.0) for k, v in self.phases_end.items()}
 
 
-def compiled_model(elastic: bool):
+def compiled_model(elastic: bool, exchange: str = "sync"):
     import keras
 
     import keras_elastic as ke
@@ -161,7 +165,7 @@ def compiled_model(elastic: bool):
     keras.utils.set_random_seed(0)
     net = cifar10.custom_model()
     if elastic:
-        net = ke.wrap(net)
+        net = ke.wrap(net, exchange=exchange)
     net.compile(optimizer=cifar10.optimizer(), loss=cifar10.loss(),
                 metrics=["accuracy"])
     return net
@@ -191,7 +195,8 @@ def run_plain(files: list[str]) -> Measurement:
     return Measurement(timer.seconds(), *timer.cpu(), {})
 
 
-def run_elastic(files: list[str], service_pids: list[int]) -> Measurement:
+def run_elastic(files: list[str], service_pids: list[int], exchange: str = "sync"
+                ) -> Measurement:
     import keras_elastic as ke
     from keras_elastic.worker.cluster import get_cluster
 
@@ -204,13 +209,13 @@ def run_elastic(files: list[str], service_pids: list[int]) -> Measurement:
                               batch_size=FLAGS.batch_size,
                               minibatches_per_task=FLAGS.minibatches_per_task,
                               deterministic=FLAGS.deterministic)
-    net = compiled_model(elastic=True)
+    net = compiled_model(elastic=True, exchange=exchange)
     timer = WindowTimer(FLAGS.warmup_batches, cluster.timer, service_pids)
     net.fit(train, epochs=1, verbose=0, callbacks=[timer.callback])
     return Measurement(timer.seconds(), *timer.cpu(), timer.phases())
 
 
-def run_with_processes(files: list[str]) -> Measurement:
+def run_with_processes(files: list[str], exchange: str = "sync") -> Measurement:
     """The worker here; master and PS as `python -m` processes."""
     from keras_elastic.common import cluster_env
     from keras_elastic.launcher.processes import start_service
@@ -231,7 +236,7 @@ def run_with_processes(files: list[str]) -> Measurement:
         os.environ.update(cluster_env.to_env(master_info["address"],
                                              [ps_info["address"]], 0, job_dir))
         reset_cluster()
-        return run_elastic(files, [p.pid for p in services])
+        return run_elastic(files, [p.pid for p in services], exchange)
     finally:
         reset_cluster()
         for key, value in saved.items():
@@ -338,6 +343,14 @@ def run_embedded(files: list[str]) -> Measurement:
         reset_cluster()
 
 
+def _device() -> str:
+    """The device the training step runs on (the first GPU if any)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else "CPU"
+
+
 def _logged(order: list[str]):
     for name in order:
         logging.info("measuring %s ...", name)
@@ -367,6 +380,7 @@ def main(argv: list[str]) -> None:
                                          FLAGS.num_shards)
     n = FLAGS.num_records - FLAGS.warmup_batches * FLAGS.batch_size
     runners = {"plain": run_plain, "processes": run_with_processes,
+               "pipelined": lambda f: run_with_processes(f, exchange="pipelined"),
                "embedded": run_embedded, "ray": run_with_ray}
     elastic = [c for c in FLAGS.configs if c != "plain"]
     if "ray" in elastic and not _ray_available():
@@ -406,12 +420,13 @@ def main(argv: list[str]) -> None:
     plain_rate = sum(n / m.seconds for m in plain) / len(plain)
     plain_cpu_rate = sum(n / m.cpu for m in plain) / len(plain)
     labels = {"processes": "keras-elastic, master + PS processes",
+              "pipelined": "keras-elastic, processes, pipelined",
               "embedded": "keras-elastic, embedded cluster",
               "ray": "keras-elastic, Ray actors (1 node)"}
     lines = ["", f"CIFAR-10 (synthetic) {FLAGS.num_records} records, batch "
              f"{FLAGS.batch_size}, {FLAGS.minibatches_per_task} minibatches per task, "
              f"1 worker, 1 PS; {n} samples timed after {FLAGS.warmup_batches} warm-up "
-             "batches", "",
+             f"batches; device: {_device()}", "",
              f"  {'configuration':40s} {'samples/s':>9s} {'wall s':>7s} {'ratio':>6s}"
              f"   {'samples/CPU-s':>13s} {'CPU s (worker+services)':>23s} {'ratio':>6s}"]
 
@@ -446,6 +461,12 @@ def main(argv: list[str]) -> None:
         for name, values in ratios.items():
             lines.append(f"  {labels[name]:40s} " + " ".join(f"{r:.3f}" for r in values)
                          + f"   median {statistics.median(values):.3f}")
+    for name, target in (("processes", 0.93), ("pipelined", 0.97)):
+        if name in ratios:
+            ratio = statistics.median(ratios[name])
+            lines.append(f"\n{name} exchange: samples/s ratio to plain {ratio:.3f} "
+                         f"(target >= {target}: "
+                         f"{'met' if ratio >= target else 'NOT met'})")
     if "ray" in ratios and "processes" in ratios:
         ray_ratio = statistics.median(ratios["ray"])
         local_ratio = statistics.median(ratios["processes"])

@@ -14,6 +14,11 @@ from absl import logging
 from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import MANIFEST_NAME, SaveInfo
 from keras_elastic.checkpoint.reader import restore_model
+from keras_elastic.checkpoint.signature import (
+    SIGNATURE_KEY,
+    check_model_matches,
+    model_signature,
+)
 from keras_elastic.checkpoint.validation import check_sharding_callback
 from keras_elastic.checkpoint.writer import CheckpointWriter
 
@@ -79,16 +84,32 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
     once complete, with a `manifest.json` recording the callback's
     description, its latency, the shards and their sizes, the epoch and step.
     `monitor`, `mode`, `save_best_only`, `initial_value_threshold` and
-    `save_freq` mean what they mean for `keras.callbacks.ModelCheckpoint`.
+    `save_freq` mean what they mean for `keras.callbacks.ModelCheckpoint`, and
+    the defaults are Keras' too: every checkpoint is kept (unless
+    `max_to_keep`), nothing is restored (unless `restore_on_start`). Keras'
+    own `model_checkpoint_test.py` passes against it
+    (`tests/test_keras_model_checkpoint_parity.py`).
 
-    Resuming: with `restore_on_start=True` the latest complete checkpoint in
-    the directory is restored (weights and optimizer slots) when `fit` starts,
-    and `fit` continues from the saved epoch: `fit(epochs=4)` after two saved
-    epochs runs epochs 3 and 4 (through the `model._initial_epoch` hook that
-    `keras.callbacks.BackupAndRestore` uses). A checkpoint saved in the middle
-    of an epoch resumes at the start of that epoch, with the saved weights.
-    Alternatively call `restore()` yourself and pass
-    `initial_epoch=callback.initial_epoch` to `fit`.
+    Resuming is explicit: with `restore_on_start=True` the latest complete
+    checkpoint *of this callback* is restored (weights and optimizer slots)
+    when `fit` starts, and `fit` continues from the saved epoch: `fit(epochs=4)`
+    after two saved epochs runs epochs 3 and 4 (through the
+    `model._initial_epoch` hook that `keras.callbacks.BackupAndRestore` uses).
+    A checkpoint saved in the middle of an epoch resumes at the start of that
+    epoch, with the saved weights. Alternatively call `restore()` yourself and
+    pass `initial_epoch=callback.initial_epoch` to `fit`. Never silently:
+
+    - a checkpoint whose variables (keys, shapes) differ from the model's is
+      a `CheckpointError` naming each difference;
+    - a restore that leaves no epoch to train logs a warning with the
+      checkpoint's epoch;
+    - *this callback's* checkpoints are those whose manifest holds its name
+      pattern (the last component of `filepath`, e.g. `ckpt-{epoch:04d}`):
+      checkpoints of another callback, of `save_trackables` or of another tool
+      in the same directory are neither restored nor pruned by it. A later
+      run with the same filepath continues the same series (that is what
+      resuming means), like Keras' `BackupAndRestore` with the same
+      `backup_dir`; give a new run its own directory or name to keep both.
 
     Args:
         filepath: Either a directory (a path ending in `/`, or an existing
@@ -112,13 +133,13 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
         sharding_callback: A `tf.train.experimental.ShardingCallback`
             instance: `ShardByTaskPolicy()` (default), `MaxShardSizePolicy(
             max_shard_size=...)` or your own.
-        max_to_keep: Keep this many newest checkpoints in the directory;
-            `None` keeps all.
+        max_to_keep: Keep this many newest checkpoints of this callback;
+            `None` (the default, as Keras) keeps all.
         async_save: Write checkpoints in TensorFlow's background thread
             (`CheckpointOptions(enable_async=True)`); training continues once
             the values are copied. Pending saves finish at the end of `fit`.
-        restore_on_start: Restore the latest checkpoint when the first `fit`
-            with this callback starts.
+        restore_on_start: Restore this callback's latest checkpoint when the
+            first `fit` with it starts (default `False`, as Keras).
         durable: fsync each checkpoint before committing it, so it survives a
             power loss as well as a crash (slower: waits for the disk).
 
@@ -134,7 +155,7 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.ones((32, 4)), np.ones((32, 1))
     ckpt = ke.callbacks.ShardedModelCheckpoint(
-        "/tmp/sharded/", max_to_keep=3,
+        "/tmp/sharded/", max_to_keep=3, restore_on_start=True,
         sharding_callback=tf.train.experimental.MaxShardSizePolicy(
             max_shard_size=64 << 20))
     model.fit(x, y, epochs=4, callbacks=[ckpt], verbose=0)
@@ -154,25 +175,26 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
         initial_value_threshold: float | None = None,
         *,
         sharding_callback: tf.train.experimental.ShardingCallback | None = None,
-        max_to_keep: int | None = 5,
+        max_to_keep: int | None = None,
         async_save: bool = False,
-        restore_on_start: bool = True,
+        restore_on_start: bool = False,
         durable: bool = False,
     ) -> None:
         # keras.callbacks.ModelCheckpoint.__init__ insists on a .keras/.h5
         # filepath, so initialize its base and set ModelCheckpoint's state.
         super(keras.callbacks.ModelCheckpoint, self).__init__(
             monitor, mode, initial_value_threshold)
-        if save_freq != "epoch" and (
-                not isinstance(save_freq, int) or isinstance(save_freq, bool)
-                or save_freq < 1):
+        if save_freq != "epoch" and not isinstance(save_freq, int):
+            # What Keras accepts: "epoch" or an int (a save every that many
+            # batches; 0 or less: every batch).
             raise ValueError(
-                f"Unrecognized save_freq: {save_freq!r}. Expected 'epoch' or "
-                "a positive number of batches")
+                f"Unrecognized save_freq: {save_freq!r}. Expected save_freq are "
+                "'epoch' or integer values (save every this many batches)")
         root, pattern = _split_filepath(os.fspath(filepath), save_freq)
         self.verbose = verbose
         self.directory = os.path.abspath(root)
         self.filepath = os.path.join(self.directory, pattern)
+        self.name_pattern = pattern  # this callback's checkpoints (manifests)
         self.save_best_only = save_best_only
         self.save_weights_only = save_weights_only
         self.save_freq = save_freq
@@ -206,9 +228,32 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
             return self._ps_last_info
         return None if self._writer is None else self._writer.last_save_info
 
-    def mark_restored(self, info: SaveInfo | None, initial_epoch: int) -> None:
+    def checkpoints(self) -> list[SaveInfo]:
+        """This callback's complete checkpoints in its directory, oldest first
+        (those whose manifest holds its name pattern)."""
+        return [info for info in layout.list_checkpoints(self.directory)
+                if self.owns(info)]
+
+    def latest(self) -> SaveInfo | None:
+        """This callback's newest complete checkpoint, or `None`."""
+        checkpoints = self.checkpoints()
+        return checkpoints[-1] if checkpoints else None
+
+    def owns(self, info: SaveInfo) -> bool:
+        """Whether checkpoint `info` was written by a callback with this one's
+        name pattern."""
+        pattern = info.extra.get("name_pattern")
+        if self.name_pattern in _DIRECTORY_PATTERNS.values():
+            # Saved by epoch or every N batches into a directory: one series.
+            return pattern in _DIRECTORY_PATTERNS.values()
+        return pattern == self.name_pattern
+
+    def mark_restored(self, info: SaveInfo | None, initial_epoch: int,
+                      epochs: int | None = None) -> None:
         """An elastic `fit` restored `info` itself (servers and master) and
         starts at `initial_epoch`: nothing is left for `on_train_begin` to do."""
+        if info is not None and epochs is not None:
+            _warn_if_nothing_left(info, initial_epoch, epochs)
         self._restore_attempted = True
         self._resume_pending = False
         self.initial_epoch, self.restored_from = initial_epoch, info
@@ -259,12 +304,13 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self._writer is not None:
             self._writer.wait()
         self._restore_attempted = True
-        info = layout.latest(self.directory)
+        info = self.latest()
         if info is None:
             self.initial_epoch, self.restored_from = 0, None
             logging.info("No checkpoint in %s to restore; starting afresh",
                          self.directory)
             return None
+        check_model_matches(model, info)
         info = restore_model(model, info.path)
         self.initial_epoch, self.restored_from = info.initial_epoch, info
         self._resume_pending = True
@@ -284,6 +330,10 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._previous_initial_epoch = getattr(self.model, "_initial_epoch", None)
         if self.restore_on_start and not self._restore_attempted:
             self.restore()
+        epochs = (self.params or {}).get("epochs")
+        if (self._resume_pending and self.restored_from is not None
+                and epochs is not None):
+            _warn_if_nothing_left(self.restored_from, self.initial_epoch, epochs)
         if self._resume_pending and self.initial_epoch:
             # Only the first fit() after a restore resumes; later ones start
             # where Keras starts them.
@@ -320,7 +370,7 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self._writer = CheckpointWriter(
                 self.directory, trackables, self.sharding_callback,
                 max_to_keep=self.max_to_keep, async_save=self.async_save,
-                durable=self.durable)
+                durable=self.durable, select=self.owns)
             self._writer_key = key
         return self._writer
 
@@ -341,6 +391,8 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
                      int(keras.ops.convert_to_numpy(optimizer.iterations))),
             "monitor": self.monitor,
             "best": _as_float(self.best),
+            "name_pattern": self.name_pattern,
+            SIGNATURE_KEY: model_signature(self.model),
         }
         cluster = _cluster_of(self.model)
         if cluster is not None:
@@ -355,7 +407,8 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 return
             info = save_parameter_servers(
                 self.model, cluster, self.directory, os.path.basename(filepath),
-                self.sharding_callback, extra, max_to_keep=self.max_to_keep)
+                self.sharding_callback, extra, max_to_keep=self.max_to_keep,
+                select=self.owns)
             self._ps_last_info = info
             logging.info("Saved parameter-server checkpoint %s: %d parts, %d shards "
                          "of %s bytes; sharding callback '%s' took %.3f ms",
@@ -366,3 +419,13 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self.verbose > 0 and info is not None:
             print(f"\nEpoch {epoch + 1}: saved {info.path} ({info.num_shards} "
                   f"shards, {sum(info.shard_sizes)} bytes)")
+
+
+def _warn_if_nothing_left(info: SaveInfo, initial_epoch: int, epochs: int) -> None:
+    """A restore that leaves `fit(epochs=...)` nothing to train says so."""
+    if initial_epoch >= epochs:
+        logging.warning(
+            "ShardedModelCheckpoint restored %s, saved at epoch %s: fit(epochs=%d) "
+            "has no epoch left to train, so this fit trains nothing. Pass a larger "
+            "`epochs` to train on, or restore_on_start=False (or another "
+            "checkpoint directory) to train afresh.", info.path, info.epoch, epochs)

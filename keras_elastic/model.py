@@ -185,7 +185,7 @@ class ElasticTrainerMixin:
         return None
 
     def _ke_prepare(self, dataset: ElasticDataset, restore_from: str = "",
-                    local_restore=None) -> ModelSync:
+                    local_restore=None, resume=None) -> ModelSync:
         """Builds the model from the dataset spec and syncs it with the PS.
 
         `restore_from`: a parameter-server checkpoint the servers load when they
@@ -208,6 +208,12 @@ class ElasticTrainerMixin:
             # Build from the spec: Keras would otherwise take a batch from the
             # dataset, i.e. a task from the master, and drop it.
             self._symbolic_build(data_batch=dataset.batched_spec)
+        if resume is not None:
+            # The checkpoint a ShardedModelCheckpoint resumes from must be of
+            # this model: an error naming the difference, before any restore.
+            from keras_elastic.checkpoint.signature import check_model_matches
+
+            check_model_matches(self, resume)
         if local_restore is not None:
             from keras_elastic.checkpoint import restore_model
 
@@ -262,9 +268,10 @@ class ElasticTrainerMixin:
         registered = cluster.master.register_dataset(request)
         start_epoch = max(initial_epoch, registered.epoch)
         local = resume if resume is not None and not restore_from else None
-        sync = self._ke_prepare(dataset, restore_from=restore_from, local_restore=local)
+        sync = self._ke_prepare(dataset, restore_from=restore_from, local_restore=local,
+                                resume=resume)
         if checkpoint_callback is not None:
-            checkpoint_callback.mark_restored(resume, start_epoch)
+            checkpoint_callback.mark_restored(resume, start_epoch, epochs)
         stream = TaskStream(cluster.master, dataset.name, dataset.source,
                             cluster.timer, start_epoch=start_epoch,
                             shuffle_records=dataset.shuffle, seed=dataset.seed)

@@ -160,7 +160,7 @@ def test_restore_on_start_resumes_from_the_saved_epoch(tmp_path):
     first = make_model(momentum=0.9)
     fit(first, [ShardedModelCheckpoint(directory + "/")], epochs=2)
     model = make_model(seed=5, momentum=0.9)
-    cb = ShardedModelCheckpoint(directory + "/")
+    cb = ShardedModelCheckpoint(directory + "/", restore_on_start=True)
     history = fit(model, [cb], epochs=3)
     assert len(history.history["loss"]) == 1  # epoch 3 only
     assert cb.restored_from.name == "ckpt-0002" and cb.initial_epoch == 2
@@ -233,8 +233,10 @@ def test_argument_errors(tmp_path):
     with pytest.raises(ValueError, match="only the last path component may hold "
                                          "format fields"):
         ShardedModelCheckpoint(str(tmp_path / "e{epoch}" / "ckpt"))
-    with pytest.raises(ValueError, match="Unrecognized save_freq: 0"):
-        ShardedModelCheckpoint(str(tmp_path) + "/", save_freq=0)
+    with pytest.raises(ValueError, match="Unrecognized save_freq: 'often'"):
+        ShardedModelCheckpoint(str(tmp_path) + "/", save_freq="often")
+    with pytest.raises(ValueError, match="Unrecognized save_freq: 2.5"):
+        ShardedModelCheckpoint(str(tmp_path) + "/", save_freq=2.5)
     with pytest.raises(ValueError, match="must not start with '.'"):
         ShardedModelCheckpoint(str(tmp_path / ".hidden"))
     with pytest.raises(TypeError, match="is the class MaxShardSizePolicy; pass "
@@ -245,3 +247,69 @@ def test_argument_errors(tmp_path):
         ShardedModelCheckpoint(str(tmp_path) + "/", max_to_keep=0)
     with pytest.raises(ValueError, match=r"restore\(\) needs the model"):
         ShardedModelCheckpoint(str(tmp_path) + "/").restore()
+
+
+# -- Keras parity of the defaults, and resuming that is never silent (issue 13) --
+def test_defaults_are_keras_keep_everything_restore_nothing(tmp_path):
+    # Another run's checkpoints in the directory: a new fit with the defaults
+    # trains every epoch, keeps every checkpoint, and leaves the others alone.
+    directory = str(tmp_path) + "/"
+    fit(make_model(), [ShardedModelCheckpoint(directory)], epochs=7)
+    assert names(directory) == [f"ckpt-{e:04d}" for e in range(1, 8)]
+    model = make_model(seed=3)
+    kernel = model.layers[0].kernel.numpy()
+    cb = ShardedModelCheckpoint(directory)
+    history = fit(model, [cb], epochs=7)
+    assert len(history.history["loss"]) == 7 and cb.restored_from is None
+    assert not np.allclose(model.layers[0].kernel.numpy(), kernel)
+    assert len(names(directory)) == 7  # replaced, nothing pruned
+
+
+def test_restore_on_start_with_another_model_names_the_difference(tmp_path):
+    directory = str(tmp_path) + "/"
+    fit(make_model(), [ShardedModelCheckpoint(directory)], epochs=1)
+    keras.utils.set_random_seed(0)
+    other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
+                              keras.layers.Dense(1)])
+    other.compile(optimizer="sgd", loss="mse")
+    kernel = other.layers[0].kernel.numpy()
+    with pytest.raises(ke.checkpoint.CheckpointError,
+                       match=r"(?s)does not match model .*0000/kernel: shape \[8, 16\] "
+                             r"in the checkpoint, \[8, 4\] in the model"):
+        fit(other, [ShardedModelCheckpoint(directory, restore_on_start=True)])
+    np.testing.assert_array_equal(other.layers[0].kernel.numpy(), kernel)
+
+
+def test_a_restore_that_leaves_no_epoch_warns_with_its_epoch(tmp_path, caplog):
+    directory = str(tmp_path) + "/"
+    fit(make_model(), [ShardedModelCheckpoint(directory)], epochs=3)
+    cb = ShardedModelCheckpoint(directory, restore_on_start=True)
+    with caplog.at_level("WARNING"):
+        history = fit(make_model(seed=1), [cb], epochs=2)
+    assert history.history == {}
+    assert re.search(r"restored .*ckpt-0003, saved at epoch 3: fit\(epochs=2\) has no "
+                     r"epoch left to train", caplog.text), caplog.text
+
+
+def test_another_callbacks_checkpoints_are_neither_restored_nor_pruned(tmp_path):
+    directory = str(tmp_path)
+    best = ShardedModelCheckpoint(os.path.join(directory, "best"), monitor="loss",
+                                  save_best_only=True)
+    fit(make_model(), [best], epochs=2)
+    series = ShardedModelCheckpoint(os.path.join(directory, "e{epoch:02d}"),
+                                    max_to_keep=2)
+    fit(make_model(seed=1), [series], epochs=4)
+    assert sorted(names(directory)) == ["best", "e03", "e04"]  # "best" kept
+    assert series.latest().name == "e04" and best.latest().name == "best"
+    # A restore picks the callback's own latest, not the directory's newest.
+    resumed = ShardedModelCheckpoint(os.path.join(directory, "best"), monitor="loss",
+                                     save_best_only=True, restore_on_start=True)
+    fit(make_model(seed=2), [resumed], epochs=3)
+    assert resumed.restored_from.name == "best"
+
+
+def test_save_freq_takes_what_keras_takes(tmp_path):
+    # An int (batches; 0 saves after every batch, as in Keras) or "epoch".
+    cb = ShardedModelCheckpoint(str(tmp_path) + "/", save_freq=0)
+    fit(make_model(), [cb], epochs=1)
+    assert len(names(str(tmp_path))) == 4  # 64 samples / batch 16

@@ -46,7 +46,7 @@ import keras_elastic as ke
 
 directory, out = sys.argv[1], sys.argv[2]
 model = make_model(seed=123)  # another init: the checkpoint must win
-cb = ke.callbacks.ShardedModelCheckpoint(directory + "/")
+cb = ke.callbacks.ShardedModelCheckpoint(directory + "/", restore_on_start=True)
 history = fit(model, 4, [cb])
 np.savez(out, *[w.numpy() for w in model.weights],
          epochs_run=len(history.history["loss"]), initial_epoch=cb.initial_epoch)

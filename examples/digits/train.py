@@ -88,7 +88,8 @@ def main(argv: list[str]) -> None:
                     exchange=FLAGS.exchange)
     callbacks = []
     if FLAGS.checkpoint_dir:
-        callbacks.append(ke.callbacks.ShardedModelCheckpoint(FLAGS.checkpoint_dir))
+        callbacks.append(ke.callbacks.ShardedModelCheckpoint(
+            FLAGS.checkpoint_dir, restore_on_start=True))  # resumes a run
 
     started = time.perf_counter()
     history = model.fit(train, epochs=FLAGS.epochs, verbose=2, callbacks=callbacks,

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import uuid
+from collections.abc import Callable
 
 from absl import logging
 
@@ -247,8 +248,10 @@ def delete_checkpoint(path: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def prune(directory: str, max_to_keep: int | None) -> list[str]:
-    """Deletes all but the `max_to_keep` newest checkpoints in `directory`.
+def prune(directory: str, max_to_keep: int | None,
+          select: Callable[[SaveInfo], bool] | None = None) -> list[str]:
+    """Deletes all but the `max_to_keep` newest checkpoints in `directory`
+    (among those `select` accepts, if given: other checkpoints are left alone).
 
     Returns:
         The deleted checkpoint paths.
@@ -263,7 +266,8 @@ def prune(directory: str, max_to_keep: int | None) -> list[str]:
     """
     if max_to_keep is None:
         return []
-    checkpoints = list_checkpoints(directory)
+    checkpoints = [i for i in list_checkpoints(directory)
+                   if select is None or select(i)]
     doomed = checkpoints[:max(0, len(checkpoints) - max_to_keep)]
     for info in doomed:
         delete_checkpoint(info.path)

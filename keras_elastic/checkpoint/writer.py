@@ -15,7 +15,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import tensorflow as tf
@@ -102,6 +102,8 @@ class CheckpointWriter:
             instance; default `tf.train.experimental.ShardByTaskPolicy()`.
         max_to_keep: Keep at most this many checkpoints in `directory`
             (oldest deleted first); `None` keeps all.
+        select: Which checkpoints of `directory` `max_to_keep` counts and
+            prunes (default: all); e.g. those of one callback.
         async_save: Write the files in a background thread. `save` returns
             (`None`) once TensorFlow has read every variable and the shards
             are validated; training may then change the variables (TensorFlow
@@ -143,6 +145,7 @@ class CheckpointWriter:
         async_save: bool = False,
         durable: bool = False,
         prefix: str = DEFAULT_PREFIX,
+        select: Callable[[SaveInfo], bool] | None = None,
     ) -> None:
         if not isinstance(trackables, Mapping) or not trackables:
             raise CheckpointError(
@@ -164,6 +167,7 @@ class CheckpointWriter:
         self._callback = check_sharding_callback(
             sharding_callback or tf.train.experimental.ShardByTaskPolicy())
         self._max_to_keep = max_to_keep
+        self._select = select
         self._async = bool(async_save)
         self._durable = bool(durable)
         self._prefix = prefix
@@ -336,7 +340,7 @@ class CheckpointWriter:
                 info.path, info.num_shards, info.shard_sizes,
                 sum(info.shard_sizes), info.description, info.latency_s * 1e3,
                 info.validation_s * 1e3, info.write_s)
-            layout.prune(self._directory, self._max_to_keep)
+            layout.prune(self._directory, self._max_to_keep, self._select)
         except BaseException as e:  # Kept for save()/wait(); see docstring.
             if pending.info is None:
                 shutil.rmtree(pending.temp_dir, ignore_errors=True)

@@ -110,7 +110,9 @@ def _build(model, dataset) -> None:
 
 def _checkpoint_options() -> dict:
     """ElasticDL's --checkpoint_steps and --keep_checkpoint_max."""
-    options: dict = {"max_to_keep": FLAGS.keep_checkpoint_max or None}
+    # --checkpoint_dir resumes a train job from its latest checkpoint.
+    options: dict = {"max_to_keep": FLAGS.keep_checkpoint_max or None,
+                     "restore_on_start": True}
     if FLAGS.checkpoint_steps:
         options["save_freq"] = FLAGS.checkpoint_steps
     return options

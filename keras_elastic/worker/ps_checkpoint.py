@@ -35,7 +35,8 @@ def master_progress(cluster: Cluster) -> dict[str, dict]:
 
 def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
                            name: str, sharding_callback, extra: dict[str, Any],
-                           max_to_keep: int | None = None) -> SaveInfo:
+                           max_to_keep: int | None = None,
+                           select=None) -> SaveInfo:
     """Writes one checkpoint of every parameter server's share."""
     start = time.time()
     directory = os.path.abspath(directory)
@@ -57,7 +58,7 @@ def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
                                                                  "step")},
                    variable_keys=dict(zip(sync.keys, (v.path for v in sync.variables)))))
     if max_to_keep:
-        layout.prune(directory, max_to_keep)
+        layout.prune(directory, max_to_keep, select)
     return info
 
 
@@ -69,5 +70,5 @@ def resume_info(callbacks) -> tuple[Any, SaveInfo | None]:
     for callback in callbacks or []:
         if isinstance(callback, ShardedModelCheckpoint) and callback.restore_on_start:
             layout.remove_stale(callback.directory)
-            return callback, layout.latest(callback.directory)
+            return callback, callback.latest()
     return None, None

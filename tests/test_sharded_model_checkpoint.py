@@ -313,3 +313,34 @@ def test_save_freq_takes_what_keras_takes(tmp_path):
     cb = ShardedModelCheckpoint(str(tmp_path) + "/", save_freq=0)
     fit(make_model(), [cb], epochs=1)
     assert len(names(str(tmp_path))) == 4  # 64 samples / batch 16
+
+
+def test_another_runs_checkpoint_is_left_untouched_and_not_restored(tmp_path):
+    # Issue 13: a directory holding another run's checkpoint (another name).
+    # A new fit with the defaults trains every epoch and leaves it byte-equal;
+    # asked to restore with a mismatching model, a clear error.
+    directory = str(tmp_path)
+    fit(make_model(), [ShardedModelCheckpoint(
+        os.path.join(directory, "other-{epoch:02d}"))], epochs=2)
+
+    def snapshot() -> dict:
+        out = {}
+        for root, _, files in os.walk(directory):
+            for name in files:
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    out[os.path.relpath(path, directory)] = f.read()
+        return out
+
+    before = snapshot()
+    cb = ShardedModelCheckpoint(directory + "/")
+    history = fit(make_model(seed=4), [cb], epochs=3)
+    assert len(history.history["loss"]) == 3 and cb.restored_from is None
+    after = snapshot()
+    assert {k: v for k, v in after.items() if k.startswith("other-")} == before
+    keras.utils.set_random_seed(0)
+    other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
+                              keras.layers.Dense(1)])
+    other.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ke.checkpoint.CheckpointError, match=r"\[8, 16\].*\[8, 4\]"):
+        fit(other, [ShardedModelCheckpoint(directory + "/", restore_on_start=True)])

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_elastic.common.tensor_codec import decode_all, encode
 from keras_elastic.ps import ParameterServer, PSClient, partition, ps_for
 from keras_elastic.ps.store import ParameterStore
 
@@ -122,3 +123,20 @@ def test_bad_optimizer_config_is_named(servers):
     with pytest.raises(ValueError, match="cannot build the optimizer from its config"):
         c.init({"w": (np.ones(1, np.float32), True)},
                {"class_name": "NoSuchOptimizer", "config": {}})
+
+
+def test_values_since_are_read_only_snapshots_that_later_pushes_leave_alone():
+    store = ParameterStore()
+    store.init({"w": np.ones(1 << 19, np.float32)}, {"w": True}, SGD)  # 2 MB
+    before = store.values_since(-1)["w"]
+    assert not before.flags.writeable
+    # As a server receives it: reassembled from chunks, writable, aligned (the
+    # store gives it to TensorFlow without a copy).
+    grad, = decode_all(encode("w", np.ones(1 << 19, np.float32), chunk_bytes=1 << 20))
+    grad = grad[1]
+    assert grad.flags.writeable and grad.ctypes.data % 64 == 0
+    store.push({"w": grad}, {}, base_version=0)
+    np.testing.assert_array_equal(before, 1)          # the snapshot kept its values
+    np.testing.assert_array_equal(store.values_since(0)["w"], 0.5)
+    grad[:] = 9  # the gradient was applied, not kept
+    np.testing.assert_array_equal(store.values_since(0)["w"], 0.5)

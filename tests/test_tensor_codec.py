@@ -41,3 +41,40 @@ def test_missing_chunk_is_detected():
         assembler.add(chunks[2])
     with pytest.raises(ValueError, match="incomplete tensors: a"):
         list(decode_all(chunks[:2]))
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12, dtype=np.float32).reshape(3, 4), np.float64(3.5),
+    np.zeros((0, 3), np.int32), np.array([b"ab", b"c"]),
+    np.arange(3000, dtype=np.int64)[::2],  # not contiguous
+    np.random.default_rng(0).normal(size=(300, 7)),  # several chunks
+])
+def test_hand_built_frames_are_protobufs_bytes_and_read_back(array):
+    """The client's wire format (chunk_frames / FrameParser) is protobuf's."""
+    from keras_elastic.common.tensor_codec import FrameParser, chunk_frames, read_stream
+    from keras_elastic.proto import ps_pb2
+
+    frames = list(chunk_frames(2, "w", array, chunk_bytes=4096))
+    assert frames == [ps_pb2.PushRequest(chunk=c).SerializeToString()
+                      for c in encode("w", array, chunk_bytes=4096)]
+    header = ps_pb2.ModelChunk(header=ps_pb2.ModelHeader(version=7)).SerializeToString()
+    parse = FrameParser(ps_pb2.ModelHeader)
+    got_header, tensors = read_stream([parse(header)] + [parse(f) for f in frames])
+    assert got_header.version == 7
+    assert tensors["w"].dtype == np.asarray(array).dtype
+    np.testing.assert_array_equal(tensors["w"], array)
+
+
+def test_frame_parser_refuses_malformed_messages():
+    from keras_elastic.common.tensor_codec import FrameParser, TensorError
+    from keras_elastic.proto import ps_pb2
+
+    parse = FrameParser(ps_pb2.ModelHeader)
+    good = ps_pb2.ModelChunk(chunk=next(encode("w", np.ones(4, np.float32))))
+    data = good.SerializeToString()
+    for bad in (data[:-3], b"\x12\xff", b"\x13", b"\x00\x01"):
+        with pytest.raises(TensorError, match="malformed message"):
+            parse(bad)
+    # Fields it does not know are skipped, as protobuf does.
+    unknown = b"\x38\x05" + data  # field 7, a varint
+    assert bytes(parse(unknown).chunk.content) == good.chunk.content

@@ -3,7 +3,13 @@
 A tensor travels as one or more `TensorChunk` messages holding at most
 `CHUNK_BYTES` of its buffer; small tensors share nothing and need one chunk.
 `ChunkAssembler` puts chunks back together without extra copies beyond the one
-into the destination array.
+into the destination array (a tensor of one chunk is not copied at all).
+
+Large transfers skip protobuf's message objects on the side that can
+(`chunk_frames`, `FrameParser`): the same wire bytes, built with one copy of
+the array's buffer and read without copying the chunks' contents out of the
+received message (protobuf's Python objects cost three copies each way:
+the bytes field, the wrapping message, the serialization).
 
 Chunks come from other processes, so every header is checked against its bytes
 before anything is allocated or copied: a known dtype that can travel as raw
@@ -49,9 +55,12 @@ class TensorError(ValueError):
 TensorCheck = Callable[[str, np.dtype, tuple[int, ...]], None]
 
 
-def check_header(chunk: tensor_pb2.TensorChunk) -> tuple[np.dtype, tuple[int, ...]]:
+def check_header(chunk: tensor_pb2.TensorChunk, content=None
+                 ) -> tuple[np.dtype, tuple[int, ...]]:
     """The dtype and shape of `chunk`, after checking that its header
-    describes its bytes; raises `TensorError` naming the tensor otherwise.
+    describes its bytes (`content`: `chunk.content`, if read already: each
+    read of a protobuf bytes field copies it); raises `TensorError` naming the
+    tensor otherwise.
 
     >>> chunk, = encode("w", np.zeros((2, 3), "float32"))
     >>> check_header(chunk)
@@ -78,16 +87,14 @@ def check_header(chunk: tensor_pb2.TensorChunk) -> tuple[np.dtype, tuple[int, ..
     if chunk.total_bytes != size:
         raise TensorError(f"tensor '{name}': total_bytes is {chunk.total_bytes}, but "
                           f"{chunk.dtype} of shape {list(shape)} is {size} bytes")
-    end = chunk.offset + len(chunk.content)
+    end = chunk.offset + len(chunk.content if content is None else content)
     if chunk.offset < 0 or end > chunk.total_bytes:
         raise TensorError(f"tensor '{name}': chunk bytes [{chunk.offset}, {end}) are "
                           f"outside the tensor's {chunk.total_bytes} bytes")
     return dtype, shape
 
 
-def encode(name: str, array: np.ndarray,
-           chunk_bytes: int = CHUNK_BYTES) -> Iterator[tensor_pb2.TensorChunk]:
-    """Yields the chunks of one array."""
+def _as_buffer(name: str, array) -> tuple[np.ndarray, memoryview | bytes, str]:
     array = np.asarray(array)
     if not array.flags.c_contiguous:  # (ascontiguousarray would make 0-d arrays 1-d)
         array = np.ascontiguousarray(array)
@@ -95,23 +102,238 @@ def encode(name: str, array: np.ndarray,
         raise TypeError(f"tensor '{name}': object arrays cannot be sent; "
                         "convert strings to bytes tensors first")
     buf = memoryview(array).cast("B") if array.nbytes else b""
+    dtype = array.dtype.str if array.dtype.kind == "S" else array.dtype.name
+    return array, buf, dtype
+
+
+def chunk_fields(name: str, array: np.ndarray, chunk_bytes: int = CHUNK_BYTES
+                 ) -> Iterator[dict[str, Any]]:
+    """The fields of each `TensorChunk` of one array, as keyword arguments
+    (to build a message that holds the chunk in place, e.g.
+    `ModelChunk(chunk=fields)`, without copying a `TensorChunk` into it)."""
+    array, buf, dtype = _as_buffer(name, array)
     total = array.nbytes
     shape = list(array.shape)
-    dtype = array.dtype.str if array.dtype.kind == "S" else array.dtype.name
     if total <= chunk_bytes:
-        yield tensor_pb2.TensorChunk(name=name, dtype=dtype, shape=shape, offset=0,
-                                     total_bytes=total, content=bytes(buf))
+        yield {"name": name, "dtype": dtype, "shape": shape, "offset": 0,
+               "total_bytes": total, "content": bytes(buf)}
         return
     for offset in range(0, total, chunk_bytes):
-        yield tensor_pb2.TensorChunk(
-            name=name, dtype=dtype, shape=shape, offset=offset, total_bytes=total,
-            content=bytes(buf[offset:offset + chunk_bytes]))
+        yield {"name": name, "dtype": dtype, "shape": shape, "offset": offset,
+               "total_bytes": total, "content": bytes(buf[offset:offset + chunk_bytes])}
+
+
+def encode(name: str, array: np.ndarray,
+           chunk_bytes: int = CHUNK_BYTES) -> Iterator[tensor_pb2.TensorChunk]:
+    """Yields the chunks of one array."""
+    for fields in chunk_fields(name, array, chunk_bytes):
+        yield tensor_pb2.TensorChunk(**fields)
+
+
+# -- the wire format by hand ---------------------------------------------------
+# A TensorChunk's bytes field `content` is its last field (6), so its encoding
+# is the other fields' (protobuf's own serialization) followed by the content.
+_LENGTH_DELIMITED = 2
+_CONTENT_KEY = b"\x32"  # field 6, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def chunk_frames(field: int, name: str, array: np.ndarray,
+                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The serialized messages `{field: TensorChunk}` (e.g. a `PushRequest`
+    holding a chunk, field 2) of one array: byte for byte what protobuf
+    serializes for `PushRequest(chunk=c)` for each `c` of `encode(name,
+    array, chunk_bytes)`, built with one copy of the array's buffer.
+
+    >>> from keras_elastic.proto import ps_pb2
+    >>> a = np.arange(6, dtype="float32")
+    >>> list(chunk_frames(2, "w", a, 8)) == [
+    ...     ps_pb2.PushRequest(chunk=c).SerializeToString() for c in encode("w", a, 8)]
+    True
+    """
+    array, buf, dtype = _as_buffer(name, array)
+    total = array.nbytes
+    shape = list(array.shape)
+    key = _varint(field << 3 | _LENGTH_DELIMITED)
+    for offset in range(0, max(total, 1), chunk_bytes):
+        piece = buf[offset:offset + chunk_bytes]
+        head = tensor_pb2.TensorChunk(name=name, dtype=dtype, shape=shape, offset=offset,
+                                      total_bytes=total).SerializeToString()
+        content = (_CONTENT_KEY, _varint(len(piece)), piece) if len(piece) else ()
+        size = len(head) + sum(len(p) for p in content)
+        yield b"".join((key, _varint(size), head, *content))
+
+
+def chunk_frames_all(field: int, named: Iterable[tuple[str, np.ndarray]],
+                     chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    for name, array in named:
+        yield from chunk_frames(field, name, array, chunk_bytes)
+
+
+class RawChunk:
+    """A `TensorChunk` read by `FrameParser`: the same attributes, `content` a
+    memoryview of the received message (no copy)."""
+
+    __slots__ = ("name", "dtype", "shape", "offset", "total_bytes", "content")
+
+    def __init__(self) -> None:
+        self.name = self.dtype = ""
+        self.shape: list[int] = []
+        self.offset = self.total_bytes = 0
+        self.content: memoryview | bytes = b""
+
+
+class Frame:
+    """One message of a `{header | chunk}` stream, read by `FrameParser`:
+    `HasField`, `header` and `chunk` as on the protobuf message."""
+
+    __slots__ = ("header", "chunk")
+
+    def __init__(self, header=None, chunk: RawChunk | None = None) -> None:
+        self.header = header
+        self.chunk = chunk
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 (protobuf's name)
+        return getattr(self, name) is not None
+
+
+def _read_varint(data: memoryview, i: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= end or shift > 63:
+            raise TensorError("malformed message: a varint runs past its field")
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _fields(data: memoryview, start: int, end: int
+            ) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of each field of a message's bytes:
+    an int for varints and fixed-size fields, a memoryview for
+    length-delimited ones."""
+    i = start
+    while i < end:
+        key, i = _read_varint(data, i, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(data, i, end)
+        elif wire == _LENGTH_DELIMITED:
+            size, i = _read_varint(data, i, end)
+            if i + size > end:
+                raise TensorError("malformed message: a field runs past its end")
+            value, i = data[i:i + size], i + size
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            if i + width > end:
+                raise TensorError("malformed message: a field runs past its end")
+            value, i = int.from_bytes(data[i:i + width], "little"), i + width
+        else:
+            raise TensorError(f"malformed message: wire type {wire}")
+        if number == 0:
+            raise TensorError("malformed message: field number 0")
+        yield number, wire, value
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, memoryview):
+        raise TensorError(f"malformed message: {what} is not length-delimited")
+    try:
+        return str(value, "utf-8")
+    except UnicodeDecodeError:
+        raise TensorError(f"malformed message: {what} is not UTF-8") from None
+
+
+def parse_chunk(data: memoryview) -> RawChunk:
+    """A serialized `TensorChunk` as a `RawChunk` whose content is a view of
+    `data`."""
+    chunk = RawChunk()
+    for number, wire, value in _fields(data, 0, len(data)):
+        if number == 1:
+            chunk.name = _text(value, "a chunk's name")
+        elif number == 2:
+            chunk.dtype = _text(value, "a chunk's dtype")
+        elif number == 3:  # repeated int64: packed, or one per field
+            if wire == _LENGTH_DELIMITED:
+                i, end = 0, len(value)
+                while i < end:
+                    d, i = _read_varint(value, i, end)
+                    chunk.shape.append(_int64(d))
+            else:
+                chunk.shape.append(_int64(value))
+        elif number in (4, 5):
+            if wire != 0:
+                raise TensorError("malformed message: a chunk's offset or size is "
+                                  "not a varint")
+            setattr(chunk, "offset" if number == 4 else "total_bytes", _int64(value))
+        elif number == 6:
+            if not isinstance(value, memoryview):
+                raise TensorError("malformed message: a chunk's content is not "
+                                  "length-delimited")
+            chunk.content = value
+    return chunk
+
+
+class FrameParser:
+    """Reads the serialized messages of a `{header | chunk}` stream type
+    (`oneof {Header header = 1; TensorChunk chunk = 2}`, e.g. `ModelChunk`)
+    as `Frame`s, the chunk's content a view of the message: a gRPC response
+    deserializer. `header_type` parses the header (a protobuf class).
+
+    >>> from keras_elastic.proto import ps_pb2
+    >>> data = ps_pb2.ModelChunk(chunk=next(encode("w", np.ones(2, "float32"))))
+    >>> frame = FrameParser(ps_pb2.ModelHeader)(data.SerializeToString())
+    >>> frame.HasField("chunk"), frame.chunk.name, frame.chunk.shape
+    (True, 'w', [2])
+    """
+
+    def __init__(self, header_type) -> None:
+        self._header_type = header_type
+
+    def __call__(self, data: bytes) -> Frame:
+        view = memoryview(data)
+        frame = Frame()
+        for number, _, value in _fields(view, 0, len(view)):
+            if number == 1:
+                if not isinstance(value, memoryview):
+                    raise TensorError("malformed message: the header is not "
+                                      "length-delimited")
+                frame.header, frame.chunk = self._header_type.FromString(value), None
+            elif number == 2:
+                if not isinstance(value, memoryview):
+                    raise TensorError("malformed message: a chunk is not "
+                                      "length-delimited")
+                frame.chunk, frame.header = parse_chunk(value), None
+        return frame
 
 
 def encode_all(named: Iterable[tuple[str, np.ndarray]],
                chunk_bytes: int = CHUNK_BYTES) -> Iterator[tensor_pb2.TensorChunk]:
     for name, array in named:
         yield from encode(name, array, chunk_bytes)
+
+
+def _empty_aligned(nbytes: int, alignment: int = 64) -> np.ndarray:
+    """An uninitialized uint8 buffer starting at a multiple of `alignment`
+    (what TensorFlow needs to use it without a copy, see `ps/store.py`)."""
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + nbytes]
 
 
 class ChunkAssembler:
@@ -129,7 +351,8 @@ class ChunkAssembler:
         self._check = check
 
     def add(self, chunk: tensor_pb2.TensorChunk) -> tuple[str, np.ndarray] | None:
-        dtype, shape = check_header(chunk)
+        content = chunk.content  # (read once: each read of a protobuf field copies)
+        dtype, shape = check_header(chunk, content)
         name = chunk.name
         if name in self._done:
             raise TensorError(f"tensor '{name}' was sent twice")
@@ -139,11 +362,11 @@ class ChunkAssembler:
                                   f"{chunk.offset}, expected 0")
             if self._check is not None:
                 self._check(name, dtype, shape)
-            if len(chunk.content) == chunk.total_bytes:
+            if len(content) == chunk.total_bytes:
                 self._done.add(name)
-                return name, np.frombuffer(chunk.content, dtype=dtype).reshape(shape)
+                return name, np.frombuffer(content, dtype=dtype).reshape(shape)
             try:
-                buf = np.empty(chunk.total_bytes, np.uint8)
+                buf = _empty_aligned(chunk.total_bytes)
             except MemoryError:
                 raise TensorError(f"tensor '{name}': cannot allocate its "
                                   f"{chunk.total_bytes} bytes") from None
@@ -157,8 +380,8 @@ class ChunkAssembler:
         if chunk.offset != received:
             raise TensorError(f"tensor '{name}': chunk at offset {chunk.offset}, "
                               f"expected {received}")
-        end = chunk.offset + len(chunk.content)
-        buf[chunk.offset:end] = np.frombuffer(chunk.content, np.uint8)
+        end = chunk.offset + len(content)
+        buf[chunk.offset:end] = np.frombuffer(content, np.uint8)
         if end < chunk.total_bytes:
             self._partial[name] = (buf, end, first)
             return None

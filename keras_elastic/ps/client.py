@@ -30,8 +30,10 @@ from absl import logging
 from keras_elastic.common import faults, rpc
 from keras_elastic.common.resolver import ClusterResolver
 from keras_elastic.common.tensor_codec import (
+    FrameParser,
+    chunk_frames,
+    chunk_frames_all,
     decode_all,
-    encode,
     encode_all,
     read_stream,
 )
@@ -42,6 +44,28 @@ from keras_elastic.ps.partition import ASSIGN_PREFIX, SPARSE_PREFIX, ps_for, row
 # message: a stream costs milliseconds more per call in gRPC Python. Replies carry
 # as many bytes as the pushed variables, so this also bounds the reply.
 SMALL_PUSH_BYTES = 16 << 20
+
+
+_SERVICE = "/keras_elastic.ParameterServer/"
+
+
+class _StreamStub:
+    """The streaming methods that move whole models (Init, Push, Pull), with
+    the wire format built and read by hand (`tensor_codec.chunk_frames`,
+    `FrameParser`): the same bytes as the generated stub's, one copy of each
+    tensor on the way out and one on the way in (protobuf's message objects
+    cost three each way)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.Init = channel.stream_unary(
+            _SERVICE + "Init", request_serializer=None,
+            response_deserializer=ps_pb2.InitResponse.FromString)
+        self.Push = channel.stream_stream(
+            _SERVICE + "Push", request_serializer=None,
+            response_deserializer=FrameParser(ps_pb2.ModelHeader))
+        self.Pull = channel.unary_stream(
+            _SERVICE + "Pull", request_serializer=ps_pb2.PullRequest.SerializeToString,
+            response_deserializer=FrameParser(ps_pb2.ModelHeader))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +110,7 @@ class PSClient:
             rpc.wait_ready(channel, address, "parameter server", connect_timeout)
             self._channels.append(channel)
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
+        self._streams = [_StreamStub(c) for c in self._channels]
         self.versions = [-1] * len(self.addresses)
         self.incarnations = [0] * len(self.addresses)
         self._pool = (futures.ThreadPoolExecutor(len(self.addresses), "ke-ps")
@@ -159,11 +184,10 @@ class PSClient:
                     variables=[ps_pb2.VariableSpec(
                         name=n, dtype=str(np.asarray(v).dtype),
                         shape=list(np.shape(v)), trainable=t)
-                        for n, (v, t) in parts[i].items()]))
-                for n, (v, _) in parts[i].items():
-                    for chunk in encode(n, np.asarray(v)):
-                        yield ps_pb2.InitRequest(chunk=chunk)
-            self._call(i, "Init", lambda: self._stubs[i].Init(requests(), timeout=600))
+                        for n, (v, t) in parts[i].items()])).SerializeToString()
+                yield from chunk_frames_all(
+                    2, ((n, np.asarray(v)) for n, (v, _) in parts[i].items()))
+            self._call(i, "Init", lambda: self._streams[i].Init(requests(), timeout=600))
 
         self._map(send, range(self.num_ps))
         return self.pull()
@@ -174,7 +198,7 @@ class PSClient:
         def pull_one(i: int) -> dict[str, np.ndarray]:
             since = -1 if since_version is None else since_version
             header, values = self._call(i, "Pull", lambda: read_stream(
-                self._stubs[i].Pull(ps_pb2.PullRequest(
+                self._streams[i].Pull(ps_pb2.PullRequest(
                     since_version=since, incarnation=self.incarnations[i]),
                     timeout=600)))
             self._took(i, header)
@@ -264,15 +288,12 @@ class PSClient:
                 return push_small(i)
 
             def requests():
-                yield ps_pb2.PushRequest(header=header(i))
-                for n, g in grad_parts[i].items():
-                    for chunk in encode(n, g):
-                        yield ps_pb2.PushRequest(chunk=chunk)
+                yield ps_pb2.PushRequest(header=header(i)).SerializeToString()
+                yield from chunk_frames_all(2, grad_parts[i].items())
                 for n, v in assign_parts[i].items():
-                    for chunk in encode(ASSIGN_PREFIX + n, v):
-                        yield ps_pb2.PushRequest(chunk=chunk)
+                    yield from chunk_frames(2, ASSIGN_PREFIX + n, v)
             reply, values = self._call(i, "Push", lambda: read_stream(
-                self._stubs[i].Push(requests(), timeout=600)), retry)
+                self._streams[i].Push(requests(), timeout=600)), retry)
             return self._received(i, reply), values
 
         def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:

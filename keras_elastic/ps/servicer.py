@@ -17,6 +17,7 @@ import numpy as np
 
 from keras_elastic.common.tensor_codec import (
     TensorError,
+    chunk_fields,
     decode_all,
     encode_all,
     read_stream,
@@ -175,8 +176,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def _model_stream(self, header: ps_pb2.ModelHeader, values: dict):
         yield ps_pb2.ModelChunk(header=header)
-        for chunk in encode_all(values.items()):
-            yield ps_pb2.ModelChunk(chunk=chunk)
+        for name, value in values.items():
+            # Each chunk built in place (a TensorChunk copied into a ModelChunk
+            # costs one more copy of its bytes).
+            for fields in chunk_fields(name, value):
+                yield ps_pb2.ModelChunk(chunk=fields)
 
     def Init(self, request_iterator, context):
         self._refuse_if_paused(context)

@@ -384,7 +384,7 @@ class ParameterStore:
             unknown = sorted(set(selected) - set(self.variables))
             if unknown:
                 raise UnknownVariableError(unknown)
-            return {n: self.variables[n].numpy() for n in selected
+            return {n: _snapshot(self.variables[n]) for n in selected
                     if version < 0 or self.updated_at[n] > version}
 
     def optimizer_variables(self) -> list[keras.Variable]:
@@ -419,3 +419,11 @@ def _table_spec(name: str, spec: dict) -> dict:
         raise ValueError(f"embedding table '{name}': dtype {dtype} is not a float type")
     return {"dim": dim, "dtype": dtype, "input_dim": input_dim,
             "initializer": initializer}
+
+
+def _snapshot(variable) -> np.ndarray:
+    """The variable's current value, read-only: what the servicer serializes
+    (TensorFlow keeps it intact when a later push changes the variable)."""
+    value = variable.numpy()
+    value.flags.writeable = False
+    return value

@@ -1,0 +1,310 @@
+"""Parameter-server capacity: pushes/s with 1, 2 and 4 servers and 4 to 32 workers.
+
+For each server count of `--num_ps` (default 1, 2, 4), that many parameter
+server processes (`python -m keras_elastic.ps`, started as the launcher does;
+`--optimizer`, asynchronous SGD: grads_to_wait 1) hold a model of `--model_mb`
+decimal MB as `--tensors` float32 variables spread evenly over them (names
+chosen so). Simulated workers, `--client_processes` processes of threads with
+a real `PSClient` each, do what a worker's step does against the servers and
+nothing else (no compute): push gradients for every variable and take the new
+values back (`PSClient.exchange`), as fast as they can, for `--seconds` per
+configuration, with `--workers` (default 4, 8, 16, 32) of them at a time.
+
+Prints per configuration: exchanges (pushes) per second, MB/s (model bytes of
+both directions), latency of one exchange (median, 90th percentile), CPU
+seconds of the server processes per push (from /proc: `proc_stats.py`) and
+per pushed MB, and how busy the servers and clients were (CPU seconds per
+second, of the machine's cores). Then the scaling efficiency from 1 to 2 and
+to 4 servers at each worker count (pushes/s with N servers / (N x pushes/s
+with 1)) and the per-push CPU cost, from which the sizing note of README.md
+is derived. On a machine with few cores the clients and servers share them:
+the per-push CPU cost is the figure that carries to other machines.
+
+```
+PYTHONPATH=. python bench/bench_ps_scaling.py
+PYTHONPATH=. python bench/bench_ps_scaling.py --model_mb=16 --seconds=10
+```
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+import numpy as np
+from absl import app, flags, logging
+from proc_stats import cpu_seconds
+from ps_bench_common import variable_names
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("num_ps", ["1", "2", "4"], "Parameter server counts.")
+flags.DEFINE_list("workers", ["4", "8", "16", "32"], "Simulated worker counts.")
+flags.DEFINE_float("model_mb", 4.0, "Model size, decimal MB.")
+flags.DEFINE_integer("tensors", 16, "Variables of the model (equal sizes; a multiple "
+                     "of every --num_ps, so that each server holds its share).")
+flags.DEFINE_integer("client_processes", 4, "Processes the simulated workers are "
+                     "spread over (threads in each).")
+flags.DEFINE_float("seconds", 4.0, "Seconds measured per configuration.")
+flags.DEFINE_float("warmup", 1.0, "Seconds each configuration runs before it is "
+                   "measured.")
+flags.DEFINE_enum("optimizer", "SGD", ["SGD", "Adam"], "The servers' optimizer.")
+
+_MB = 1_000_000
+
+
+def model_shapes(num_ps: int) -> dict[str, int]:
+    elements = int(FLAGS.model_mb * _MB) // 4 // FLAGS.tensors
+    return dict.fromkeys(variable_names(FLAGS.tensors, num_ps), elements)
+
+
+# -- the simulated workers (client processes) --------------------------------
+def _client_process(addresses: list[str], shapes: dict[str, int], threads: int,
+                    first_id: int, commands, results) -> None:
+    """`threads` workers, each a `PSClient`; runs the phases it is told
+    (`(active threads, start time, measured seconds, warm-up seconds)`) until
+    told None; reports per phase the exchanges completed in the measured
+    window, their bytes and latencies."""
+    from keras_elastic.ps.client import PSClient
+
+    grads = {n: np.full(size, 1e-3, np.float32) for n, size in shapes.items()}
+    sent = sum(g.nbytes for g in grads.values())
+    clients = [PSClient(addresses, worker_id=first_id + k, resolver=None)
+               for k in range(threads)]
+    for client in clients:  # learn the servers' versions (a worker's first pull)
+        client.pull()
+    results.put("ready")
+    while True:
+        command = commands.get()
+        if command is None:
+            break
+        results.put(_phase(clients[:command[0]], grads, sent, *command[1:]))
+    for client in clients:
+        client.close()
+
+
+def _phase(clients: list, grads: dict[str, np.ndarray], sent: int, start_at: float,
+           seconds: float, warmup: float) -> tuple[int, int, list[float]]:
+    """Every client exchanges as fast as it can from `start_at` for `warmup +
+    seconds`; returns the exchanges completed in the last `seconds`: their
+    number, bytes and latencies."""
+    begin, end = start_at + warmup, start_at + warmup + seconds
+    counts = [0] * len(clients)
+    moved = [0] * len(clients)
+    latencies: list[list[float]] = [[] for _ in clients]
+
+    def run(k: int) -> None:
+        while time.time() < start_at:
+            time.sleep(0.001)
+        while True:
+            t0 = time.time()
+            if t0 >= end:
+                return
+            reply = clients[k].exchange(grads, {})
+            t1 = time.time()
+            if begin <= t1 <= end:  # completed in the window (throughput)
+                counts[k] += 1
+                moved[k] += sent + sum(v.nbytes for v in reply.values.values())
+                latencies[k].append(t1 - t0)
+
+    pool = [threading.Thread(target=run, args=(k,)) for k in range(len(clients))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(counts), sum(moved), [x for lat in latencies for x in lat]
+
+
+class Clients:
+    """`--client_processes` processes holding `max(--workers)` workers."""
+
+    def __init__(self, addresses: list[str], shapes: dict[str, int],
+                 max_workers: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.count = min(FLAGS.client_processes, max_workers)
+        per = -(-max_workers // self.count)
+        self.per = per
+        self.results = context.Queue()
+        self.commands = [context.Queue() for _ in range(self.count)]
+        self.procs = [context.Process(target=_client_process, args=(
+            addresses, shapes, per, i * per, self.commands[i], self.results))
+            for i in range(self.count)]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            if self.results.get(timeout=300) != "ready":
+                raise RuntimeError("a client process did not start")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def run(self, workers: int, start_at: float) -> tuple[int, int, list[float]]:
+        """`workers` workers, spread evenly over the processes."""
+        active = [workers // self.count + (i < workers % self.count)
+                  for i in range(self.count)]
+        if max(active) > self.per:
+            raise ValueError(f"{workers} workers do not fit in {self.count} x "
+                             f"{self.per}")
+        for queue, n in zip(self.commands, active):
+            queue.put((n, start_at, FLAGS.seconds, FLAGS.warmup))
+        pushes = moved = 0
+        latencies: list[float] = []
+        for _ in range(self.count):
+            p, m, lat = self.results.get(timeout=FLAGS.seconds + FLAGS.warmup + 600)
+            pushes, moved = pushes + p, moved + m
+            latencies += lat
+        return pushes, moved, latencies
+
+    def close(self) -> None:
+        for queue in self.commands:
+            queue.put(None)
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+
+
+# -- measuring ----------------------------------------------------------------
+def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str
+                    ) -> list[dict]:
+    from keras_elastic.launcher.backends import start_services
+    from keras_elastic.ps.client import PSClient
+
+    started = start_services([(f"ps-{i}", "keras_elastic.ps",
+                               [f"--ps_index={i}", f"--num_ps={num_ps}",
+                                "--grads_to_wait=1"]) for i in range(num_ps)], job_dir)
+    clients = None
+    try:
+        addresses = [info["address"] for _, info in started]
+        ps_pids = [info["pid"] for _, info in started]
+        shapes = model_shapes(num_ps)
+        rng = np.random.default_rng(0)
+        init = PSClient(addresses, worker_id=10_000, resolver=None)
+        init.init({n: (rng.standard_normal(size, dtype=np.float32), True)
+                   for n, size in shapes.items()},
+                  {"class_name": FLAGS.optimizer, "config": {"learning_rate": 1e-6}})
+        init.close()
+        clients = Clients(addresses, shapes, max(worker_counts))
+        rows = []
+        for workers in worker_counts:
+            row = measure_phase(clients, ps_pids, workers)
+            row["num_ps"] = num_ps
+            logging.info("%d PS, %d workers: %.1f pushes/s, PS CPU %.1f ms/push",
+                         num_ps, workers, row["rate"], 1e3 * row["ps_cpu_per_push"])
+            rows.append(row)
+        return rows
+    finally:
+        if clients is not None:
+            clients.close()
+        for handle, _ in started:
+            handle.terminate()
+
+
+def measure_phase(clients: Clients, ps_pids: list[int], workers: int) -> dict:
+    """`workers` workers for `--warmup` + `--seconds`; the figures of the last
+    `--seconds`, CPU seconds of the servers and clients included."""
+    start_at = time.time() + 0.5
+    begin = start_at + FLAGS.warmup
+    cpu: dict[str, float] = {}
+
+    def sample() -> None:
+        for key, at in (("begin", begin), ("end", begin + FLAGS.seconds)):
+            time.sleep(max(0.0, at - time.time()))
+            cpu[key + "_ps"] = cpu_seconds(ps_pids)
+            cpu[key + "_clients"] = cpu_seconds(clients.pids)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    pushes, moved, latencies = clients.run(workers, start_at)
+    sampler.join()
+    ps_cpu = cpu["end_ps"] - cpu["begin_ps"]
+    client_cpu = cpu["end_clients"] - cpu["begin_clients"]
+    return {"workers": workers, "pushes": pushes, "rate": pushes / FLAGS.seconds,
+            "mbs": moved / FLAGS.seconds / _MB,
+            "median_ms": 1e3 * statistics.median(latencies) if latencies else 0.0,
+            "p90_ms": 1e3 * float(np.percentile(latencies, 90)) if latencies else 0.0,
+            "ps_cpu_per_push": ps_cpu / max(pushes, 1),
+            "ps_busy": ps_cpu / FLAGS.seconds,
+            "client_busy": client_cpu / FLAGS.seconds}
+
+
+def report(rows: list[dict]) -> list[str]:
+    model_mb = FLAGS.model_mb
+    lines = [
+        f"  {'PS':>3s} {'workers':>7s} {'pushes/s':>9s} {'MB/s':>7s} "
+        f"{'median ms':>9s} {'p90 ms':>7s} {'PS CPU ms/push':>14s} "
+        f"{'PS CPU ms/MB':>12s} {'PS busy':>8s} {'clients busy':>12s}"]
+    for r in rows:
+        lines.append(
+            f"  {r['num_ps']:3d} {r['workers']:7d} {r['rate']:9.1f} {r['mbs']:7.0f} "
+            f"{r['median_ms']:9.1f} {r['p90_ms']:7.1f} "
+            f"{1e3 * r['ps_cpu_per_push']:14.2f} "
+            f"{1e3 * r['ps_cpu_per_push'] / model_mb:12.2f} "
+            f"{r['ps_busy']:8.2f} {r['client_busy']:12.2f}")
+    lines.append("  (MB/s: model bytes pushed and pulled back; busy: CPU seconds per "
+                 "second, all server or client processes together)")
+    by = {(r["num_ps"], r["workers"]): r for r in rows}
+    counts = sorted({r["num_ps"] for r in rows})
+    if 1 in counts and len(counts) > 1:
+        lines.append("")
+        lines.append("  scaling efficiency, pushes/s with N servers / (N x pushes/s "
+                     "with 1):")
+        for workers in sorted({r["workers"] for r in rows}):
+            one = by.get((1, workers))
+            if one is None or not one["rate"]:
+                continue
+            parts = [f"{n} PS {by[(n, workers)]['rate'] / (n * one['rate']):.2f}"
+                     for n in counts if n > 1 and (n, workers) in by]
+            lines.append(f"    {workers:3d} workers: " + ", ".join(parts))
+    # The cost of one push on one server: the model's bytes are split over the
+    # servers, so CPU per push summed over them is the cost of a whole-model push.
+    per_push = [r["ps_cpu_per_push"] for r in rows if r["pushes"]]
+    if per_push:
+        mean = statistics.median(per_push)
+        lines += [
+            "",
+            f"  PS CPU per push of the whole {model_mb:g} MB model (median over the "
+            f"configurations): {1e3 * mean:.1f} ms ({1e3 * mean / model_mb:.2f} ms "
+            f"per MB), summed over the servers holding it",
+            f"  one server core therefore handles about {1 / mean:.0f} pushes/s of "
+            f"this model ({model_mb / mean:.0f} MB/s pushed, as much pulled back); "
+            f"workers that each push every T seconds: about {1 / mean:.0f} x T of "
+            "them per core of parameter servers"]
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    counts = [int(n) for n in FLAGS.num_ps]
+    worker_counts = [int(w) for w in FLAGS.workers]
+    if any(FLAGS.tensors % n for n in counts):
+        raise app.UsageError("--tensors must be a multiple of every --num_ps")
+    started = time.time()
+    import tensorflow as tf  # (only to say which device the servers' optimizer uses)
+
+    device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    print(f"parameter-server capacity: a {FLAGS.model_mb:g} MB model "
+          f"({FLAGS.tensors} float32 tensors), {FLAGS.optimizer}, simulated workers "
+          f"in {FLAGS.client_processes} processes pushing gradients and taking the "
+          f"new values back as fast as they can; {FLAGS.seconds:g} s per "
+          f"configuration; TensorFlow device of the servers: {device}; "
+          f"{os.cpu_count()} CPU cores shared by servers and clients", flush=True)
+    job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-scaling-")
+    rows = []
+    for num_ps in counts:
+        rows += measure_servers(num_ps, worker_counts, job_dir)
+    for line in report(rows):
+        print(line, flush=True)
+    print(f"  ({time.time() - started:.0f} s in all; service logs in {job_dir})",
+          flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,349 @@
+"""Large models at wire speed: the PS exchange against a raw-bytes gRPC echo.
+
+A model of `--sizes_mb` (default 100; add 400 with `--sizes_mb=100,400`) as
+`--tensors` float32 variables of equal size lives on 1 and on 2 parameter
+server processes (`python -m keras_elastic.ps`, started as the launcher does;
+SGD). This process is the worker: a real `PSClient` pushes gradients for every
+variable and receives the new values (`PSClient.exchange`: what a worker's
+step does; the model's bytes each way), and pulls the whole model
+(`PSClient.pull`). With 2 servers each holds half of the bytes (variable
+names are chosen so) and the client sends both halves from its own threads.
+
+The baseline, in the same run: echo server processes (this script with
+`--serve_echo`: a generic gRPC service, bytes in, bytes out, no protobuf, made
+with `keras_elastic.common.rpc.make_server`/`make_channel`, so the same
+message limits, channel options and token check as the PS). The echo
+client sends the same number of bytes cut into `tensor_codec.CHUNK_BYTES`
+chunks (as the PS client streams its tensors; pre-made `bytes`, nothing to
+encode), the server keeps them all and sends them back; for a pull, a small
+request and the model's bytes back in chunks. With 2 servers, the echo too
+goes to 2 processes, half each, from 2 threads.
+
+MB/s counts the bytes of both directions (decimal MB) over the wall time of
+one call. Configurations alternate within each round; the best of
+`--rounds` is kept (medians printed beside). Prints the ratio PS / echo per
+configuration (target >= `--target_ratio` at 100 MB), how parallel the two
+halves travel with 2 servers (the exchange to both against the exchange to
+each alone), CPU seconds per exchange of this process and of the servers,
+and the device TensorFlow uses.
+
+```
+PYTHONPATH=. python bench/bench_ps_wire.py
+PYTHONPATH=. python bench/bench_ps_wire.py --sizes_mb=100,400
+```
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from concurrent import futures
+
+import numpy as np
+from absl import app, flags, logging
+from proc_stats import cpu_seconds
+from ps_bench_common import variable_names
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("sizes_mb", ["100"], "Model sizes, decimal MB.")
+flags.DEFINE_list("num_ps", ["1", "2"], "Parameter server counts.")
+flags.DEFINE_integer("tensors", 8, "Variables of the model (equal sizes; even, so "
+                     "that 2 servers hold half each).")
+flags.DEFINE_integer("rounds", 5, "Measurements per configuration (best kept).")
+flags.DEFINE_float("target_ratio", 0.7, "PS exchange / echo MB/s to meet at 100 MB.")
+flags.DEFINE_bool("serve_echo", False, "Internal: run as an echo server.")
+flags.DEFINE_string("ready_file", None, "Internal: the echo server's ready file.")
+
+_MB = 1_000_000
+_ECHO_SERVICE = "kebench.Echo"
+
+
+# -- the echo server (its own process) ----------------------------------------
+class _EchoServer:
+    def __init__(self) -> None:
+        import grpc
+
+        from keras_elastic.common import rpc
+        from keras_elastic.common.tensor_codec import CHUNK_BYTES
+
+        pulls: dict[int, list[bytes]] = {}
+
+        def echo(request_iterator, context):
+            chunks = list(request_iterator)  # all of it first, as the PS does
+            yield from chunks
+
+        def pull(request, context):
+            size = int.from_bytes(request, "little")
+            if size not in pulls:
+                block = bytes(min(size, CHUNK_BYTES))
+                pulls[size] = [block[:min(CHUNK_BYTES, size - o)]
+                               for o in range(0, size, CHUNK_BYTES)]
+            yield from pulls[size]
+
+        handler = grpc.method_handlers_generic_handler(_ECHO_SERVICE, {
+            "Echo": grpc.stream_stream_rpc_method_handler(echo),
+            "Pull": grpc.unary_stream_rpc_method_handler(pull)})
+        self._server = rpc.make_server(max_workers=32)
+        self._server.add_generic_rpc_handlers((handler,))
+        self.address = rpc.bind(self._server)
+        self._server.start()
+
+    def stop(self, grace: float | None = None) -> None:
+        self._server.stop(grace)
+
+
+class EchoClient:
+    """Sends `size / n` bytes to each of n echo servers in parallel."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        from keras_elastic.common import rpc
+
+        self._channels = [rpc.make_channel(a, resolver=None) for a in addresses]
+        for channel, address in zip(self._channels, addresses):
+            rpc.wait_ready(channel, address, "echo server")
+        self._echo = [c.stream_stream(f"/{_ECHO_SERVICE}/Echo") for c in self._channels]
+        self._pull = [c.unary_stream(f"/{_ECHO_SERVICE}/Pull") for c in self._channels]
+        self._pool = futures.ThreadPoolExecutor(len(addresses))
+        self._payloads: dict[int, list[bytes]] = {}
+
+    def _chunks(self, size: int) -> list[bytes]:
+        from keras_elastic.common.tensor_codec import CHUNK_BYTES
+
+        if size not in self._payloads:
+            data = np.random.default_rng(size).bytes(size)
+            self._payloads[size] = [data[o:o + CHUNK_BYTES]
+                                    for o in range(0, size, CHUNK_BYTES)]
+        return self._payloads[size]
+
+    def _map(self, fn):
+        return list(self._pool.map(fn, range(len(self._channels))))
+
+    def exchange(self, size: int) -> int:
+        part = size // len(self._channels)
+        chunks = self._chunks(part)
+
+        def one(i: int) -> int:
+            return sum(len(c) for c in self._echo[i](iter(chunks), timeout=600))
+
+        received = sum(self._map(one))
+        assert received == part * len(self._channels), received
+        return 2 * received
+
+    def pull(self, size: int) -> int:
+        part = size // len(self._channels)
+
+        def one(i: int) -> int:
+            return sum(len(c) for c in self._pull[i](part.to_bytes(8, "little"),
+                                                     timeout=600))
+
+        received = sum(self._map(one))
+        assert received == part * len(self._channels), received
+        return received
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        self._pool.shutdown()
+
+
+# -- the model ----------------------------------------------------------------
+def make_model(size: int, num_ps: int) -> dict[str, np.ndarray]:
+    n = FLAGS.tensors
+    elements = size // 4 // n
+    rng = np.random.default_rng(0)
+    return {name: rng.standard_normal(elements, dtype=np.float32).reshape(-1, 1000)
+            if elements % 1000 == 0 else rng.standard_normal(elements, dtype=np.float32)
+            for name in variable_names(n, num_ps)}
+
+
+# -- measuring ----------------------------------------------------------------
+class Measured:
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+        self.client_cpu: list[float] = []
+        self.server_cpu: list[float] = []
+        self.seconds: list[float] = []
+
+    def add(self, nbytes: int, seconds: float, client_cpu: float, server_cpu: float
+            ) -> None:
+        self.rates.append(nbytes / seconds / _MB)
+        self.seconds.append(seconds)
+        self.client_cpu.append(client_cpu)
+        self.server_cpu.append(server_cpu)
+
+    @property
+    def best(self) -> float:
+        return max(self.rates)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates)
+
+
+def timed(fn, server_pids: list[int]) -> tuple[int, float, float, float]:
+    c0, s0 = cpu_seconds([os.getpid()]), cpu_seconds(server_pids)
+    start = time.perf_counter()
+    nbytes = fn()
+    seconds = time.perf_counter() - start
+    return (nbytes, seconds, cpu_seconds([os.getpid()]) - c0,
+            cpu_seconds(server_pids) - s0)
+
+
+def start_echo_servers(count: int, job_dir: str):
+    from keras_elastic.launcher.backends import start_services
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return start_services([(f"echo-{i}", "bench_ps_wire", ["--serve_echo"])
+                           for i in range(count)], job_dir)
+
+
+def start_ps(num_ps: int, job_dir: str):
+    from keras_elastic.launcher.backends import start_services
+
+    return start_services([(f"ps-{i}", "keras_elastic.ps",
+                            [f"--ps_index={i}", f"--num_ps={num_ps}",
+                             "--grads_to_wait=1"]) for i in range(num_ps)], job_dir)
+
+
+def measure_size(size: int, counts: list[int], echo_addresses: list[str],
+                 echo_pids: list[int], job_dir: str) -> list[str]:
+    lines = []
+    for num_ps in counts:
+        started = start_ps(num_ps, job_dir)
+        try:
+            results = measure(size, [info["address"] for _, info in started],
+                              [info["pid"] for _, info in started],
+                              echo_addresses[:num_ps], echo_pids[:num_ps])
+        finally:
+            for handle, _ in started:
+                handle.terminate()
+        lines += report(size, num_ps, results)
+    return lines
+
+
+def measure(size: int, addresses: list[str], pids: list[int],
+            echo_addresses: list[str], echo_pids: list[int]) -> dict[str, Measured]:
+    """Every configuration of one model size and server count, alternating."""
+    from keras_elastic.ps.client import PSClient
+
+    num_ps = len(addresses)
+    model = make_model(size, num_ps)
+    nbytes = sum(v.nbytes for v in model.values())
+    grads = {n: np.full_like(v, 1e-3) for n, v in model.items()}
+    client = PSClient(addresses, resolver=None)
+    echo = EchoClient(echo_addresses)
+    try:
+        client.init({n: (v, True) for n, v in model.items()},
+                    {"class_name": "SGD", "config": {"learning_rate": 1e-6}})
+        del model
+
+        def ps_exchange(targets=None) -> int:
+            reply = client.exchange(grads, {}, targets=targets)
+            assert reply.accepted, reply.statuses
+            got = sum(v.nbytes for v in reply.values.values())
+            sent = sum(grads[n].nbytes for n in grads
+                       if targets is None or client.owner(n) in targets)
+            assert got == sent, (got, sent)
+            return sent + got
+
+        def ps_pull() -> int:
+            return sum(v.nbytes for v in client.pull().values())
+
+        runs = {"ps exchange": (ps_exchange, pids),
+                "echo exchange": (lambda: echo.exchange(nbytes), echo_pids),
+                "ps pull": (ps_pull, pids),
+                "echo pull": (lambda: echo.pull(nbytes), echo_pids)}
+        if num_ps == 2:
+            runs["ps exchange, server 0 only"] = (lambda: ps_exchange([0]), pids)
+            runs["ps exchange, server 1 only"] = (lambda: ps_exchange([1]), pids)
+        results = {k: Measured() for k in runs}
+        for fn, _ in runs.values():  # warm-up (first calls, tracing, buffers)
+            fn()
+        for r in range(FLAGS.rounds):
+            for key in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+                fn, p = runs[key]
+                results[key].add(*timed(fn, p))
+            logging.info("%d MB, %d PS, round %d: %s", size // _MB, num_ps, r,
+                         ", ".join(f"{k} {v.rates[-1]:.0f}" for k, v in results.items()))
+        return results
+    finally:
+        echo.close()
+        client.close()
+
+
+def report(size: int, num_ps: int, results: dict[str, Measured]) -> list[str]:
+    lines = [f"  {size / _MB:.0f} MB model, {num_ps} PS "
+             f"({FLAGS.tensors} float32 tensors):"]
+    for key, m in results.items():
+        i = m.rates.index(m.best)
+        lines.append(f"    {key:28s} {m.best:7.0f} MB/s (median {m.median:5.0f}), "
+                     f"{m.seconds[i] * 1e3:6.0f} ms; CPU s this process "
+                     f"{m.client_cpu[i]:.2f}, servers {m.server_cpu[i]:.2f}")
+    for kind in ("exchange", "pull"):
+        ps, echo = results[f"ps {kind}"], results[f"echo {kind}"]
+        ratio = ps.best / echo.best
+        verdict = ""
+        if kind == "exchange" and abs(size - 100 * _MB) < _MB:
+            verdict = (" meets" if ratio >= FLAGS.target_ratio else " is BELOW") + (
+                f" the target {FLAGS.target_ratio}")
+        lines.append(f"    ratio PS {kind} / echo {kind}: {ratio:.3f} (medians "
+                     f"{ps.median / echo.median:.3f}){verdict}")
+    if num_ps == 2:
+        both = results["ps exchange"]
+        alone = [results[f"ps exchange, server {i} only"] for i in range(2)]
+        # Seconds for the whole model to both, against each half alone.
+        t_both = min(both.seconds)
+        t_alone = [min(a.seconds) for a in alone]
+        lines.append(
+            f"    parallel halves: both {t_both * 1e3:.0f} ms, server 0 alone "
+            f"{t_alone[0] * 1e3:.0f} ms, server 1 alone {t_alone[1] * 1e3:.0f} ms: "
+            f"both / sum of alone {t_both / sum(t_alone):.2f} (1.0: one after the "
+            f"other, 0.5: fully parallel)")
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.serve_echo:
+        from keras_elastic.common import rpc
+
+        rpc.serve_until_signal(_EchoServer(), FLAGS.ready_file)
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    print(f"TensorFlow device (the servers' optimizer runs on it): "
+          f"{'GPU: ' + ', '.join(g.name for g in gpus) if gpus else 'CPU'}; "
+          f"{os.cpu_count()} CPU cores", flush=True)
+    sizes = [int(float(s) * _MB) for s in FLAGS.sizes_mb]
+    counts = [int(n) for n in FLAGS.num_ps]
+    if FLAGS.tensors % max(counts):
+        raise app.UsageError("--tensors must be a multiple of every --num_ps")
+    from keras_elastic.common.tensor_codec import CHUNK_BYTES
+
+    job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-wire-")
+    echo = start_echo_servers(max(counts), job_dir)
+    try:
+        echo_addresses = [info["address"] for _, info in echo]
+        echo_pids = [info["pid"] for _, info in echo]
+        print(f"PS exchange (push gradients, receive new values) and pull against a "
+              f"raw-bytes gRPC echo, chunks of {CHUNK_BYTES / (1 << 20):g} MiB; best of "
+              f"{FLAGS.rounds}:", flush=True)
+        for size in sizes:
+            for line in measure_size(size, counts, echo_addresses, echo_pids, job_dir):
+                print(line, flush=True)
+    finally:
+        for handle, _ in echo:
+            handle.terminate()
+        logging.info("service logs in %s", job_dir)
+
+
+if __name__ == "__main__":
+    app.run(main)

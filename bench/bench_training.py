@@ -16,6 +16,13 @@ Configurations, each a fresh model trained for one epoch over the same files:
 - pipelined: "processes" with `compile(exchange="pipelined")`: the push of step
              k travels while step k+1 computes (targets: processes >= 0.93,
              pipelined >= 0.97 of plain);
+- legacy:    seed 000's 2019 worker loop (bench/legacy_worker.py: per task
+             get_task, read, per minibatch input_fn in Python, get_model, an
+             eager compute, report_gradient, then report_task_result; one
+             thread) against the same master/PS processes; the seed's table
+             (total, get_batch, input_fn, compute, get_model,
+             report_gradient) is printed for it and "processes", with the
+             speed-up (seed 000: 2.14x; target >= 2.1x);
 - embedded:  the same with the embedded cluster (master and PS in this process);
 - ray:       master, PS and the worker as Ray actors (the launcher's Ray backend,
              `keras_elastic/launcher/backends/ray.py`) on a local one-node Ray
@@ -88,10 +95,10 @@ flags.DEFINE_integer("warmup_batches", 8,
 flags.DEFINE_string("data_dir", os.path.join(tempfile.gettempdir(),
                                              "keras_elastic_bench", "cifar10"),
                     "Where the synthetic TFRecords are written (kept for reuse).")
-flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "embedded",
+flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "legacy", "embedded",
                               "local_backend", "ray"],
                   "Configurations to measure, among plain, processes, pipelined, "
-                  "embedded, local_backend, ray; "
+                  "legacy, embedded, local_backend, ray; "
                   "plain is always measured (it is the baseline); ray is skipped "
                   "when Ray is not installed.")
 flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
@@ -105,7 +112,8 @@ flags.DEFINE_list("worker_files", [], "Internal: the data files of --worker_outp
 flags.DEFINE_list("service_pids", [], "Internal: the master and PS pids of "
                   "--worker_output (for their CPU seconds).")
 
-CONFIGS = ("plain", "processes", "pipelined", "embedded", "local_backend", "ray")
+CONFIGS = ("plain", "processes", "pipelined", "legacy", "embedded", "local_backend",
+           "ray")
 
 
 class WindowTimer:
@@ -219,7 +227,22 @@ def run_elastic(files: list[str], service_pids: list[int], exchange: str = "sync
     return Measurement(timer.seconds(), *timer.cpu(), timer.phases())
 
 
-def run_with_processes(files: list[str], exchange: str = "sync") -> Measurement:
+def run_legacy(files: list[str], service_pids: list[int]) -> Measurement:
+    """Seed 000's 2019 worker loop (bench/legacy_worker.py) on this cluster."""
+    from legacy_worker import run_legacy as legacy_loop
+
+    cifar10 = _example_module("model")
+    cpu0 = cpu_seconds([os.getpid()]), cpu_seconds(service_pids)
+    phases, seconds, loss = legacy_loop(files, cifar10, FLAGS.batch_size,
+                                        FLAGS.minibatches_per_task,
+                                        FLAGS.warmup_batches)
+    logging.info("legacy: last minibatch loss %.4f", loss)
+    return Measurement(seconds, cpu_seconds([os.getpid()]) - cpu0[0],
+                       cpu_seconds(service_pids) - cpu0[1], phases)
+
+
+def run_with_processes(files: list[str], exchange: str = "sync",
+                       worker=None) -> Measurement:
     """The worker here; master and PS as `python -m` processes."""
     from keras_elastic.common import cluster_env
     from keras_elastic.launcher.processes import start_service
@@ -240,7 +263,10 @@ def run_with_processes(files: list[str], exchange: str = "sync") -> Measurement:
         os.environ.update(cluster_env.to_env(master_info["address"],
                                              [ps_info["address"]], 0, job_dir))
         reset_cluster()
-        return run_elastic(files, [p.pid for p in services], exchange)
+        pids = [p.pid for p in services]
+        if worker is not None:
+            return worker(files, pids)
+        return run_elastic(files, pids, exchange)
     finally:
         reset_cluster()
         for key, value in saved.items():
@@ -403,6 +429,7 @@ def main(argv: list[str]) -> None:
     n = FLAGS.num_records - FLAGS.warmup_batches * FLAGS.batch_size
     runners = {"plain": run_plain, "processes": run_with_processes,
                "pipelined": lambda f: run_with_processes(f, exchange="pipelined"),
+               "legacy": lambda f: run_with_processes(f, worker=run_legacy),
                "embedded": run_embedded, "local_backend": run_with_local_backend,
                "ray": run_with_ray}
     elastic = [c for c in FLAGS.configs if c != "plain"]
@@ -444,6 +471,7 @@ def main(argv: list[str]) -> None:
     plain_cpu_rate = sum(n / m.cpu for m in plain) / len(plain)
     labels = {"processes": "keras-elastic, master + PS processes",
               "pipelined": "keras-elastic, processes, pipelined",
+              "legacy": "seed 000's 2019 loop, processes",
               "embedded": "keras-elastic, embedded cluster",
               "local_backend": "keras-elastic, local backend processes",
               "ray": "keras-elastic, Ray actors (1 node)"}
@@ -485,6 +513,22 @@ def main(argv: list[str]) -> None:
         for name, values in ratios.items():
             lines.append(f"  {labels[name]:40s} " + " ".join(f"{r:.3f}" for r in values)
                          + f"   median {statistics.median(values):.3f}")
+    if "legacy" in results and "processes" in results:
+        from legacy_worker import phase_row
+
+        columns = ("total", "get_batch", "input_fn", "compute", "get_model",
+                   "report_gradient")
+        lines.append(f"\nseed 000's table, {n} samples (seconds; keras-elastic's "
+                     "input_fn = input_wait, get_model = pull, report_gradient = "
+                     "push):")
+        lines.append("  " + f"{'':16s}" + "".join(f"{c:>16s}" for c in columns))
+        for name in ("legacy", "processes"):
+            row = phase_row(results[name].phases, results[name].seconds)
+            lines.append("  " + f"{name:16s}" + "".join(f"{v:16.1f}" for v in row))
+        speedup = results["legacy"].seconds / results["processes"].seconds
+        lines.append(f"  keras-elastic / legacy: {speedup:.2f}x faster (seed 000: "
+                     f"51.0 s -> 23.8 s, 2.14x; target >= 2.1x: "
+                     f"{'met' if speedup >= 2.1 else 'NOT met'})")
     for name, target in (("processes", 0.93), ("pipelined", 0.97)):
         if name in ratios:
             ratio = statistics.median(ratios[name])

@@ -424,6 +424,6 @@ def _table_spec(name: str, spec: dict) -> dict:
 def _snapshot(variable) -> np.ndarray:
     """The variable's current value, read-only: what the servicer serializes
     (TensorFlow keeps it intact when a later push changes the variable)."""
-    value = variable.numpy()
+    value = np.asarray(variable.numpy())  # a scalar variable gives a numpy scalar
     value.flags.writeable = False
     return value

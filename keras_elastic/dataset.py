@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.data import fingerprint as _fingerprint
+from keras_elastic.data.feed import generator_dataset
 from keras_elastic.data.source import DataSource, as_source
 from keras_elastic.proto import master_pb2
 
@@ -254,7 +255,9 @@ class ElasticDataset:
         be attributed to one task; each batch is `(seq, user_batch)`.
         """
         self.element_spec  # validate dataset_fn before anything runs  # noqa: B018
-        tasks = tf.data.Dataset.from_generator(
+        # Not from_generator: its op pins glibc's mmap threshold process-wide
+        # and slows every training step (see keras_elastic/data/feed.py).
+        tasks = generator_dataset(
             generator, output_signature=(tf.TensorSpec([], tf.int64),
                                          tf.TensorSpec([], tf.int64),
                                          self.source.batched_spec()))

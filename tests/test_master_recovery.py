@@ -19,13 +19,18 @@ import zlib
 import numpy as np
 import pytest
 from conftest import REPO, job_status, launch, subprocess_env, wait_for
-from test_exactly_once import SCRIPT, check_exact, counting_job
-from test_exactly_once import data as data  # noqa: F401  (the module fixture)
+from counting_jobs import SCRIPT, check_exact, counting_job, write_data
 
 from keras_elastic.common.pids import pid_alive
 from keras_elastic.master.journal import Journal, JournalCorruptError, encode_record
 from keras_elastic.master.servicer import MasterServicer
 from keras_elastic.proto import master_pb2, tensor_pb2
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_data(str(tmp_path_factory.mktemp("counting")))
+
 
 # -- the journal file ----------------------------------------------------------
 
@@ -267,7 +272,7 @@ def _training_under_way(job_dir: str, epoch: int = 0, done: int = 3):
     return check
 
 
-def test_master_killed_mid_epoch_the_job_finishes_exactly(tmp_path, data):  # noqa: F811
+def test_master_killed_mid_epoch_the_job_finishes_exactly(tmp_path, data):
     out, proc = counting_job(tmp_path, data, "--num_ps=2",
                              script_args=("--sleep_per_batch=0.03",), background=True)
     job_dir = str(tmp_path / "job")
@@ -333,7 +338,7 @@ def test_resume_of_a_directory_without_a_job_is_a_clear_error(tmp_path):
     assert "holds no job to continue" in result.stderr + result.stdout
 
 
-def test_a_master_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):  # noqa: F811
+def test_a_master_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):
     out, proc = counting_job(tmp_path, data, "--num_ps=1", "--max_master_restarts=0",
                              script_args=("--sleep_per_batch=0.03",), background=True)
     job_dir = str(tmp_path / "job")

@@ -316,6 +316,17 @@ def assert_refused(result, job_dir, *fragments):
     assert not started, started
 
 
+def test_roles_run_at_the_launchers_niceness_not_rays_background_15(ray_nodes,
+                                                                    tmp_path):
+    # Ray starts its workers at niceness 15; a role is the job's main work.
+    probe = "import os; print('niceness', os.nice(0), flush=True)"
+    result = ray_job(ray_nodes, tmp_path / "job", [sys.executable, "-c", probe],
+                     "--num_workers=1", "--num_ps=1", timeout=200)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    with open(tmp_path / "job" / "worker-0.log") as f:
+        assert f"niceness {os.nice(0)}" in f.read().splitlines()
+
+
 def test_backend_ray_without_ray_installed_says_how_to_install(tmp_path):
     job_dir = tmp_path / "job"
     code = ("import sys; sys.modules['ray'] = None; from keras_elastic.cli import main; "

@@ -1,0 +1,176 @@
+"""Exactly-once model updates with parameter servers killed (SIGKILL from
+outside) and in seeded chaos with workers, as real process trees (issue 8).
+
+Split from test_exactly_once.py (same counting model, see there) so that
+pytest-xdist's `--dist loadfile` can run the two halves on two cores.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, job_status, launch, subprocess_env, wait_for
+from counting_jobs import (
+    check_exact,
+    counting_job,
+    kill_ps,
+    write_data,
+)
+from counting_jobs import training as _training
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_data(str(tmp_path_factory.mktemp("counting")))
+
+
+@pytest.mark.parametrize("num_ps, victim, when, checkpoint", [
+    # 1 PS killed in the first epoch, before any automatic checkpoint: the job
+    # restarts from the initial model at the start of the data.
+    (1, 0, (0, 4), False),
+    # One of 2 PS killed in the second epoch, after automatic checkpoints.
+    (2, 1, (1, 4), True),
+])
+def test_parameter_server_killed_mid_epoch_job_finishes_exact(
+        tmp_path, data, num_ps, victim, when, checkpoint):
+    job_dir = str(tmp_path / "job")
+    secs = "2" if checkpoint else "1000"
+    out, proc = counting_job(
+        tmp_path, data, f"--num_ps={num_ps}", f"--ps_checkpoint_secs={secs}",
+        script_args=("--sleep_per_batch=0.1",), background=True)
+    try:
+        epoch, done = when
+        wait_for(lambda: _training(job_dir).get("epoch") == epoch and
+                 _training(job_dir).get("done", 0) >= done, timeout=240,
+                 what=f"epoch {epoch} under way")
+        if checkpoint:
+            wait_for(lambda: os.path.isdir(os.path.join(
+                job_dir, "ps_checkpoints", "ckpt-000001")), timeout=60,
+                what="an automatic checkpoint")
+        kill_ps(job_dir, victim)
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["ps_restarts"] == 1, summary
+    recovery = summary["ps_recoveries"][0]
+    assert recovery["ps"] == victim
+    if checkpoint:
+        assert "ckpt-" in recovery["checkpoint"], recovery
+    else:
+        assert recovery["checkpoint"] is None or "init" in recovery["checkpoint"]
+    result = check_exact(tmp_path, out, output)
+    assert all(p["incarnation"] for p in result["ps"])
+
+
+def test_parameter_server_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):
+    job_dir = str(tmp_path / "job")
+    _, proc = counting_job(tmp_path, data, "--num_ps=1", "--max_ps_restarts=1",
+                           script_args=("--sleep_per_batch=0.1",), background=True)
+    try:
+        wait_for(lambda: _training(job_dir).get("done", 0) >= 2, timeout=240,
+                 what="the job to start")
+        first = kill_ps(job_dir, 0)
+        wait_for(lambda: json.load(open(os.path.join(job_dir, "cluster.json")))[
+            "ps_pids"][0] != first and _training(job_dir), timeout=120,
+            what="the parameter server to be back")
+        kill_ps(job_dir, 0)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output[-4000:]
+    assert ("job FAILED: parameter server 0 exited with code -9 and was already "
+            "restarted 1 time(s) (--max_ps_restarts=1)") in output
+    assert "serving at" in output  # the tail of its log
+
+
+def test_chaos_random_roles_killed_at_random_times(tmp_path, data):
+    """Seeded: 4 kills of random workers and parameter servers; exact result."""
+    rng = random.Random(8)
+    job_dir = str(tmp_path / "job")
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=2", "--ps_checkpoint_secs=2",
+        "--max_worker_restarts=6", "--max_ps_restarts=6",
+        script_args=("--sleep_per_batch=0.1",), epochs=3, background=True)
+    kills = []
+    try:
+        wait_for(lambda: _training(job_dir).get("done", 0) >= 2, timeout=240,
+                 what="the job to start")
+        for _ in range(4):
+            time.sleep(rng.uniform(3.0, 7.0))
+            status = job_status(job_dir)
+            training = (status or {}).get("datasets", {}).get("training") or {}
+            if not status or training.get("finished"):
+                break
+            if rng.random() < 0.5:
+                alive = sorted(status["workers"]["alive"])
+                if not alive:
+                    continue
+                victim = rng.choice(alive)
+                with open(os.path.join(job_dir, "cluster.json")) as f:
+                    pid = json.load(f)["worker_pids"].get(str(victim))
+                if pid is None:  # just exited
+                    continue
+                os.kill(pid, signal.SIGKILL)
+                kills.append(("worker", victim))
+            else:
+                victim = rng.randrange(2)
+                try:
+                    killed = kill_ps(job_dir, victim)
+                except ProcessLookupError:  # it died meanwhile (a job ending)
+                    continue
+                kills.append(("ps", victim))
+
+                def restarted(victim=victim, killed=killed):
+                    with open(os.path.join(job_dir, "cluster.json")) as f:
+                        pids = json.load(f).get("ps_pids", [])
+                    return (len(pids) == 2 and pids[victim] != killed
+                            and job_status(job_dir) is not None)
+
+                # The next kill only once the server is back.
+                wait_for(restarted, timeout=120, what=f"ps {victim} restarted")
+                time.sleep(2)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (kills, output[-4000:])
+    assert len(kills) >= 3, kills
+    check_exact(tmp_path, out, output, epochs=3)
+
+
+def test_digits_with_a_parameter_server_killed_reaches_95_percent(tmp_path):
+    digits = os.path.join(REPO, "examples", "digits")
+    data_dir = tmp_path / "digits"
+    subprocess.run([sys.executable, os.path.join(digits, "prepare_data.py"),
+                    f"--output_dir={data_dir}", "--num_shards=2"], check=True,
+                   env=subprocess_env(), timeout=300, capture_output=True)
+    out = tmp_path / "metrics.json"
+    job_dir = str(tmp_path / "job")
+    proc = launch(job_dir, os.path.join(digits, "train.py"), "--num_workers=2",
+                  "--num_ps=1", "--ps_checkpoint_secs=3",
+                  script_args=("--epochs=8", f"--data_dir={data_dir}", "--noprepare",
+                               f"--output={out}"), background=True)
+    try:
+        wait_for(lambda: _training(job_dir).get("epoch", 0) >= 3, timeout=400,
+                 what="epoch 4")
+        kill_ps(job_dir, 0)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["ps_restarts"] == 1
+    metrics = json.loads(out.read_text())
+    assert metrics["val_accuracy"] >= 0.95, metrics

@@ -73,14 +73,20 @@ _LAZY_ATTRS = {
     "Sequential": "keras_elastic.model",
     "wrap": "keras_elastic.model",
 }
-_LAZY_MODULES = ("batching", "callbacks", "checkpoint", "data", "launcher", "layers",
-                 "master", "ps", "worker")
+# Every subpackage: `ke.prediction.read_predictions(...)` works after a bare
+# `import keras_elastic as ke` (tests/test_readme.py checks each `ke.x.y` that
+# README.md and docs/ use, in a fresh process).
+_LAZY_MODULES = ("batching", "callbacks", "checkpoint", "common", "data", "jobs",
+                 "launcher", "layers", "master", "prediction", "proto", "ps", "worker")
 
 
 def __getattr__(name: str):
     if name in _LAZY_ATTRS:
         return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
     if name in _LAZY_MODULES:
+        return importlib.import_module(f"keras_elastic.{name}")
+    if not name.startswith("_") and importlib.util.find_spec(
+            f"keras_elastic.{name}") is not None:  # a module: ke.dataset, ke.model
         return importlib.import_module(f"keras_elastic.{name}")
     raise AttributeError(f"module 'keras_elastic' has no attribute {name!r}")
 
@@ -90,4 +96,4 @@ def __dir__():
 
 
 __all__ = ["ElasticDataset", "Model", "Sequential", "wrap", "batching", "callbacks",
-           "checkpoint", "layers", "__version__"]
+           "checkpoint", "data", "layers", "prediction", "worker", "__version__"]

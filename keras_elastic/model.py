@@ -14,6 +14,13 @@ NumPy arrays, which become one), `fit`:
    computes gradients in the compiled graph and exchanges them with the
    parameter servers, and a callback reports trained tasks to the master.
 
+The parameter servers apply the optimizer. A learning rate set on the
+worker's optimizer (`keras.callbacks.LearningRateScheduler`,
+`ReduceLROnPlateau`, your own callback) goes to them with the next push; a
+worker takes the servers' learning rate when it connects. Other optimizer
+hyperparameters are fixed for the job: changing one raises an error naming it
+(see `keras_elastic/worker/hyperparameters.py`).
+
 Example:
 
 ```python
@@ -163,6 +170,11 @@ class ElasticTrainerMixin:
         inputs = [tags] + [tf.convert_to_tensor(g) for _, g in pairs] + [
             v.value for v in sync.non_trainable] + [
             t for _, ids, g in row_grads for t in (ids, tf.convert_to_tensor(g))]
+        # The optimizer's learning rate, read in the step (an eager read per
+        # push costs 0.1 ms): a callback's change goes to the servers with it.
+        sync.rate_variable = sync.learning_rate_variable()
+        if sync.rate_variable is not None:
+            inputs.append(tf.convert_to_tensor(sync.rate_variable.value))
         new_values = tf.py_function(sync.exchange, inputs,
                                     Tout=[v.dtype for v in sync.variables])
         for variable, value in zip(sync.variables, new_values):
@@ -185,12 +197,14 @@ class ElasticTrainerMixin:
         return None
 
     def _ke_prepare(self, dataset: ElasticDataset, restore_from: str = "",
-                    local_restore=None, resume=None) -> ModelSync:
+                    local_restore=None, resume=None, adopt: bool = False) -> ModelSync:
         """Builds the model from the dataset spec and syncs it with the PS.
 
         `restore_from`: a parameter-server checkpoint the servers load when they
         initialize. `local_restore`: a plain checkpoint loaded into this model
-        first (whose values then initialize the servers).
+        first (whose values then initialize the servers). `adopt` (the start of
+        a `fit`): take the servers' learning rate into the optimizer unless it
+        was changed here since (a first connection always takes it).
         """
         cluster = get_cluster()
         state = self._ke
@@ -224,6 +238,8 @@ class ElasticTrainerMixin:
             state.restore_from = ""
         else:
             state.sync.pull()
+            if adopt:
+                state.sync.adopt_hyperparameters()
         state.sync.exchange_mode = state.exchange
         return state.sync
 
@@ -269,7 +285,7 @@ class ElasticTrainerMixin:
         start_epoch = max(initial_epoch, registered.epoch)
         local = resume if resume is not None and not restore_from else None
         sync = self._ke_prepare(dataset, restore_from=restore_from, local_restore=local,
-                                resume=resume)
+                                resume=resume, adopt=True)
         if checkpoint_callback is not None:
             checkpoint_callback.mark_restored(resume, start_epoch, epochs)
         stream = TaskStream(cluster.master, dataset.name, dataset.source,
@@ -303,6 +319,10 @@ class ElasticTrainerMixin:
         except tf.errors.OpError as e:
             if stream.error is not None:
                 raise stream.error from None
+            refused = sync.hyperparameters and sync.hyperparameters.error
+            if refused:  # an optimizer change the servers cannot follow
+                sync.drop_push()
+                raise refused from None
             raise e
         except BaseException:
             sync.drop_push()
@@ -311,6 +331,10 @@ class ElasticTrainerMixin:
             stream.stop()
             del tf_dataset
             gc.collect()  # free the epoch's tf.data iterators now, not at exit
+        # A learning rate set after the last push (e.g. by ReduceLROnPlateau at
+        # the last epoch's end) still reaches the servers: what they hold is
+        # what a worker connecting next takes.
+        sync.send_hyperparameters()
         if not self.stop_training:
             # Other workers may still be training their last tasks: wait for
             # the job's last epoch to complete, then take the final model.

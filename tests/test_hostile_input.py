@@ -78,17 +78,19 @@ def chunk(name: str = W, dtype: str = "float32", shape=(2, 3), offset: int = 0,
                                   content=content)
 
 
-def push_bundle(*tensors, ranges=()) -> bytes:
-    return ps_pb2.PushBundle(header=ps_pb2.PushHeader(worker_id=9, ranges=list(ranges)),
-                             tensors=list(tensors)).SerializeToString()
+def push_bundle(*tensors, ranges=(), hyperparameters=None) -> bytes:
+    return ps_pb2.PushBundle(header=ps_pb2.PushHeader(
+        worker_id=9, ranges=list(ranges), hyperparameters=hyperparameters or {}),
+        tensors=list(tensors)).SerializeToString()
 
 
 def push_stream(*tensors, header: bool = True, ranges=(),
-                num_tensors: int | None = None) -> list[bytes]:
+                num_tensors: int | None = None, hyperparameters=None) -> list[bytes]:
     if num_tensors is None:
         num_tensors = len({c.name for c in tensors})
     messages = [ps_pb2.PushRequest(header=ps_pb2.PushHeader(
-        worker_id=9, ranges=list(ranges), num_tensors=num_tensors))] if header else []
+        worker_id=9, ranges=list(ranges), num_tensors=num_tensors,
+        hyperparameters=hyperparameters or {}))] if header else []
     messages += [ps_pb2.PushRequest(chunk=c) for c in tensors]
     return [m.SerializeToString() for m in messages]
 
@@ -373,6 +375,34 @@ def test_push_with_malformed_element_ranges(ps, ranges, message):
                             ("Push", push_stream(*tensors, ranges=ranges))]:
         details = refused(grpc.StatusCode.INVALID_ARGUMENT, raw_call, channels[0],
                           PS_SERVICE, method, request)
+        assert message in details, details
+
+
+@pytest.mark.parametrize("hyperparameters, message", [
+    ({"learning_rate": float("nan")},
+     "learning_rate=nan: a learning rate must be a finite number >= 0"),
+    ({"learning_rate": float("inf")}, "learning_rate=inf: a learning rate must be"),
+    ({"learning_rate": -0.1}, "learning_rate=-0.1: a learning rate must be"),
+    ({"beta_1": 0.5}, "unknown optimizer hyperparameter 'beta_1': a push may set "
+                      "only ['learning_rate']"),
+    ({"learning_rate": 0.01, "momentum": 0.0}, "unknown optimizer hyperparameter "
+                                               "'momentum'"),
+])
+def test_push_with_a_bad_hyperparameter(ps, hyperparameters, message):
+    servers, channels = ps
+    # Valid tensors and ranges: only the optimizer hyperparameters are wrong,
+    # refused before the learning rate, a value or a gradient changes.
+    tensors = list(encode(W, np.ones((2, 3), np.float32))) + list(
+        encode("=" + BN, np.full(2, 9, np.float32)))
+    ranges = [task_range(4, 6)]
+    for method, request in [
+            ("PushSmall", push_bundle(*tensors, ranges=ranges,
+                                      hyperparameters=hyperparameters)),
+            ("Push", push_stream(*tensors, ranges=ranges,
+                                 hyperparameters=hyperparameters))]:
+        details = refused(grpc.StatusCode.INVALID_ARGUMENT, raw_call, channels[0],
+                          PS_SERVICE, method, request)
+        assert details.startswith(f"parameter server 0 (of 2), {method}: "), details
         assert message in details, details
 
 

@@ -9,6 +9,13 @@ applied twice. A server restarted elsewhere (another node of a cluster) is
 followed to its new address, read from the job's cluster.json (`resolver`;
 by default the job of `KERAS_ELASTIC_JOB_DIR`).
 
+Optimizer hyperparameters a worker changed (its learning rate) travel in the
+header of its next push, to every server whose value differs from the worker's
+as far as the client knows (`server_hyperparameters`: from pulls and from the
+pushes those servers applied; forgotten when a server restarts or restores);
+a server the push carries no tensor for gets an empty push with the change
+(see `ps/hyperparameters.py`).
+
 Example:
 
 >>> client = PSClient(["127.0.0.1:40125"])                     # doctest: +SKIP
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent import futures
 
 import grpc
@@ -113,6 +120,10 @@ class PSClient:
         self._streams = [_StreamStub(c) for c in self._channels]
         self.versions = [-1] * len(self.addresses)
         self.incarnations = [0] * len(self.addresses)
+        # Each server's settable optimizer hyperparameters as far as this client
+        # knows (pulls, pushes it applied); {} after it restarted or restored.
+        self.server_hyperparameters: list[dict[str, float]] = [
+            {} for _ in self.addresses]
         self._pool = (futures.ThreadPoolExecutor(len(self.addresses), "ke-ps")
                       if len(self.addresses) > 1 else None)
         self.dropped_pushes = 0
@@ -155,6 +166,8 @@ class PSClient:
             raise self._error(index, method, e) from None
 
     def _took(self, index: int, header) -> None:
+        if header.incarnation != self.incarnations[index]:
+            self.server_hyperparameters[index] = {}  # restarted or restored
         self.versions[index] = header.version
         self.incarnations[index] = header.incarnation
 
@@ -202,6 +215,7 @@ class PSClient:
                     since_version=since, incarnation=self.incarnations[i]),
                     timeout=600)))
             self._took(i, header)
+            self.server_hyperparameters[i] = dict(header.hyperparameters)
             if since_version is None:
                 self._owned_bytes[i] = sum(v.nbytes for v in values.values())
             return values
@@ -252,13 +266,18 @@ class PSClient:
     def exchange(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
                  ranges: Sequence[ps_pb2.TaskRange] = (),
                  targets: Sequence[int] | None = None,
-                 sparse: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+                 sparse: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 hyperparameters: Mapping[str, float] | None = None
                  ) -> PushReply:
         """Pushes gradients that contain the elements `ranges`, and
         non-trainable values, to the servers `targets` (default: every server
         owning one of them); returns what changed and each server's answer.
         `sparse`: gradient rows of embedding tables, {table: (unique int64 ids,
-        rows)}, each row to the server owning its id, in the same push."""
+        rows)}, each row to the server owning its id, in the same push.
+        `hyperparameters`: the worker's optimizer hyperparameters
+        ({"learning_rate": v}); those a server is not known to hold go with
+        the push to it (with `targets` None, to every server: one the push has
+        no tensor for gets an empty push carrying them)."""
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
@@ -273,13 +292,18 @@ class PSClient:
         ranges = list(ranges)
         # A gradient push without ranges could be applied twice if repeated.
         retry = bool(ranges) or not (grads or sparse)
+        changes = [{k: float(v) for k, v in (hyperparameters or {}).items()
+                    if known.get(k) != v} for known in self.server_hyperparameters]
+        extra: set[int] = set()  # servers pushed to for a change only
 
         def header(i: int) -> ps_pb2.PushHeader:
             return ps_pb2.PushHeader(worker_id=self.worker_id,
                                      base_version=self.versions[i],
-                                     incarnation=self.incarnations[i], ranges=ranges,
+                                     incarnation=self.incarnations[i],
+                                     ranges=[] if i in extra else ranges,
                                      num_tensors=len(grad_parts[i]) + len(
-                                         assign_parts[i]))
+                                         assign_parts[i]),
+                                     hyperparameters=changes[i])
 
         def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
             size = sum(g.nbytes for g in grad_parts[i].values()) + sum(
@@ -293,8 +317,9 @@ class PSClient:
                 for n, v in assign_parts[i].items():
                     yield from chunk_frames(2, ASSIGN_PREFIX + n, v)
             reply, values = self._call(i, "Push", lambda: read_stream(
-                self._streams[i].Push(requests(), timeout=600)), retry)
-            return self._received(i, reply), values
+                self._streams[i].Push(requests(), timeout=600)),
+                retry or i in extra)
+            return self._received(i, reply, changes[i]), values
 
         def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:
             tensors = list(encode_all(grad_parts[i].items(), chunk_bytes=1 << 62))
@@ -302,12 +327,17 @@ class PSClient:
                                         assign_parts[i].items()), chunk_bytes=1 << 62))
             reply = self._call(i, "Push", lambda: self._stubs[i].PushSmall(
                 ps_pb2.PushBundle(header=header(i), tensors=tensors), timeout=600),
-                retry)
-            return self._received(i, reply.header), dict(decode_all(reply.tensors))
+                retry or i in extra)
+            return (self._received(i, reply.header, changes[i]),
+                    dict(decode_all(reply.tensors)))
 
         if targets is None:
             targets = [i for i in range(self.num_ps)
                        if grad_parts[i] or assign_parts[i]]
+            # Every server gets a change now, even one this push has nothing
+            # for: its next update, maybe another worker's, uses the new value.
+            extra = {i for i in range(self.num_ps) if changes[i]} - set(targets)
+            targets += sorted(extra)
         targets = list(targets)
         if targets and (grads or sparse) and faults.due("mid_push"):
             # Fault injection (tests): the first server gets the push, then this
@@ -321,11 +351,15 @@ class PSClient:
             merged.update(values)
         return PushReply(merged, statuses)
 
-    def _received(self, i: int, header) -> str:
+    def _received(self, i: int, header, changes: dict[str, float] | None = None
+                  ) -> str:
         self._took(i, header)
         if header.status == "stale":
             self.dropped_pushes += 1
-        return header.status or ("applied" if header.accepted else "stale")
+        status = header.status or ("applied" if header.accepted else "stale")
+        if changes and status == "applied":  # set with the push
+            self.server_hyperparameters[i].update(changes)
+        return status
 
     def claim(self, dataset: str, epoch: int, task_id: int, lease: int
               ) -> list[TaskClaim] | None:

@@ -3,7 +3,9 @@
 Requests come from other processes and are checked in full before anything
 changes (the variables, the version, the task log): a tensor whose header does
 not match its bytes, a gradient or value whose dtype or shape is not its
-variable's, a malformed element range or Init header is answered
+variable's, a malformed element range or Init header, an optimizer
+hyperparameter that is unknown, not a finite number >= 0 or not settable (a
+learning rate for an optimizer with a LearningRateSchedule) is answered
 INVALID_ARGUMENT; a variable this server does not hold NOT_FOUND (naming the
 server that owns it, if another one); a push before init FAILED_PRECONDITION.
 """
@@ -247,7 +249,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self._refuse_if_paused(context)
                 since = self._since(header.base_version, header.incarnation)
                 result = self.store.push(grads, assigns, since, ranges_of(header),
-                                         sparse)
+                                         sparse, dict(header.hyperparameters))
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
         except (KeyError, ValueError, RuntimeError) as e:
@@ -331,6 +333,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             self._refuse_if_paused(context)
             version = self.store.version
             incarnation = self.store.incarnation
+            hyperparameters = self.store.hyperparameters()
             try:
                 values = self.store.values_since(
                     self._since(request.since_version, request.incarnation),
@@ -338,8 +341,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             except UnknownVariableError as e:
                 self._abort_bad_request(context, "Pull", e)
         yield from self._model_stream(ps_pb2.ModelHeader(
-            version=version, accepted=True, status="applied", incarnation=incarnation),
-            values)
+            version=version, accepted=True, status="applied", incarnation=incarnation,
+            hyperparameters=hyperparameters), values)
 
     def Status(self, request, context):
         store = self.store
@@ -351,7 +354,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             "dropped": store.dropped, "duplicates": store.duplicates,
             "refused": store.refused, "incarnation": store.incarnation,
             "restored_from": store.restored_from, "tasks_logged": len(store.log),
-            "paused": self.paused,
+            "paused": self.paused, "hyperparameters": store.hyperparameters(),
         }))
 
     def Save(self, request, context):

@@ -10,6 +10,9 @@ Pure TensorFlow/Keras, no gRPC: `ps/servicer.py` drives it. The store
   gradients computed on a model more than `max_staleness` versions old,
 - counts a model version and remembers, per variable, the version that last
   changed it, so `values_since(v)` returns only what changed after `v`,
+- sets the optimizer's learning rate when a push carries a worker's change
+  (a Keras `LearningRateScheduler` or `ReduceLROnPlateau` on the worker;
+  see `ps/hyperparameters.py`), before applying the push's gradients,
 - keeps a `TaskLog`: which elements of which task its variables contain,
   changed in the same step as the variables, so a gradient is applied at most
   once (see `ps/task_log.py`),
@@ -37,12 +40,14 @@ import copy
 import random
 import re
 import threading
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_elastic.ps import hyperparameters as hp
 from keras_elastic.ps.embedding_table import EmbeddingTable
 from keras_elastic.ps.sparse_optimizers import sparse_optimizer_from_config
 from keras_elastic.ps.task_log import DUPLICATE, Range, TaskKey, TaskLog, check_ranges
@@ -269,20 +274,42 @@ class ParameterStore:
             fn = self._apply_fns[names] = apply
         return fn
 
+    def hyperparameters(self) -> dict[str, float]:
+        """The optimizer's settable hyperparameters now ({"learning_rate": v},
+        or {} when the rate is a LearningRateSchedule, or before init)."""
+        with self._lock:
+            return hp.current_hyperparameters(self.optimizer) if self.optimizer else {}
+
     def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
              base_version: int, ranges: list[Range] | tuple = (),
-             sparse: SparseGrads | None = None) -> PushResult:
+             sparse: SparseGrads | None = None,
+             hyperparameters: Mapping[str, float] | None = None) -> PushResult:
         """Applies (or buffers) gradients, assigns non-trainable values.
 
         `sparse`: gradient rows of embedding tables, {table: (ids, rows)},
         applied in the same step as the dense gradients.
+
+        `hyperparameters`: optimizer hyperparameters a worker changed
+        ({"learning_rate": v}), set before the gradients are applied, if the
+        push is applied (not when it is refused, a duplicate or stale).
 
         `ranges`: the elements of each task the gradients contain; the push is
         applied only if the task log allows it (nothing changes otherwise).
 
         The whole push is checked before anything changes: RuntimeError before
         init, `UnknownVariableError`, or ValueError (a tensor's dtype or shape,
-        a malformed range; see `check_tensor`, `task_log.check_ranges`).
+        a malformed range, a hyperparameter; see `check_tensor`,
+        `task_log.check_ranges`, `hyperparameters.check_hyperparameters`).
+
+        >>> store = ParameterStore()
+        >>> store.init({"w": np.ones(2, "float32")}, {"w": True},
+        ...            {"class_name": "SGD", "config": {"learning_rate": 0.5}})
+        True
+        >>> store.push({"w": np.ones(2, "float32")}, {}, 0,
+        ...            hyperparameters={"learning_rate": 0.0}).status
+        'applied'
+        >>> store.values_since(0)["w"].tolist()  # applied with the new rate
+        [1.0, 1.0]
         """
         with self._lock:
             if not self.initialized:
@@ -298,6 +325,8 @@ class ParameterStore:
             for name, (ids, rows) in sparse.items():
                 self.check_sparse(name, ids, np.shape(rows), rows.dtype)
             check_ranges(list(ranges))
+            hyperparameters = hp.check_hyperparameters(hyperparameters or {},
+                                                       self.optimizer)
             self.pushes += 1
             if ranges:
                 refusal = self.log.check(list(ranges))
@@ -311,6 +340,7 @@ class ParameterStore:
                     and base_version < self.version - self.max_staleness):
                 self.dropped += 1
                 return PushResult(False, self.version, STALE)
+            hp.set_hyperparameters(hyperparameters, self.optimizer)
             for name, value in assigns.items():
                 self.variables[name].assign(value)
                 self.updated_at[name] = (self.version + 1 if grads or sparse

@@ -4,8 +4,9 @@ Each variable of the model gets a key that is stable across processes (its
 position among the model's weights and its short name, not the layer names
 Keras numbers per process), which decides its parameter server. `exchange` is
 what the compiled train step calls (through `tf.py_function`): it pushes the
-gradients and the non-trainable values, and returns the newest value of every
-variable.
+gradients and the non-trainable values (and the optimizer's learning rate
+when the worker changed it: see worker/hyperparameters.py), and returns the
+newest value of every variable.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.layers.embedding import Embedding
 from keras_elastic.ps.client import PSClient
+from keras_elastic.ps.hyperparameters import learning_rate_variable
+from keras_elastic.worker.hyperparameters import HyperparameterSync
 from keras_elastic.worker.push_pipeline import PushPipeline
 
 EXCHANGES = ("sync", "pipelined")
@@ -54,6 +57,11 @@ class ModelSync:
         self.pipeline = PushPipeline()
         self.completed_seq = -1  # pipelined: largest seq of a batch whose push returned
         self._dead_at_mark: frozenset = frozenset()
+        # The optimizer's learning rate to the servers (set by initialize).
+        self.hyperparameters: HyperparameterSync | None = None
+        # The learning-rate variable the traced train step reads and passes to
+        # `exchange` as its last input (None: not passed).
+        self.rate_variable: keras.Variable | None = None
 
     def initialize(self, restore_from: str = "") -> None:
         """Initializes the PS with this model (first worker wins; it has the
@@ -70,6 +78,32 @@ class ModelSync:
                   for name, layer in self.tables.items()}
         self._values = self.ps.init(values, _jsonable(config), restore_from, tables)
         self.assign_all()
+        self.hyperparameters = HyperparameterSync(lambda: self.model.optimizer)
+        self.adopt_hyperparameters()
+
+    def send_hyperparameters(self) -> None:
+        """Sends a learning rate changed after the last push (a callback at the
+        end of the last epoch) to the servers not known to hold it, in an
+        empty push."""
+        if self.hyperparameters is None:
+            return
+        self.flush()
+        wanted = self.hyperparameters.wanted()
+        if any(known.get(k) != v for known in self.ps.server_hyperparameters
+               for k, v in wanted.items()):
+            self.take(self.ps.exchange({}, {}, hyperparameters=wanted).values)
+
+    def learning_rate_variable(self) -> keras.Variable | None:
+        """The variable of the model's learning rate (None for a schedule)."""
+        optimizer = self.model.optimizer
+        return None if optimizer is None else learning_rate_variable(optimizer)
+
+    def adopt_hyperparameters(self) -> None:
+        """Takes the servers' learning rate (from the last pull) into the
+        model's optimizer, unless this worker changed its own since it last
+        sent or adopted one (see worker/hyperparameters.py)."""
+        if self.hyperparameters is not None:
+            self.hyperparameters.adopt(self.ps.server_hyperparameters)
 
     # -- embedding tables --------------------------------------------------
     def prefetch(self, x) -> dict | None:
@@ -184,6 +218,14 @@ class ModelSync:
         t_grads = time.perf_counter()
         if self.t_data:
             self.timer.add("compute", t_grads - self.t_data)
+        # The learning rate the worker's callbacks set (sent to the servers
+        # that do not hold it yet, with this push), read in the step.
+        if self.rate_variable is not None:
+            rate, tensors = float(tensors[-1]), tensors[:-1]
+        else:
+            rate = None
+        wanted = (self.hyperparameters.wanted(self.rate_variable, rate)
+                  if self.hyperparameters else None)
         n, m = len(self.grad_keys), len(self.non_trainable_keys)
         grads = {k: t.numpy() for k, t in zip(self.grad_keys, tensors[:n])}
         assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
@@ -191,13 +233,14 @@ class ModelSync:
         sparse = sum_rows(self.grad_tables, tensors[n + m:])
         if self.pipelined:
             return self._exchange_pipelined(tags.numpy(), grads, assigns, sparse,
-                                            t_grads)
+                                            t_grads, wanted)
         ranges, live = [], []
         if self.stream is not None:
             ranges, live = self.stream.batch_ranges(tags.numpy())
             if not ranges:
                 grads, sparse = {}, {}  # every element belongs to an abandoned task
-        reply = self.ps.exchange(grads, assigns, ranges, sparse=sparse)
+        reply = self.ps.exchange(grads, assigns, ranges, sparse=sparse,
+                                 hyperparameters=wanted)
         faults.reached("after_push")
         if not reply.accepted:
             self.stream.abandon(live, f"push refused: {reply.refusals()}")
@@ -210,7 +253,7 @@ class ModelSync:
         return out
 
     def _exchange_pipelined(self, tags: np.ndarray, grads, assigns, sparse,
-                            t_grads: float) -> list[np.ndarray]:
+                            t_grads: float, wanted=None) -> list[np.ndarray]:
         """Waits for the previous push, sends this one on the pipeline's
         thread, returns the newest values that arrived (see push_pipeline)."""
         self._finish_push()
@@ -230,7 +273,8 @@ class ModelSync:
             if not ranges:
                 grads, sparse = {}, {}
         self.pipeline.submit(
-            lambda: self.ps.exchange(grads, assigns, ranges, sparse=sparse),
+            lambda: self.ps.exchange(grads, assigns, ranges, sparse=sparse,
+                                     hyperparameters=wanted),
             max_seq, live)
         t_sent = time.perf_counter()
         self.timer.add("push", t_sent - t_grads)

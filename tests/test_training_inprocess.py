@@ -189,3 +189,80 @@ def test_exchange_must_be_sync_or_pipelined():
     with pytest.raises(ValueError, match="exchange='fast'"):
         ke.wrap(keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)]),
                 exchange="fast")
+
+
+def test_epoch_logs_are_the_jobs_metrics_also_on_a_worker_that_trained_nothing(
+        embedded_cluster):
+    """The epoch's `loss` and metrics are the job's: the master sums the
+    metric states each worker sends with its task reports. Here a second
+    worker (a real client of the same master) takes every task of the last
+    epoch and reports them with its states; this worker trains no batch of it
+    and still logs the job's numbers, not its own 0.0. Its first epoch, which
+    it trained alone, logs exactly what plain Keras logs."""
+    from keras_elastic.common.tensor_codec import encode_all
+    from keras_elastic.master.client import WAIT, MasterClient
+    from keras_elastic.worker.evaluation import _leaf_metrics, metric_variables
+
+    x, y = make_arrays(64)
+    plain = functional()
+    plain_loss = plain.fit(x, y, batch_size=16, epochs=1, shuffle=False,
+                           verbose=0).history
+    model = functional(ke.Model)
+    other = MasterClient(embedded_cluster.master_address)
+    other.register_worker()
+    taken = []
+
+    class OtherWorkerTakesTheLastEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch != 0:
+                return
+            while True:
+                task = other.get_task("training", 1, return_on_wait=True)
+                if task in (None, WAIT):
+                    break
+                taken.append(task)
+            # Its share: loss total 10 over 40 examples, accuracy 30 of 40
+            # (the metric states' keys as evaluation and training share them).
+            names = [m.name for m in _leaf_metrics(self.model.metrics)]
+            states = {}
+            for key, variable in metric_variables(self.model):
+                metric = names[int(key.split("/")[0])]
+                states[key] = np.array(40.0 if variable.name == "count" else
+                                       10.0 if metric == "loss" else 30.0)
+            other.report_tasks("training", [t.task_id for t in taken],
+                               metric_states=list(encode_all(states.items())),
+                               leases=[t.lease for t in taken])
+
+    history = model.fit(
+        ke.ElasticDataset((x, y), batch_size=16, minibatches_per_task=1,
+                          name="training"),
+        epochs=2, verbose=0, callbacks=[OtherWorkerTakesTheLastEpoch()]).history
+    other.close()
+    assert len(taken) == 4  # every task of the last epoch
+    status = embedded_cluster.master.status(include_ledger=True)["datasets"][
+        "training"]
+    assert {e["worker"] for e in status["ledger"] if e["epoch"] == 1} == {
+        other.worker_id}
+    assert history["loss"][1] == pytest.approx(0.25)
+    assert history["accuracy"][1] == pytest.approx(0.75)
+    assert history["loss"][0] == pytest.approx(plain_loss["loss"][0], abs=1e-6)
+    assert history["accuracy"][0] == pytest.approx(plain_loss["accuracy"][0])
+
+
+def test_job_metrics_with_keras_own_validation_keep_the_training_states(
+        embedded_cluster):
+    """Keras' own validation (validation_data that is not an ElasticDataset)
+    runs before the epoch's last tasks are reported and resets the metrics:
+    the epoch's training numbers stay those of the training batches. (One
+    epoch: a second one fails in model.py's train step after Keras' own
+    validation, a separate issue.)"""
+    x, y = make_arrays(96)
+    plain = functional()
+    expected = plain.fit(x[:64], y[:64], batch_size=16, epochs=1, shuffle=False,
+                         validation_data=(x[64:], y[64:]), verbose=0).history
+    model = functional(ke.Model)
+    history = model.fit(
+        ke.ElasticDataset((x[:64], y[:64]), batch_size=16, minibatches_per_task=1),
+        epochs=1, validation_data=(x[64:], y[64:]), verbose=0).history
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(history[key], expected[key], atol=1e-6, err_msg=key)

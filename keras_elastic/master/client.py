@@ -167,7 +167,9 @@ class MasterClient:
                      leases: list[int] | None = None) -> list[int]:
         """Reports tasks done (or failed); returns those the master refused
         because this worker no longer holds them (logged: another hand-out of
-        the task counts instead)."""
+        the task counts instead). `metric_states` are summed once: if the
+        master refuses some of the tasks, they go with the first one it
+        accepts."""
         try:
             self._call("ReportTask", master_pb2.ReportTaskRequest(
                 worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
@@ -181,8 +183,12 @@ class MasterClient:
                 return list(task_ids)
         refused = []
         for i, task_id in enumerate(task_ids):  # the others are still ours
-            refused += self.report_tasks(dataset, [task_id], success, error,
+            not_held = self.report_tasks(dataset, [task_id], success, error,
+                                         metric_states=metric_states,
                                          leases=[leases[i]] if leases else None)
+            if not not_held:
+                metric_states = None  # summed with this task
+            refused += not_held
         return refused
 
     def release_tasks(self, dataset: str, task_ids: list[int], reason: str,
@@ -201,9 +207,12 @@ class MasterClient:
             {"progress": progress, "reason": reason})))
         return json.loads(response.json)
 
-    def get_result(self, dataset: str, epoch: int) -> tuple[int, dict]:
+    def get_result(self, dataset: str, epoch: int, wait: bool = True
+                   ) -> tuple[int, dict] | None:
         """Blocks until round `epoch` of `dataset` is complete; returns
-        `(num_tasks, {state name: summed array})`."""
+        `(num_tasks, {state name: summed array})`. With `wait=False`, asks
+        once (the master answers within a few seconds) and returns None if
+        the round is not complete yet."""
         from keras_elastic.common.tensor_codec import decode_all
 
         while True:
@@ -213,6 +222,8 @@ class MasterClient:
                 raise JobFailedError(response.error)
             if response.ready:
                 return response.num_tasks, dict(decode_all(response.states))
+            if not wait:
+                return None
 
     def wait_for_epoch(self, dataset: str, epoch: int, poll: float = 0.05) -> None:
         """Blocks until `dataset` has reached `epoch` (or finished)."""

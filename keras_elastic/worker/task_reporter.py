@@ -3,6 +3,16 @@
 Added by `ke.Model.fit` in front of the user's callbacks; users never create
 it. After each batch it reads the largest task tag the train step has seen
 and reports the tasks that are now complete (see `TaskStream`).
+
+It also makes the epoch's training metrics the job's: each report of tasks
+done carries the change of this worker's metric states (loss total and count,
+metric totals, ...) since its previous report, the master sums them per epoch
+as it sums evaluation states, and at the end of the epoch every worker loads
+the sums and logs their `result()`. So `loss` and the metrics in the epoch's
+logs (the progress line, `History`, `EarlyStopping`, the CLI's "final
+metrics") are those of every batch the job trained in the epoch, on whichever
+worker: the same on every worker, also on one that trained no batch of the
+epoch (its own metrics would read 0.0).
 """
 
 from __future__ import annotations
@@ -10,7 +20,10 @@ from __future__ import annotations
 import time
 
 import keras
+import numpy as np
+from absl import logging
 
+from keras_elastic.common.tensor_codec import encode_all
 from keras_elastic.worker.task_stream import TaskStream
 
 
@@ -24,9 +37,18 @@ class TaskReporter(keras.callbacks.Callback):
         self._trained_seq = trained_seq  # tf.Variable set by the train step
         self._batch_start = 0.0
         self._last_seq = -1
+        self.job_metrics = JobMetrics()
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.job_metrics.model = model
+
+    def on_train_begin(self, logs=None):
+        self.stream.report_states = self.job_metrics.states_since_last_report
 
     def on_epoch_begin(self, epoch, logs=None):
         self.stream.set_epoch(epoch)
+        self.job_metrics.start_epoch()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_start = time.perf_counter()
@@ -44,6 +66,12 @@ class TaskReporter(keras.callbacks.Callback):
             self._last_seq = seq
             self.stream.mark_trained(seq)
 
+    def on_test_begin(self, logs=None):
+        # Keras' own validation (a validation_data that is not an
+        # ElasticDataset) runs before on_epoch_end and resets the metrics:
+        # keep the epoch's training states for the last report.
+        self.job_metrics.freeze()
+
     def finish_epoch(self) -> None:
         """The epoch's data ran out (not a stop mid-epoch): all tasks trained."""
         if not self.model.stop_training:
@@ -51,9 +79,124 @@ class TaskReporter(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.finish_epoch()
-        if self._validate is not None and not self.model.stop_training:
+        if not self.model.stop_training and logs is not None:
             # First callback of the list: later ones (History, EarlyStopping,
-            # ModelCheckpoint, the progress bar) see the val_* entries.
+            # ModelCheckpoint, the progress bar) see the job's numbers.
+            logs.update(self.job_metrics.job_logs(self.stream, epoch))
+        self.job_metrics.end_epoch()
+        if self._validate is not None and not self.model.stop_training:
             val_logs = self._validate(epoch)
             if val_logs and logs is not None:
                 logs.update(val_logs)
+
+    def on_train_end(self, logs=None):
+        self.stream.report_states = None
+
+
+class JobMetrics:
+    """A worker's share of the epoch's training metric states, sent with its
+    task reports, and the job's metrics from the master's sums.
+
+    The shares are differences of the states since the previous report
+    (float64, or int64 for integer states): summed over a worker's reports
+    they give its states at its last report exactly, and summed over workers
+    the job's. Only additive states (`aggregation="sum"`, every Keras metric)
+    can be summed; with another one the worker keeps its own numbers, with a
+    warning.
+    """
+
+    def __init__(self) -> None:
+        self.model: keras.Model | None = None
+        self._sent: dict[str, np.ndarray] = {}
+        self._frozen: dict[str, np.ndarray] | None = None
+        self._in_epoch = False
+        self._warned = False
+
+    def variables(self) -> list[tuple[str, object]] | None:
+        """`(key, variable)` of the model's metric states (keys as evaluation
+        uses them), or None if one of them is not additive."""
+        from keras_elastic.worker.evaluation import _leaf_metrics
+
+        out = []
+        for i, metric in enumerate(_leaf_metrics(self.model.metrics)):
+            for j, variable in enumerate(metric.variables):
+                aggregation = getattr(variable, "aggregation", "sum")
+                if aggregation != "sum":
+                    if not self._warned:
+                        self._warned = True
+                        logging.warning(
+                            "metric '%s' has a state with aggregation='%s', which "
+                            "cannot be summed over workers: each worker logs its own "
+                            "training metrics", metric.name, aggregation)
+                    return None
+                out.append((f"{i:03d}/{j:03d}/{variable.name}", variable))
+        return out
+
+    def _read(self) -> dict[str, np.ndarray] | None:
+        variables = self.variables()
+        if variables is None:
+            return None
+        out = {}
+        for key, variable in variables:
+            value = np.asarray(keras.ops.convert_to_numpy(variable.value))
+            out[key] = value.astype(np.float64 if value.dtype.kind == "f" else np.int64)
+        return out
+
+    def start_epoch(self) -> None:
+        """Keras has just reset the metrics."""
+        self._sent, self._frozen, self._in_epoch = {}, None, True
+
+    def end_epoch(self) -> None:
+        self._frozen, self._in_epoch = None, False
+
+    def freeze(self) -> None:
+        """Keeps the states as they are now for the epoch's remaining reports
+        (the epoch's training is over; an evaluation is about to reset them)."""
+        if self._in_epoch and self._frozen is None:
+            self._frozen = self._read()
+
+    def states_since_last_report(self) -> list | None:
+        """The encoded change of the states since the previous report (only
+        the states that changed); None if nothing changed or not additive."""
+        current = self._frozen if self._frozen is not None else self._read()
+        if current is None:
+            return None
+        delta = {}
+        for key, value in current.items():
+            previous = self._sent.get(key)
+            change = value if previous is None else value - previous
+            if np.any(change):
+                delta[key] = change
+        self._sent = dict(current)
+        return list(encode_all(delta.items())) if delta else None
+
+    def job_logs(self, stream: TaskStream, epoch: int) -> dict[str, float]:
+        """The job's training metrics of `epoch`, once the master has closed
+        it (the workers holding its last tasks report them); {} if the states
+        cannot be summed, or no worker sent any, or tasks of the epoch went
+        back to the master's queue meanwhile (a worker left: this one trains
+        them in its next pass instead of waiting for a replacement, and logs
+        its own numbers for the epoch)."""
+        variables = self.variables()
+        if variables is None:
+            return {}
+        while True:
+            result = stream.master.get_result(stream.dataset, epoch, wait=False)
+            if result is not None:
+                break
+            ds = stream.master.status()["datasets"].get(stream.dataset, {})
+            if ds.get("epoch") == epoch and ds.get("todo", 0) > 0:
+                logging.warning(
+                    "epoch %d: %d task(s) went back to the master's queue (a worker "
+                    "left); this worker trains them now and logs its own training "
+                    "metrics for the epoch", epoch + 1, ds["todo"])
+                return {}
+        sums = result[1]
+        if not sums:
+            return {}
+        for key, variable in variables:
+            value = sums.get(key)
+            variable.assign(np.zeros(variable.shape, variable.dtype) if value is None
+                            else np.asarray(value).astype(variable.dtype))
+        return {k: float(v) if np.ndim(v) == 0 else v
+                for k, v in self.model.get_metrics_result().items()}

@@ -63,6 +63,10 @@ class TaskStream:
         self.claimer = None
         self.replayer = None
         self.flusher = None
+        # Training (set by TaskReporter): () -> metric states to send with the
+        # next report of tasks done (this worker's share of the epoch's
+        # training metrics, summed by the master), or None.
+        self.report_states = None
         self._replays: dict[int, Any] = {}  # seq -> Replay not yet run
         self._dead: set[int] = set()        # seqs abandoned
         # Training streams end a *segment* rather than block while holding
@@ -181,8 +185,10 @@ class TaskStream:
                     if is_done(s) and s not in self._replays]
             tasks = [self._outstanding.pop(s) for s in done]
         if tasks:
+            states = self.report_states() if self.report_states is not None else None
             self.master.report_tasks(self.dataset, [t.task_id for t in tasks],
-                                     success=True, leases=[t.lease for t in tasks])
+                                     success=True, leases=[t.lease for t in tasks],
+                                     metric_states=states)
 
     # -- exactly-once updates (training) ----------------------------------
     def run_replays(self) -> None:

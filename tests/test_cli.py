@@ -1,5 +1,7 @@
 """`keras-elastic` subcommands: flag checks happen before any process starts."""
 
+import glob
+import gzip
 import os
 import subprocess
 import sys
@@ -83,3 +85,67 @@ def test_status_scale_and_join_need_a_job(tmp_path):
     assert "cluster.json does not exist" in result.stderr
     result = cli("join", f"--job_dir={tmp_path}")
     assert "no worker command" in result.stderr
+
+
+def test_data_files_are_checked_before_any_process_starts(tmp_path, data):
+    """ElasticDL's form, a data directory, is expanded to its files; each is
+    checked at launch: a file that is not a TFRecord file stops the command
+    with its name and the problem, before any role starts."""
+    x, y = make_arrays(32)
+    train = tmp_path / "train"
+    write_shards(str(train), x, y, 2)
+    (train / "README.md").write_text("# the training data, as TFRecord files\n")
+    result = cli("train", "--model_def=cli_model_def:custom_model",
+                 f"--training_data={train}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"--training_data: {train}/README.md is not a TFRecord file: it looks "
+            "like a text file (CSV, JSON, ...; convert it to TFRecord files). "
+            "keras-elastic reads TFRecord files") in result.stderr, result.stderr
+    assert "started" not in result.stderr
+    (train / "README.md").unlink()
+    validation = tmp_path / "validation"
+    validation.mkdir()
+    (validation / "val-00000.tfrecord.gz").write_bytes(
+        gzip.compress(open(glob.glob(data)[0], "rb").read()))
+    result = cli("train", "--model_def=cli_model_def:custom_model",
+                 f"--training_data={train}", f"--validation_data={validation}/")
+    assert result.returncode == 2
+    assert (f"--validation_data: {validation}/val-00000.tfrecord.gz is not a TFRecord "
+            "file: it looks like a gzip-compressed file") in result.stderr, result.stderr
+    cut = tmp_path / "test-00000.tfrecord"
+    cut.write_bytes(open(glob.glob(data)[0], "rb").read()[:-3])
+    result = cli("predict", "--model_def=cli_model_def:custom_model",
+                 f"--prediction_data={tmp_path}/test-*.tfrecord",
+                 f"--checkpoint_dir={tmp_path}", f"--output={tmp_path}/preds")
+    assert result.returncode == 2
+    assert f"--prediction_data: {cut} is not a TFRecord file: record #" in result.stderr
+    assert "the file is cut short" in result.stderr
+    assert "started" not in result.stderr
+
+
+def test_train_checkpoint_dir_is_a_directory(tmp_path, data):
+    a_file = tmp_path / "ckpt.txt"
+    a_file.write_text("x")
+    result = cli("train", "--model_def=cli_model_def:custom_model",
+                 f"--training_data={data}", f"--checkpoint_dir={a_file}")
+    assert result.returncode == 2
+    assert (f"--checkpoint_dir={a_file} is a file, not a directory: a training job "
+            "saves its checkpoints (ckpt-0001, ...) into --checkpoint_dir") in (
+        result.stderr)
+    checkpoint = tmp_path / "ckpts" / "ckpt-0003"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "manifest.json").write_text("{}")
+    result = cli("train", "--model_def=cli_model_def:custom_model",
+                 f"--training_data={data}", f"--checkpoint_dir={checkpoint}")
+    assert result.returncode == 2
+    assert (f"--checkpoint_dir={checkpoint} is a checkpoint itself (it holds "
+            "manifest.json), not a directory of checkpoints") in result.stderr
+    assert f"give --checkpoint_dir={tmp_path / 'ckpts'}/;" in result.stderr
+    assert "started" not in result.stderr
+
+
+def test_checkpoint_directory_never_names_a_checkpoint():
+    from keras_elastic.jobs.runner import checkpoint_directory
+
+    assert checkpoint_directory("out/ckpt") == "out/ckpt/"
+    assert checkpoint_directory("out/ckpt/") == "out/ckpt/"

@@ -10,9 +10,12 @@ job per module: train with validation, evaluate and predict on one checkpoint.
 
 from __future__ import annotations
 
+import ast
 import glob
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -83,7 +86,12 @@ def test_refused_flags_through_the_cli(tmp_path):
              "module 'mnist.nothing_here' is not in the model zoo"),
             (["--model_def=mnist.mnist_functional_api.CustomModel"],
              "does not define 'CustomModel' (the model function)"),
-            (["--model_params=a"], "--model_params: 'a' is not name=value")]:
+            (["--model_params=a"], "--model_params: 'a' is not name=value"),
+            (["--loss=my_loss"], "--loss=my_loss: the module "
+             f"{ZOO}/mnist/mnist_functional_api.py does not define 'my_loss' (the "
+             "default is 'loss')"),
+            (["--prediction_outputs_processor=Processor"],
+             "--prediction_outputs_processor=Processor: the module")]:
         result = cli("train", *model_def, f"--training_data={data}", *args)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr, result.stderr
@@ -215,6 +223,41 @@ def test_learning_rate_scheduler_becomes_a_schedule_of_the_servers_version():
         zoo_hooks.tabulate_schedule(lambda v: 1.0 / (v + 1), 5000)
 
 
+def test_hooks_a_job_does_not_use_are_named():
+    """ElasticDL's mnist_functional_api.py has prepare_data_for_a_single_file
+    (its data conversion hook); a module may define both dataset_fn and feed,
+    or learning_rate_scheduler beside a LearningRateScheduler callback; a
+    compiled model leaves loss, optimizer and eval_metrics_fn unused."""
+    import types
+
+    from keras_elastic.jobs.runner import unused_hooks
+
+    module, _, _ = load_model_def("mnist.mnist_functional_api.custom_model", ZOO)
+    assert [n for n, _ in unused_hooks(module, False, "dataset_fn", None)] == [
+        "prepare_data_for_a_single_file"]
+    unused = dict(unused_hooks(module, True, "dataset_fn", None))
+    assert list(unused) == ["loss", "optimizer", "eval_metrics_fn",
+                            "prepare_data_for_a_single_file"]
+    assert "returned a compiled model" in unused["loss"]
+    assert "keras-elastic reads TFRecord files as they are" in unused[
+        "prepare_data_for_a_single_file"]
+    both = types.ModuleType("both")
+    both.dataset_fn = both.feed = both.learning_rate_scheduler = lambda *a: None
+    both.CustomDataReader = object
+    unused = dict(unused_hooks(both, False, "dataset_fn",
+                               "from callbacks(): LearningRateScheduler"))
+    assert unused == {
+        "feed": "'dataset_fn' is the dataset function (--feed=feed uses this one "
+                "instead)",
+        "learning_rate_scheduler": "callbacks() returns ElasticDL's "
+        "LearningRateScheduler, whose schedule is applied instead",
+        "CustomDataReader": "keras-elastic reads TFRecord or ArrayRecord files: give "
+        "them as --training_data/--validation_data/--prediction_data"}
+    assert [n for n, _ in unused_hooks(both, False, "feed", "learning_rate_scheduler",
+                                       feed="feed")] == ["dataset_fn",
+                                                         "CustomDataReader"]
+
+
 def test_dataset_fn_shuffle_is_seeded_for_exact_replays():
     module, _, feed = load_model_def("mnist.mnist_functional_api.custom_model", ZOO)
     fn = zoo_hooks.elastic_dataset_fn(feed)
@@ -327,15 +370,16 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
     the same checkpoint, with 2 workers and ElasticDL's flag forms (data
     directories, --checkpoint_dir_for_init, --keep_checkpoint_max, ...). The
     four modules' jobs of a phase run at the same time."""
-    def job(name, subcommand, *args, env=None):
+    def job(name, subcommand, *args, env=None, job_dir=None, succeeds=True):
         model_def, _, _ = MODULES[name]
         result = cli(subcommand, "--model_zoo=tests/model_zoo",
                      f"--model_def={model_def}", "--minibatch_size=16",
                      "--num_minibatches_per_task=4", "--num_workers=2", "--num_ps=1",
                      "--log_level=INFO", *args,
-                     f"--job_dir={tmp_path / name / subcommand}", env=env)
-        assert result.returncode == 0, (name, subcommand, result.stdout[-4000:]
-                                        + result.stderr[-4000:])
+                     f"--job_dir={job_dir or tmp_path / name / subcommand}", env=env)
+        assert (result.returncode == 0) == succeeds, (
+            name, subcommand, result.returncode, result.stdout[-4000:]
+            + result.stderr[-4000:])
         return result.stdout + result.stderr
 
     def train(name):
@@ -362,11 +406,39 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
             f"--output={tmp_path / name / 'preds'}",
             env={"ZOO_PROCESSOR_DIR": str(processed)})
 
+    def resume_another_model():
+        """A training job whose --checkpoint_dir (no trailing slash) holds a
+        checkpoint of another model (deepfm with a narrower hidden layer):
+        the job fails, naming the checkpoint and the variable that differs."""
+        ckpt = tmp_path / "other_model_ckpt"
+        shutil.copytree(tmp_path / "deepfm_ctr" / "ckpt", ckpt)
+        return job("deepfm_ctr", "train", f"--training_data={data_dirs['ctr'][0]}",
+                   "--num_epochs=2", f"--checkpoint_dir={ckpt}",
+                   "--model_params=fc_unit=4", "--max_worker_restarts=1",
+                   job_dir=tmp_path / "other_model_job", succeeds=False)
+
     names = list(MODULES)
     outputs = dict(zip(names, _in_parallel([lambda n=n: train(n) for n in names])))
+    # --checkpoint_dir without a trailing slash is the directory the job saves
+    # its checkpoints into (it used to be a checkpoint name in its parent).
+    for name in names:
+        assert sorted(os.listdir(tmp_path / name)) == ["ckpt", "train"], name
+        assert sorted(os.listdir(tmp_path / name / "ckpt")) == ["ckpt-0001"], name
     all_metrics = dict(zip(names, _in_parallel([lambda n=n: evaluate(n)
                                                 for n in names])))
-    _in_parallel([lambda n=n: predict(n) for n in names])
+    *_, mismatch = _in_parallel([lambda n=n: predict(n) for n in names]
+                                + [resume_another_model])
+    ckpt_path = tmp_path / "other_model_ckpt" / "ckpt-0001"
+    assert f"Checkpoint {ckpt_path} does not match model" in mismatch, mismatch[-4000:]
+    assert "[launcher] job FAILED" in mismatch
+    assert re.search(r"kernel: shape \[\d+, 8\] in the checkpoint, \[\d+, 4\] in the "
+                     r"model", mismatch), mismatch[-4000:]
+    assert (f"failed the same way: --checkpoint_dir={tmp_path / 'other_model_ckpt'} "
+            f"holds a checkpoint of another model ({ckpt_path}; 3 variable(s) "
+            "differ, e.g. ") in mismatch, mismatch[-4000:]
+    assert ("resume it with the --model_def and --model_params it was saved with, "
+            "or give a new --checkpoint_dir to train afresh") in mismatch
+    assert not (tmp_path / "other_model_ckpt" / "ckpt-0002").exists()
 
     from keras_elastic.prediction import read_predictions
 
@@ -377,6 +449,23 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
         assert f"val_{metric}" in out and "val_loss" in out, (name, out[-3000:])
         if schedule:
             assert f"learning_rate_scheduler ({schedule})" in out, (name, out[-3000:])
+        # Both workers log the job's training metrics for the epoch (states
+        # summed by the master), whatever share of the tasks each trained; the
+        # final metrics are those numbers.
+        epoch_lines = {}
+        for line in out.splitlines():
+            found = re.match(r"\[worker-(\d+)\] (.* - loss: .*)$", line)
+            if found and "final metrics" not in line:
+                epoch_lines[found.group(1)] = dict(
+                    re.findall(r"(\w+): ([-0-9.e]+)", found.group(2)))
+        assert len(epoch_lines) == 2, (name, epoch_lines)
+        assert epoch_lines["0"] == epoch_lines["1"], (name, epoch_lines)
+        final = ast.literal_eval(re.search(r"final metrics: (\{.*\})", out).group(1))
+        assert f"{final['loss']:.4f}" == epoch_lines["0"]["loss"], (name, final)
+        assert float(epoch_lines["0"]["loss"]) > 0
+        if name == "mnist_functional":  # ElasticDL's data conversion hook
+            assert ("the module's 'prepare_data_for_a_single_file' is not used: it "
+                    "converts raw files to records") in out
         predictions = read_predictions(str(tmp_path / name / "preds"))
         files = sorted(glob.glob(os.path.join(data_dirs[kind][1], "*")))
         labels = np.array([tf.train.Example.FromString(r).features.feature[

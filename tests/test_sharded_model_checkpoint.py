@@ -275,9 +275,15 @@ def test_restore_on_start_with_another_model_names_the_difference(tmp_path):
     kernel = other.layers[0].kernel.numpy()
     with pytest.raises(ke.checkpoint.CheckpointError,
                        match=r"(?s)does not match model .*0000/kernel: shape \[8, 16\] "
-                             r"in the checkpoint, \[8, 4\] in the model"):
+                             r"in the checkpoint, \[8, 4\] in the model") as e:
         fit(other, [ShardedModelCheckpoint(directory, restore_on_start=True)])
     np.testing.assert_array_equal(other.layers[0].kernel.numpy(), kernel)
+    # A ModelMismatchError says which checkpoint and what differs (the CLI
+    # restates it in its flags' terms).
+    assert isinstance(e.value, ke.checkpoint.ModelMismatchError)
+    assert e.value.path == str(tmp_path / "ckpt-0001")
+    assert e.value.differences[0] == ("0000/kernel: shape [8, 16] in the checkpoint, "
+                                      "[8, 4] in the model")
 
 
 def test_a_restore_that_leaves_no_epoch_warns_with_its_epoch(tmp_path, caplog):

@@ -28,7 +28,8 @@ import importlib
 # Imported on first use: the launcher reads and writes manifests (layout,
 # manifest, errors) without TensorFlow.
 _LAZY = {
-    "CheckpointError": "errors", "ShardingCallbackError": "errors",
+    "CheckpointError": "errors", "ModelMismatchError": "errors",
+    "ShardingCallbackError": "errors",
     "export_keras": "export",
     "delete_checkpoint": "layout", "latest": "layout", "list_checkpoints": "layout",
     "prune": "layout", "remove_stale": "layout",
@@ -56,6 +57,7 @@ __all__ = [
     "MANIFEST_NAME",
     "CheckpointError",
     "CheckpointWriter",
+    "ModelMismatchError",
     "SaveInfo",
     "ShardingCallbackError",
     "ValidatingShardingCallback",

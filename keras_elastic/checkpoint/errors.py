@@ -60,3 +60,29 @@ class ShardingCallbackError(CheckpointError):
             f"Sharding callback {description!r} broke the rule '{rule}' for "
             f"{where}: {detail}. Nothing was written; the previous checkpoint "
             "is unchanged.")
+
+
+class ModelMismatchError(CheckpointError):
+    """A checkpoint's variables (keys, shapes) differ from the model's, found
+    before anything was restored.
+
+    Attributes:
+        path: The checkpoint.
+        differences: One line per variable that differs.
+
+    Example:
+
+    ```python
+    import keras_elastic as ke
+
+    try:
+        callback.restore(model)
+    except ke.checkpoint.ModelMismatchError as e:
+        print(e.path, e.differences)
+    ```
+    """
+
+    def __init__(self, message: str, path: str, differences: list[str]) -> None:
+        super().__init__(message)
+        self.path = path
+        self.differences = list(differences)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_elastic.checkpoint.errors import CheckpointError
+from keras_elastic.checkpoint.errors import ModelMismatchError
 from keras_elastic.checkpoint.manifest import SaveInfo
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 
@@ -50,8 +50,9 @@ def signature_difference(saved: dict[str, list], current: dict[str, list]
 
 
 def check_model_matches(model: Any, info: SaveInfo) -> None:
-    """Raises `CheckpointError` naming each variable that differs between the
-    model and the checkpoint `info` (checkpoints without a signature pass)."""
+    """Raises `ModelMismatchError` (a `CheckpointError`) naming each variable
+    that differs between the model and the checkpoint `info` (checkpoints
+    without a signature pass)."""
     saved = info.extra.get(SIGNATURE_KEY)
     if not saved or not getattr(model, "built", True):
         return
@@ -59,8 +60,9 @@ def check_model_matches(model: Any, info: SaveInfo) -> None:
     if difference:
         shown = "\n  ".join(difference[:10])
         more = f"\n  ... and {len(difference) - 10} more" if len(difference) > 10 else ""
-        raise CheckpointError(
+        raise ModelMismatchError(
             f"Checkpoint {info.path} does not match model {model.name!r} "
             f"({len(difference)} variable(s) differ):\n  {shown}{more}\n"
             "Restore it into the model it was saved from, or point the callback "
-            "at another directory (or pass restore_on_start=False) to train afresh.")
+            "at another directory (or pass restore_on_start=False) to train afresh.",
+            info.path, difference)

@@ -17,7 +17,8 @@ callbacks, learning_rate_scheduler, PredictionOutputsProcessor; see
 use instead (`job_flags.py`).
 
 May import: keras_elastic (the public API), keras_elastic.checkpoint,
-keras_elastic.prediction.
+keras_elastic.prediction, keras_elastic.common (the data file checks of
+`common/file_formats.py`, made at launch without TensorFlow).
 `model_def.py` and `job_flags.py` import no TensorFlow, so the launcher checks
 the flags before any process starts.
 """

@@ -181,9 +181,13 @@ def define_job_flags() -> None:
     flags.DEFINE_integer("num_minibatches_per_task", 32, "Minibatches per task.")
     flags.DEFINE_integer("evaluation_steps", 0, "Evaluate every N model versions "
                          "while training (0: after every epoch).")
-    flags.DEFINE_string("checkpoint_dir", None, "train: save checkpoints here; "
-                        "evaluate/predict: load the latest from here (ElasticDL's "
-                        "--checkpoint_dir_for_init means the same).")
+    flags.DEFINE_string("checkpoint_dir", None, "train: the directory (with or "
+                        "without a trailing slash) checkpoints are saved into "
+                        "(ckpt-0001, ...) and resumed from (its latest; one of another "
+                        "model fails the job, naming each difference); "
+                        "evaluate/predict: load the latest from here, or this "
+                        "checkpoint (ElasticDL's --checkpoint_dir_for_init means the "
+                        "same).")
     flags.DEFINE_integer("checkpoint_steps", 0, "ElasticDL: save a checkpoint every "
                          "this many batches of the saving worker (0: every epoch).")
     flags.DEFINE_integer("keep_checkpoint_max", 0, "ElasticDL: checkpoints to keep "
@@ -202,11 +206,32 @@ def patterns(value: str | None) -> list[str]:
 
 
 def _check_data(flag: str, value: str | None) -> None:
+    """The data files exist and are in a format the workers read (checked
+    here, before any process starts: see common/file_formats.py)."""
+    from keras_elastic.common.file_formats import FileFormatError, check_data_files
+
+    files: list[str] = []
     for pattern in patterns(value):
         if not glob.glob(pattern):
             raise ValueError(f"--{flag}: no file matches '{pattern}'")
-        if os.path.isdir(pattern) and not worker_data(pattern):
-            raise ValueError(f"--{flag}: the directory {pattern} holds no file")
+        if os.path.isdir(pattern):
+            found = worker_data(pattern)
+            if not found:
+                raise ValueError(f"--{flag}: the directory {pattern} holds no file")
+        else:
+            found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [
+                pattern]
+            directory = next((p for p in found if os.path.isdir(p)), None)
+            if directory is not None:
+                raise ValueError(f"--{flag}: '{pattern}' matches the directory "
+                                 f"{directory}: give a directory as it is (its files "
+                                 "are the data), or a pattern that matches files")
+        files.extend(f for f in found if f not in files)
+    if files:
+        try:
+            check_data_files(files)
+        except FileFormatError as e:
+            raise ValueError(f"--{flag}: {e}") from None
 
 
 def validate(job: str) -> None:
@@ -226,6 +251,7 @@ def validate(job: str) -> None:
         FLAGS.grads_to_wait = 1
     if FLAGS.model_params:
         parse_model_params(FLAGS.model_params)
+    _check_hook_flags(path)
     data = {"training_data": FLAGS.training_data,
             "validation_data": FLAGS.validation_data,
             "prediction_data": FLAGS.prediction_data}
@@ -253,6 +279,8 @@ def validate(job: str) -> None:
         raise ValueError(f"--evaluation_steps must be >= 0, got {FLAGS.evaluation_steps}")
     if FLAGS.evaluation_steps and not FLAGS.validation_data:
         raise ValueError("--evaluation_steps needs --validation_data")
+    if job == "train" and FLAGS.checkpoint_dir:
+        check_train_checkpoint_dir(FLAGS.checkpoint_dir)
     if job in ("evaluate", "predict"):
         if not FLAGS.checkpoint_dir:
             raise ValueError(f"`keras-elastic {job}` needs --checkpoint_dir: the model "
@@ -265,6 +293,47 @@ def validate(job: str) -> None:
         raise ValueError("`keras-elastic predict` needs --output (the directory the "
                          "predictions are written to) or a PredictionOutputsProcessor "
                          "in the module")
+
+
+# Flags naming an ElasticDL hook of the module (the default names may be absent).
+HOOK_FLAGS = ("loss", "optimizer", "eval_metrics_fn", "callbacks",
+              "prediction_outputs_processor")
+
+
+def _check_hook_flags(path: str) -> None:
+    """A hook named on the command line (`--loss=my_loss`) must be in the
+    module: a typo would otherwise leave it silently unused."""
+    names = _top_level_names(path)
+    for flag in HOOK_FLAGS:
+        value = getattr(FLAGS, flag)
+        default = FLAGS[flag].default
+        if value and value != default and value not in names:
+            raise ValueError(f"--{flag}={value}: the module {path} does not define "
+                             f"'{value}' (the default is '{default}')")
+
+
+def check_train_checkpoint_dir(path: str) -> None:
+    """`keras-elastic train --checkpoint_dir`: a directory (new or existing,
+    with or without a trailing slash) that the job saves its checkpoints into
+    and resumes from; a file or a single checkpoint is a ValueError saying
+    what to give instead.
+
+    Example:
+
+    >>> check_train_checkpoint_dir("/tmp/new-job-ckpts")  # doctest: +SKIP
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--checkpoint_dir={path} is a file, not a directory: a "
+                         "training job saves its checkpoints (ckpt-0001, ...) into "
+                         "--checkpoint_dir; give a directory")
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        parent = os.path.dirname(os.path.abspath(path))
+        raise ValueError(
+            f"--checkpoint_dir={path} is a checkpoint itself (it holds manifest."
+            "json), not a directory of checkpoints: a training job saves into "
+            "--checkpoint_dir and resumes from the latest checkpoint in it. To "
+            f"resume from the latest checkpoint beside it, give --checkpoint_dir="
+            f"{parent}/; to train afresh, give a new directory")
 
 
 def worker_data(flag_value: str | None) -> list[str]:

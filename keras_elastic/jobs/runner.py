@@ -30,16 +30,49 @@ def _set_log_level() -> None:
         logging.set_verbosity("fatal" if level == "critical" else level)
 
 
-def _hooks_used(module, compiled_by_user: bool) -> None:
-    """Warns about the module's ElasticDL hooks that this job does not use."""
+# ElasticDL hooks keras-elastic never uses, and why.
+NEVER_USED = {
+    "custom_data_reader": "keras-elastic reads TFRecord or ArrayRecord files: give "
+    "them as --training_data/--validation_data/--prediction_data",
+    "CustomDataReader": "keras-elastic reads TFRecord or ArrayRecord files: give "
+    "them as --training_data/--validation_data/--prediction_data",
+    "prepare_data_for_a_single_file": "it converts raw files to records for "
+    "ElasticDL's data tools; keras-elastic reads TFRecord files as they are: "
+    "convert the data before the job",
+}
+
+
+def unused_hooks(module, compiled_by_user: bool, dataset_fn_name: str,
+                 schedule_source: str | None,
+                 compile_hooks: tuple[str, ...] = ("loss", "optimizer",
+                                                   "eval_metrics_fn"),
+                 feed: str | None = None) -> list[tuple[str, str]]:
+    """`(hook, why)` for each ElasticDL hook the module defines that this job
+    does not use. `compile_hooks`: the names of loss, optimizer and
+    eval_metrics_fn (--loss, ...); `feed`: --feed.
+
+    Example:
+
+    >>> unused_hooks(module, True, "feed", None)  # doctest: +SKIP
+    [('loss', 'the model function returned a compiled model ...')]
+    """
+    from keras_elastic.jobs.model_def import dataset_fn_names
+
     unused = []
     if compiled_by_user:
-        unused += [(n, "the model function returned a compiled model") for n in (
-            FLAGS.loss, FLAGS.optimizer, FLAGS.eval_metrics_fn) if hasattr(module, n)]
-    unused += [(n, "keras-elastic reads TFRecord files") for n in (
-        "custom_data_reader", "CustomDataReader") if hasattr(module, n)]
-    for name, why in unused:
-        logging.warning("--model_def: the module's '%s' is not used (%s)", name, why)
+        unused += [(n, "the model function returned a compiled model (its own "
+                    "loss, optimizer and metrics are used)") for n in compile_hooks
+                   if hasattr(module, n)]
+    for name in dict.fromkeys((*dataset_fn_names(feed), "dataset_fn", "feed")):
+        if name != dataset_fn_name and callable(getattr(module, name, None)):
+            unused.append((name, f"'{dataset_fn_name}' is the dataset function "
+                           f"(--feed={name} uses this one instead)"))
+    if schedule_source and schedule_source != "learning_rate_scheduler" and callable(
+            getattr(module, "learning_rate_scheduler", None)):
+        unused.append(("learning_rate_scheduler", "callbacks() returns ElasticDL's "
+                       "LearningRateScheduler, whose schedule is applied instead"))
+    unused += [(n, why) for n, why in NEVER_USED.items() if hasattr(module, n)]
+    return unused
 
 
 def _callbacks(module) -> list:
@@ -108,6 +141,19 @@ def _build(model, dataset) -> None:
         model._symbolic_build(data_batch=dataset.batched_spec)
 
 
+def checkpoint_directory(flag_value: str) -> str:
+    """`--checkpoint_dir` as the directory `ShardedModelCheckpoint` saves into:
+    always a directory (a trailing separator), never a checkpoint name in its
+    parent, with or without a trailing slash on the command line.
+
+    Example:
+
+    >>> checkpoint_directory("out/ckpt")
+    'out/ckpt/'
+    """
+    return os.path.join(flag_value, "")
+
+
 def _checkpoint_options() -> dict:
     """ElasticDL's --checkpoint_steps and --keep_checkpoint_max."""
     # --checkpoint_dir resumes a train job from its latest checkpoint.
@@ -123,10 +169,16 @@ def main(argv) -> None:
     _set_log_level()
     import keras_elastic as ke
     from keras_elastic.jobs import zoo_hooks
-    from keras_elastic.jobs.model_def import load_model_def, parse_model_params
+    from keras_elastic.jobs.model_def import (
+        dataset_fn_names,
+        load_model_def,
+        parse_model_params,
+    )
 
     module, model_fn, module_dataset_fn = load_model_def(
         FLAGS.model_def, FLAGS.model_zoo, FLAGS.feed)
+    dataset_fn_name = next(n for n in dataset_fn_names(FLAGS.feed)
+                           if getattr(module, n, None) is module_dataset_fn)
     dataset_fn = zoo_hooks.elastic_dataset_fn(module_dataset_fn)
     model = model_fn(**parse_model_params(FLAGS.model_params))
     callbacks = _callbacks(module)
@@ -151,7 +203,11 @@ def main(argv) -> None:
 
             def override(optimizer):
                 return zoo_hooks.with_learning_rate(optimizer, rate)
-    _hooks_used(module, _compile(module, model, override))
+    compiled_by_user = _compile(module, model, override)
+    for name, why in unused_hooks(
+            module, compiled_by_user, dataset_fn_name, source,
+            (FLAGS.loss, FLAGS.optimizer, FLAGS.eval_metrics_fn), FLAGS.feed):
+        logging.warning("--model_def: the module's '%s' is not used: %s", name, why)
     model = ke.wrap(model, exchange=FLAGS.exchange)
 
     if FLAGS.job == "train":
@@ -162,11 +218,21 @@ def main(argv) -> None:
                 validation, every_n_versions=FLAGS.evaluation_steps))
             validation = None
         if FLAGS.checkpoint_dir:
-            callbacks.append(ke.callbacks.ShardedModelCheckpoint(FLAGS.checkpoint_dir,
-                                                                 **_checkpoint_options()))
-        history = model.fit(
-            training, epochs=FLAGS.num_epochs, validation_data=validation,
-            callbacks=callbacks, verbose=2)
+            callbacks.append(ke.callbacks.ShardedModelCheckpoint(
+                checkpoint_directory(FLAGS.checkpoint_dir), **_checkpoint_options()))
+        try:
+            history = model.fit(
+                training, epochs=FLAGS.num_epochs, validation_data=validation,
+                callbacks=callbacks, verbose=2)
+        except ke.checkpoint.ModelMismatchError as e:
+            # The resume of --checkpoint_dir, in the command line's terms (the
+            # last line is what the launcher quotes when the job fails).
+            raise ke.checkpoint.ModelMismatchError(
+                f"{e}\n--checkpoint_dir={FLAGS.checkpoint_dir} holds a checkpoint of "
+                f"another model ({e.path}; {len(e.differences)} variable(s) differ, "
+                f"e.g. {e.differences[0]}): resume it with the --model_def and "
+                "--model_params it was saved with, or give a new --checkpoint_dir "
+                "to train afresh", e.path, e.differences) from None
         if cluster.worker_id == 0:
             logging.info("final metrics: %s",
                          {k: v[-1] for k, v in history.history.items()})

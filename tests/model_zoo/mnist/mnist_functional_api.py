@@ -1,8 +1,12 @@
 # ruff: noqa: I001, UP008  (ElasticDL model-zoo style, kept as ElasticDL writes it)
-"""ElasticDL's model_zoo/mnist/mnist_functional_api.py on 8x8 digits."""
+"""ElasticDL's model_zoo/mnist/mnist_functional_api.py on 8x8 digits: its
+3-argument dataset_fn, and its prepare_data_for_a_single_file (ElasticDL's data
+conversion hook, which keras-elastic does not use: the job warns)."""
 
+import numpy as np
 import tensorflow as tf
 
+import PIL.Image
 from elasticdl.python.common.constants import Mode
 
 
@@ -19,6 +23,28 @@ def custom_model():
     return tf.keras.Model(inputs=inputs, outputs=outputs, name="mnist_model")
 
 
+def prepare_data_for_a_single_file(file_object, filename):
+    """
+    :param filename: training data file name
+    :param file_object: a file object associated with filename
+    """
+    label = int(filename.split("/")[-2])
+    image = PIL.Image.open(file_object)
+    numpy_image = np.array(image)
+    example_dict = {
+        "image": tf.train.Feature(
+            float_list=tf.train.FloatList(value=numpy_image.flatten())
+        ),
+        "label": tf.train.Feature(
+            int64_list=tf.train.Int64List(value=[label])
+        ),
+    }
+    example = tf.train.Example(
+        features=tf.train.Features(feature=example_dict)
+    )
+    return example.SerializeToString()
+
+
 def loss(labels, predictions):
     labels = tf.reshape(labels, [-1])
     return tf.reduce_mean(
@@ -32,7 +58,7 @@ def optimizer(lr=0.1):
     return tf.optimizers.SGD(lr)
 
 
-def feed(dataset, mode, _):
+def dataset_fn(dataset, mode, _):
     def _parse_data(record):
         if mode == Mode.PREDICTION:
             feature_description = {

@@ -258,6 +258,34 @@ def test_hooks_a_job_does_not_use_are_named():
                                                          "CustomDataReader"]
 
 
+def test_callbacks_hook_that_returns_none_or_no_list(caplog):
+    """ElasticDL's cifar10_functional_api.py builds its LearningRateScheduler in
+    callbacks() and returns nothing: no callback, and a warning saying so
+    (it was a TypeError deep in the worker)."""
+    import types
+
+    import keras
+
+    from keras_elastic.jobs.runner import module_callbacks
+
+    module = types.ModuleType("cifar10_like")
+    module.callbacks = lambda: None
+    with caplog.at_level("WARNING"):
+        assert module_callbacks(module) == []
+    assert "the module's callbacks() returned None, so the job has none of its " \
+        "callbacks" in caplog.text
+    stop = keras.callbacks.TerminateOnNaN()
+    module.callbacks = lambda: [stop]
+    assert module_callbacks(module) == [stop]
+    module.my_callbacks = stop
+    assert module_callbacks(module, "my_callbacks") == [stop]
+    assert module_callbacks(types.ModuleType("none")) == []
+    module.callbacks = 3
+    with pytest.raises(TypeError, match="the module's callbacks must be a list of "
+                       "Keras callbacks, or a function returning one; got int"):
+        module_callbacks(module)
+
+
 def test_dataset_fn_shuffle_is_seeded_for_exact_replays():
     module, _, feed = load_model_def("mnist.mnist_functional_api.custom_model", ZOO)
     fn = zoo_hooks.elastic_dataset_fn(feed)

@@ -75,9 +75,38 @@ def unused_hooks(module, compiled_by_user: bool, dataset_fn_name: str,
     return unused
 
 
-def _callbacks(module) -> list:
-    value = getattr(module, FLAGS.callbacks, None)
-    return list(value() if callable(value) else (value or []))
+def module_callbacks(module, name: str = "callbacks") -> list:
+    """The module's `callbacks()` (a function returning a list, or a list) as
+    a list. A function that returns None (ElasticDL's cifar10 model zoo makes
+    its LearningRateScheduler and forgets the `return`) gives no callback,
+    with a warning; anything else that is not a list is a TypeError naming
+    the hook.
+
+    Example:
+
+    >>> module_callbacks(module)  # doctest: +SKIP
+    [<LearningRateScheduler ...>]
+    """
+    import keras
+
+    value = getattr(module, name, None)
+    if callable(value):
+        value = value()
+        if value is None:
+            logging.warning("--model_def: the module's %s() returned None, so the job "
+                            "has none of its callbacks (a callback it makes and does "
+                            "not return, such as a LearningRateScheduler, is not "
+                            "applied): return a list", name)
+            return []
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, keras.callbacks.Callback):
+        return [value]
+    raise TypeError(f"--model_def: the module's {name} must be a list of Keras "
+                    f"callbacks, or a function returning one; got "
+                    f"{type(value).__name__}")
 
 
 def _learning_rate_schedule(module, callbacks: list):
@@ -181,7 +210,7 @@ def main(argv) -> None:
                            if getattr(module, n, None) is module_dataset_fn)
     dataset_fn = zoo_hooks.elastic_dataset_fn(module_dataset_fn)
     model = model_fn(**parse_model_params(FLAGS.model_params))
-    callbacks = _callbacks(module)
+    callbacks = module_callbacks(module, FLAGS.callbacks)
     cluster = ke.worker.get_cluster()
 
     def dataset(flag_value: str, mode: str, name: str, **kw):

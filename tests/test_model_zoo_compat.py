@@ -477,20 +477,21 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
         assert f"val_{metric}" in out and "val_loss" in out, (name, out[-3000:])
         if schedule:
             assert f"learning_rate_scheduler ({schedule})" in out, (name, out[-3000:])
-        # Both workers log the job's training metrics for the epoch (states
-        # summed by the master), whatever share of the tasks each trained; the
-        # final metrics are those numbers.
+        # Every worker that trained a batch logs the job's training metrics
+        # for the epoch (states summed by the master), whatever share of the
+        # tasks it trained (Keras prints no epoch line on a worker that trained
+        # none); the final metrics (worker 0, idle or not) are those numbers.
         epoch_lines = {}
         for line in out.splitlines():
             found = re.match(r"\[worker-(\d+)\] (.* - loss: .*)$", line)
             if found and "final metrics" not in line:
                 epoch_lines[found.group(1)] = dict(
                     re.findall(r"(\w+): ([-0-9.e]+)", found.group(2)))
-        assert len(epoch_lines) == 2, (name, epoch_lines)
-        assert epoch_lines["0"] == epoch_lines["1"], (name, epoch_lines)
+        logged = list(epoch_lines.values())
+        assert logged and all(line == logged[0] for line in logged), (name, epoch_lines)
         final = ast.literal_eval(re.search(r"final metrics: (\{.*\})", out).group(1))
-        assert f"{final['loss']:.4f}" == epoch_lines["0"]["loss"], (name, final)
-        assert float(epoch_lines["0"]["loss"]) > 0
+        assert f"{final['loss']:.4f}" == logged[0]["loss"], (name, final, logged)
+        assert float(logged[0]["loss"]) > 0
         if name == "mnist_functional":  # ElasticDL's data conversion hook
             assert ("the module's 'prepare_data_for_a_single_file' is not used: it "
                     "converts raw files to records") in out

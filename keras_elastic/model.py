@@ -380,7 +380,8 @@ class ElasticTrainerMixin:
                  sample_weight=None, steps=None, callbacks=None, return_dict=False,
                  **kwargs):
         if not isinstance(x, ElasticDataset):
-            self._ke_set_tagged(False)
+            # Only train_step reads the tag: Keras' own validation inside an
+            # elastic fit must not retrace the elastic train function.
             return super().evaluate(x, y, batch_size=batch_size, verbose=verbose,
                                     sample_weight=sample_weight, steps=steps,
                                     callbacks=callbacks, return_dict=return_dict,
@@ -402,7 +403,6 @@ class ElasticTrainerMixin:
         from keras_elastic.worker.prediction import predict_elastic
 
         if not isinstance(x, ElasticDataset):
-            self._ke_set_tagged(False)
             return super().predict(x, batch_size=batch_size, verbose=verbose,
                                    steps=steps, callbacks=callbacks, **kwargs)
         if x.mode != "prediction":

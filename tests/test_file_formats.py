@@ -119,14 +119,6 @@ def test_array_record_files(tmp_path, tfrecord):
         check_data_files([good, tfrecord])
 
 
-def test_array_record_names_agree_with_the_data_package():
-    from keras_elastic.data.array_record import is_array_record_path
-
-    for name in ["a.array_record", "a.arrayrecord", "m-train.array_record-00000-of-00004",
-                 "a.tfrecord", "a.array_record.bak", "array_record", "a.record"]:
-        assert file_formats.is_array_record_path(name) == is_array_record_path(name)
-
-
 def test_the_check_imports_no_tensorflow(tfrecord):
     code = ("import sys\n"
             "from keras_elastic.jobs import job_flags\n"

@@ -35,9 +35,7 @@ import struct
 CHECKED_RECORDS = 64
 CHECKED_DATA_BYTES = 1 << 12
 
-# The names keras_elastic.data.array_record.is_array_record_path takes for
-# ArrayRecord files (that module needs TensorFlow; tests/test_file_formats.py
-# checks that the two agree).
+# The names ArrayRecord files go by (keras_elastic.data reads them by this rule too).
 _ARRAY_RECORD_SUFFIX = re.compile(r"\.array_?record(-\d+-of-\d+)?$")
 
 

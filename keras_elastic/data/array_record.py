@@ -21,7 +21,6 @@ array([b'...', b'...'], dtype=object)
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,22 +36,6 @@ from keras_elastic.data.source import (
 
 # Random access: no read-ahead, no reader threads (a task reads its own range).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
-
-_SUFFIX = re.compile(r"\.array_?record(-\d+-of-\d+)?$")
-
-
-def is_array_record_path(path: str) -> bool:
-    """File names ArrayRecord files go by: `*.array_record`, `*.arrayrecord`,
-    TFDS' `*.array_record-00000-of-00004`.
-
-    Example:
-
-    >>> is_array_record_path("mnist-train.array_record-00000-of-00004")
-    True
-    >>> is_array_record_path("train-00000.tfrecord")
-    False
-    """
-    return bool(_SUFFIX.search(os.fspath(path)))
 
 
 def open_reader(path: str) -> Any:

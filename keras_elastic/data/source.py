@@ -140,7 +140,8 @@ def as_source(data: Any, index_dir: str | None = None) -> DataSource:
     if isinstance(data, (str, bytes)) or (
             isinstance(data, (list, tuple)) and data
             and all(isinstance(p, str) for p in data)):
-        from keras_elastic.data.array_record import ArrayRecordSource, is_array_record_path
+        from keras_elastic.common.file_formats import is_array_record_path
+        from keras_elastic.data.array_record import ArrayRecordSource
 
         files = expand_patterns(data)
         array_records = [f for f in files if is_array_record_path(f)]

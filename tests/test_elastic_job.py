@@ -201,7 +201,10 @@ def test_scaling_a_running_job_up_and_down(tmp_path):
                   "--max_workers=2",
                   script_args=(f"--data={tmp_path}/data/train-*.tfrecord", "--epochs=3",
                                "--batch_size=16", "--minibatches_per_task=4",
-                               "--sleep_per_batch=0.05"), background=True)
+                               # ~60 s on one worker: the added worker (a
+                               # fresh TensorFlow process, slow to start on a
+                               # loaded machine) joins well before the end.
+                               "--sleep_per_batch=0.15"), background=True)
 
     def scale(n):
         subprocess.run([sys.executable, "-m", "keras_elastic", "scale",
@@ -212,9 +215,14 @@ def test_scaling_a_running_job_up_and_down(tmp_path):
         wait_for(lambda: (job_status(job_dir) or {}).get("tasks_done", 0) >= 2,
                  timeout=180, what="the job to start")
         scale(2)
-        wait_for(lambda: (job_status(job_dir) or {}).get("tasks_done", 0) >= 2 and any(
-            e["worker"] == 1 for e in job_status_ledger(job_dir)), timeout=180,
-            what="the added worker to train a task")
+
+        def added_worker_trained():
+            assert proc.poll() is None, "the job ended before the added worker trained"
+            return (job_status(job_dir) or {}).get("tasks_done", 0) >= 2 and any(
+                e["worker"] == 1 for e in job_status_ledger(job_dir))
+
+        wait_for(added_worker_trained, timeout=180,
+                 what="the added worker to train a task")
         scale(1)
         output, _ = proc.communicate(timeout=300)
     finally:

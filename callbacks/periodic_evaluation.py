@@ -71,6 +71,7 @@ class PeriodicEvaluation(keras.callbacks.Callback):
         if eval_round <= self._last_round:
             return
         self._last_round = eval_round
+        from keras_elastic.model import evaluate_round
         from keras_elastic.worker.evaluation import (
             assign_states,
             metric_variables,
@@ -81,8 +82,8 @@ class PeriodicEvaluation(keras.callbacks.Callback):
         variables = metric_variables(self.model)
         training_states = read_states(variables)
         try:
-            results = self.model._ke_evaluate(self.validation_data,
-                                              eval_round=eval_round)
+            results = evaluate_round(self.model, self.validation_data,
+                                     eval_round=eval_round)
         finally:
             assign_states(variables, training_states)
         self.history.append((eval_round, version, results))

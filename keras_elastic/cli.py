@@ -9,30 +9,50 @@ keras-elastic status --job_dir DIR | --master ADDR       a job's progress
 keras-elastic train | evaluate | predict --model_def=module:function ...
 ```
 
-Every subcommand takes absl flags; `keras-elastic SUBCOMMAND --help` lists
-them.
+Every subcommand takes absl flags; `keras-elastic SUBCOMMAND --help` (or
+`-h`) prints its usage and flags, `--helpfull` adds the absl flags every
+subcommand accepts. Arguments after `--` are the user's command: they are
+passed on untouched (`--help` included).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 
 from absl import flags, logging
 
 FLAGS = flags.FLAGS
+PROG = "keras-elastic"
 
-_SUBCOMMANDS: dict[str, tuple[Callable[[], None], Callable[[list[str]], int], str]] = {}
+
+@dataclasses.dataclass(frozen=True)
+class Subcommand:
+    """One `keras-elastic` subcommand."""
+
+    define: Callable[[], None]  # defines its absl flags
+    main: Callable[[list[str]], int]  # runs it, given the command after `--`
+    summary: str  # one line, for `keras-elastic --help`
+    usage: str  # its arguments, after `keras-elastic NAME`
+    description: str  # a paragraph, for `keras-elastic NAME --help`
 
 
-def subcommand(name: str, help_text: str):
-    def register(pair):
+_SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def subcommand(name: str, summary: str, usage: str, description: str,
+               ) -> Callable[[tuple[Callable[[], None], Callable[[list[str]], int]]],
+                             None]:
+    """Registers the (define, main) pair it is called with as `name`."""
+    def register(pair: tuple[Callable[[], None], Callable[[list[str]], int]]) -> None:
         define, main = pair
-        _SUBCOMMANDS[name] = (define, main, help_text)
-        return pair
+        _SUBCOMMANDS[name] = Subcommand(define, main, summary, usage, description)
     return register
 
 
@@ -150,8 +170,16 @@ def _main_run(command: list[str]) -> int:
     return launcher.run()
 
 
-subcommand("run", "start master, parameter servers and workers (here, or on Ray)")(
-    (_define_run, _main_run))
+subcommand(
+    "run", "start master, parameter servers and workers (here, or on Ray)",
+    "[flags] -- COMMAND [ARG ...]",
+    "Starts a job: a master, --num_ps parameter servers and --num_workers workers, "
+    "each worker running COMMAND (everything after `--`, passed on untouched, "
+    "--help included), as processes of this machine or, with --backend ray, as "
+    "actors on a Ray cluster. The launcher relaunches lost workers, restarts "
+    "parameter servers and the master, prints progress lines and ends with a "
+    "summary; every process's log is in --job_dir.",
+)((_define_run, _main_run))
 
 
 # -- train / evaluate / predict (ElasticDL-style jobs) --------------------
@@ -190,12 +218,32 @@ def _elasticdl_args(flag_args: list[str]) -> list[str]:
 
 _JOBS = ("train", "evaluate", "predict")
 
-subcommand("train", "train a --model_def on --training_data (ElasticDL-style)")(
-    _job_subcommand("train"))
-subcommand("evaluate", "evaluate the latest checkpoint on --validation_data")(
-    _job_subcommand("evaluate"))
-subcommand("predict", "predict --prediction_data with the latest checkpoint")(
-    _job_subcommand("predict"))
+subcommand(
+    "train", "train a --model_def on --training_data (ElasticDL-style)",
+    "--model_def=MODULE:FUNCTION --training_data=PATTERN [flags]",
+    "Runs a training job without a script: the workers build the model of "
+    "--model_def and train it on --training_data (TFRecord files), evaluating on "
+    "--validation_data if given, and save checkpoints to --checkpoint_dir (resuming "
+    "from its latest). The launcher flags are those of `keras-elastic run`; every "
+    "flag is checked before any process starts.",
+)(_job_subcommand("train"))
+subcommand(
+    "evaluate", "evaluate the latest checkpoint on --validation_data",
+    "--model_def=MODULE:FUNCTION --validation_data=PATTERN --checkpoint_dir=DIR "
+    "[flags]",
+    "Evaluates the latest checkpoint of --checkpoint_dir (or that checkpoint) on "
+    "--validation_data, with the model of --model_def; --output writes the metrics "
+    "(JSON). The launcher flags are those of `keras-elastic run`.",
+)(_job_subcommand("evaluate"))
+subcommand(
+    "predict", "predict --prediction_data with the latest checkpoint",
+    "--model_def=MODULE:FUNCTION --prediction_data=PATTERN --checkpoint_dir=DIR "
+    "[--output=DIR] [flags]",
+    "Predicts --prediction_data with the latest checkpoint of --checkpoint_dir (or "
+    "that checkpoint): the outputs go to the directory --output, or to the "
+    "module's PredictionOutputsProcessor. The launcher flags are those of "
+    "`keras-elastic run`.",
+)(_job_subcommand("predict"))
 
 
 # -- join / scale / status -----------------------------------------------
@@ -252,7 +300,13 @@ def _main_join(command: list[str]) -> int:
     return subprocess.call(command, env=env)
 
 
-subcommand("join", "run a worker that joins a running job")((_define_join, _main_join))
+subcommand(
+    "join", "run a worker that joins a running job",
+    "--job_dir=DIR -- COMMAND [ARG ...]",
+    "Runs COMMAND (everything after `--`, passed on untouched) as one more worker "
+    "of the job running with --job_dir: with the job's addresses, token and TLS "
+    "settings, from JOB_DIR/cluster.json and JOB_DIR/token.",
+)((_define_join, _main_join))
 
 
 def _define_scale() -> None:
@@ -274,8 +328,13 @@ def _main_scale(command: list[str]) -> int:
     return 0
 
 
-subcommand("scale", "change the number of workers of a running job")(
-    (_define_scale, _main_scale))
+subcommand(
+    "scale", "change the number of workers of a running job",
+    "--job_dir=DIR --num_workers=N",
+    "Asks the launcher of the job running with --job_dir for --num_workers "
+    "workers (kept within the job's --min_workers/--max_workers): it starts or "
+    "stops workers to match.",
+)((_define_scale, _main_scale))
 
 
 def _define_status() -> None:
@@ -311,58 +370,230 @@ def _main_status(command: list[str]) -> int:
     return 0
 
 
-subcommand("status", "print a running job's progress")((_define_status, _main_status))
+subcommand(
+    "status", "print a running job's progress",
+    "--job_dir=DIR | --master=HOST:PORT",
+    "Prints the progress of a running job as JSON, asked of its master: found "
+    "from --job_dir (which also gives the job's token and TLS settings), or at "
+    "--master (then the token comes from KERAS_ELASTIC_TOKEN).",
+)((_define_status, _main_status))
 
 
-# -- entry point ----------------------------------------------------------
-def _usage() -> str:
-    lines = ["usage: keras-elastic SUBCOMMAND [flags] [-- command ...]", ""]
-    lines += [f"  {name:9s} {help_text}" for name, (_, _, help_text) in
-              _SUBCOMMANDS.items()]
+# -- help -------------------------------------------------------------------
+HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "-helpshort", "-?")
+HELPFULL_ARGS = ("--helpfull", "-helpfull")
+
+# Headings of a subcommand's flags, by the module that defines them (in this
+# order; with a single group, just "flags").
+_FLAG_GROUPS = {"keras_elastic.jobs.job_flags": "job flags",
+                "keras_elastic.cli": "launcher flags (as for `keras-elastic run`)"}
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """A subcommand's arguments split at the first `--`: (its flags, the
+    user's command). The command is passed on untouched: a `--help` in it is
+    the command's.
+
+    >>> split_args(["--num_workers=2", "--", "python", "t.py", "--help"])
+    (['--num_workers=2'], ['python', 't.py', '--help'])
+    """
+    if "--" not in args:
+        return list(args), []
+    split = args.index("--")
+    return args[:split], args[split + 1:]
+
+
+def help_request(flag_args: list[str]) -> str | None:
+    """"helpfull" or "help" when the flags (before `--`) ask for help
+    (--helpfull; -h, --help, --helpshort, -?), else None."""
+    if any(arg in HELPFULL_ARGS for arg in flag_args):
+        return "helpfull"
+    if any(arg in HELP_ARGS for arg in flag_args):
+        return "help"
+    return None
+
+
+def _width() -> int:
+    return max(60, min(flags.get_help_width(), 100))
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    return textwrap.wrap(text, _width(), initial_indent=indent,
+                         subsequent_indent=indent, break_on_hyphens=False) or [indent]
+
+
+def _defined_flags() -> dict[str, flags.Flag]:
+    """Every flag defined so far, by name, in the order of definition."""
+    found: dict[str, flags.Flag] = {}
+    for name in FLAGS:
+        flag = FLAGS[name]
+        found.setdefault(flag.name, flag)
+    return found
+
+
+def _flag_lines(flag: flags.Flag) -> list[str]:
+    """One flag as `--help` shows it: its name and value, then its help and
+    default, indented."""
+    help_text = " ".join((flag.help or "").split())
+    values = getattr(flag.parser, "enum_values", None)
+    if flag.boolean:
+        name = f"--[no]{flag.name}"
+    elif values:
+        prefix = f"<{'|'.join(values)}>: "
+        shown: list[str] = []  # DEBUG|debug: once
+        for value in values:
+            if value.lower() not in {v.lower() for v in shown}:
+                shown.append(value)
+        choices = "|".join(shown)
+        if len(choices) > 40:  # absl's <a|b|...> prefix stays in the help
+            name = f"--{flag.name}=VALUE"
+        else:
+            name = f"--{flag.name}={choices}"
+            if help_text.startswith(prefix):
+                help_text = help_text[len(prefix):]
+            if len(shown) < len(values):
+                help_text += " (upper or lower case)"
+    else:
+        kind = {"int": "INT", "float": "FLOAT"}.get(flag.flag_type(), "STR")
+        name = f"--{flag.name}={kind}"
+    if flag.short_name:
+        name = f"-{flag.short_name}, {name}"
+    default = flag.default
+    if isinstance(default, bool):
+        default = "true" if default else "false"
+    elif not isinstance(default, (int, float)) and default is not None:
+        default = flag.default_as_str  # quoted
+    if default is not None:  # kept on one line: no-break spaces while wrapping
+        help_text += " " + f"(default: {default})".replace(" ", "\xa0")
+    return [f"  {name}", *(line.replace("\xa0", " ")
+                           for line in _wrap(help_text, "      "))]
+
+
+def _flag_section(title: str, flag_list: list[flags.Flag]) -> list[str]:
+    lines = ["", f"{title}:"]
+    for flag in flag_list:
+        lines += _flag_lines(flag)
+    return lines
+
+
+def _global_flags(own: set[str]) -> list[flags.Flag]:
+    """The flags every subcommand accepts besides its own (absl's)."""
+    return [flag for name, flag in _defined_flags().items() if name not in own]
+
+
+def _elasticdl_note() -> list[str]:
+    from keras_elastic.jobs.job_flags import ALIASES
+
+    names = ", ".join(f"--{old} (--{new})" for old, new in ALIASES.items())
+    return ["", *_wrap(f"ElasticDL's names are accepted too: {names}. ElasticDL flags "
+                       "that do not apply here (--image_name, --volume, ...) are "
+                       "refused, saying what to use instead.", "")]
+
+
+def subcommand_help(name: str, own: list[flags.Flag], full: bool = False) -> str:
+    """`keras-elastic NAME --help`: usage, description and `own` flags (the
+    subcommand's, defined already); `full` adds absl's flags."""
+    sub = _SUBCOMMANDS[name]
+    lines = [f"usage: {PROG} {name} {sub.usage}", "", *_wrap(sub.description, "")]
+    groups: dict[str, list[flags.Flag]] = {}
+    for flag in own:
+        module = FLAGS.find_module_defining_flag(flag.name) or ""
+        groups.setdefault(module, []).append(flag)
+    order = list(_FLAG_GROUPS)
+    for module in sorted(groups, key=lambda m: order.index(m) if m in order else
+                         len(order)):
+        title = _FLAG_GROUPS.get(module, f"flags of {module}") if len(
+            groups) > 1 else "flags"
+        lines += _flag_section(title, groups[module])
+    if name in _JOBS:
+        lines += _elasticdl_note()
+    if full:
+        lines += _flag_section("absl flags (every subcommand accepts them)",
+                               _global_flags({flag.name for flag in own}))
+    else:
+        lines += ["", f"`{PROG} {name} --helpfull` also lists the absl flags every "
+                  "subcommand accepts."]
     return "\n".join(lines)
 
 
+def usage(full: bool = False) -> str:
+    """`keras-elastic --help`: the subcommands, one line each."""
+    lines = [f"usage: {PROG} SUBCOMMAND [flags] [-- COMMAND [ARG ...]]", "",
+             "Elastic parameter-server training for Keras 3 on TensorFlow.", "",
+             "subcommands:"]
+    lines += [f"  {name:9s} {sub.summary}" for name, sub in _SUBCOMMANDS.items()]
+    lines += ["", *_wrap(f"`{PROG} SUBCOMMAND --help` (or -h) prints a subcommand's "
+                         "usage and flags; --helpfull adds the absl flags every "
+                         "subcommand accepts. Arguments after `--` are your command's, "
+                         "passed on untouched.", "")]
+    if full:
+        lines += _flag_section("absl flags (every subcommand accepts them)",
+                               _global_flags(set()))
+    return "\n".join(lines)
+
+
+# -- entry point ----------------------------------------------------------
+def _unknown_subcommand(name: str) -> str:
+    if name.startswith("-"):
+        return (f"{PROG}: unknown flag '{name}' before the subcommand: flags come "
+                f"after it ({PROG} SUBCOMMAND [flags])")
+    close = difflib.get_close_matches(name, list(_SUBCOMMANDS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{PROG}: unknown subcommand '{name}'{hint}"
+
+
 def main(argv: list[str]) -> int:
-    """Runs `keras-elastic` with `argv` (argv[0] is the program name)."""
-    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-        print(_usage())
-        return 0 if len(argv) >= 2 else 2
-    name = argv[1]
-    if name not in _SUBCOMMANDS:
-        print(f"keras-elastic: unknown subcommand '{name}'\n\n{_usage()}",
-              file=sys.stderr)
+    """Runs `keras-elastic` with `argv` (argv[0] is the program name); returns
+    the exit code (0 for --help, 2 for a wrong flag or argument)."""
+    args = argv[1:]
+    if args and args[0] == "help":  # `keras-elastic help [SUBCOMMAND]`
+        args = [*args[1:2], "--help"]
+    if not args:
+        print(usage(), file=sys.stderr)
         return 2
-    define, run, _ = _SUBCOMMANDS[name]
-    define()
-    rest = argv[2:]
-    if "--" in rest:
-        split = rest.index("--")
-        flag_args, command = rest[:split], rest[split + 1:]
-    else:
-        flag_args, command = rest, []
+    if args[0] in HELP_ARGS or args[0] in HELPFULL_ARGS:
+        print(usage(full=args[0] in HELPFULL_ARGS))
+        return 0
+    name = args[0]
+    if name not in _SUBCOMMANDS:
+        print(f"{_unknown_subcommand(name)}\n\n{usage()}", file=sys.stderr)
+        return 2
+    sub = _SUBCOMMANDS[name]
+    before = set(_defined_flags())
+    sub.define()
+    flag_args, command = split_args(args[1:])
+    wanted = help_request(flag_args)
+    if wanted:
+        own = [flag for flag_name, flag in _defined_flags().items()
+               if flag_name not in before]
+        print(subcommand_help(name, own, full=wanted == "helpfull"))
+        return 0
+    see = f"(`{PROG} {name} --help` lists its flags)"
     try:
         if name in _JOBS:
             flag_args = _elasticdl_args(flag_args)
     except UsageError as e:
-        print(f"keras-elastic {name}: {e}", file=sys.stderr)
+        print(f"{PROG} {name}: {e}", file=sys.stderr)
         return 2
     try:
-        unparsed = FLAGS([f"keras-elastic {name}", *flag_args])
+        unparsed = FLAGS([f"{PROG} {name}", *flag_args])
     except flags.Error as e:
-        print(f"keras-elastic {name}: {e}", file=sys.stderr)
+        print(f"{PROG} {name}: {e}\n{see}", file=sys.stderr)
         return 2
     if len(unparsed) > 1:
-        print(f"keras-elastic {name}: unexpected arguments {unparsed[1:]}; put the "
-              "worker command after `--`", file=sys.stderr)
+        where = ("put the worker command after `--`" if "-- COMMAND" in sub.usage
+                 else f"`{PROG} {name}` takes flags only")
+        print(f"{PROG} {name}: unexpected arguments {unparsed[1:]}; {where} {see}",
+              file=sys.stderr)
         return 2
     logging.use_absl_handler()
     level = (getattr(FLAGS, "log_level", None) or "info").lower() if name in _JOBS else (
         "info")
     logging.set_verbosity("fatal" if level == "critical" else level)
     try:
-        return run(command)
+        return sub.main(command)
     except UsageError as e:
-        print(f"keras-elastic {name}: {e}", file=sys.stderr)
+        print(f"{PROG} {name}: {e}", file=sys.stderr)
         return 2
 
 

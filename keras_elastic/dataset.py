@@ -17,7 +17,7 @@ def parse(records, mode):
         lambda e: (e["x"], e["y"]))
 
 train = ke.ElasticDataset("data/train-*.tfrecord", dataset_fn=parse,
-                          batch_size=64, minibatches_per_task=16)
+                          batch_size=64)   # task size: the master chooses
 model.fit(train, epochs=3)      # model is a ke.Model / ke.wrap(...) model
 ```
 """
@@ -47,7 +47,8 @@ class ElasticDataset:
     Args:
         data: TFRecord file pattern(s) (a string or a list; ArrayRecord files
             when every file is named `*.array_record`), a nest of NumPy
-            arrays (every worker must build the same arrays), or a
+            arrays (every worker must build the same arrays: registration
+            compares a fingerprint of each), or a
             `keras_elastic.data.DataSource`. `ElasticDataset.from_tfds`
             reads a prepared TensorFlow Datasets split.
         dataset_fn: `dataset_fn(records, mode)` (or `dataset_fn(records)`) maps
@@ -59,7 +60,12 @@ class ElasticDataset:
             records are the elements.
         batch_size: elements per batch.
         minibatches_per_task: a task is `batch_size * minibatches_per_task`
-            records (ElasticDL's `num_minibatches_per_task`).
+            records (ElasticDL's `num_minibatches_per_task`). None (the
+            default): the master chooses, so that an epoch has at least 4
+            tasks per worker (counting up to the job's maximum number of
+            workers), with 1 to 32 minibatches per task; the first worker to
+            register the dataset decides, and `records_per_task` gives the
+            job's value once registered.
         mode: "training", "evaluation" or "prediction".
         name: the dataset's name in the job (default: the mode); two datasets
             of one job need different names.
@@ -91,7 +97,7 @@ class ElasticDataset:
     """
 
     def __init__(self, data: Any, dataset_fn: Callable | None = None,
-                 batch_size: int = 32, minibatches_per_task: int = 32,
+                 batch_size: int = 32, minibatches_per_task: int | None = None,
                  mode: str = "training", name: str | None = None,
                  shuffle: bool = False, seed: int = 0, batching: Any = None,
                  drop_remainder: bool = False, prefetch: int | None = None,
@@ -102,9 +108,11 @@ class ElasticDataset:
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"ElasticDataset: batch_size must be a positive integer, "
                              f"got {batch_size!r}")
-        if not isinstance(minibatches_per_task, int) or minibatches_per_task <= 0:
+        if minibatches_per_task is not None and (
+                not isinstance(minibatches_per_task, int) or minibatches_per_task <= 0):
             raise ValueError("ElasticDataset: minibatches_per_task must be a positive "
-                             f"integer, got {minibatches_per_task!r}")
+                             f"integer (or None: the master chooses), got "
+                             f"{minibatches_per_task!r}")
         if dataset_fn is not None and not callable(dataset_fn):
             raise TypeError(f"ElasticDataset: dataset_fn must be callable, got "
                             f"{type(dataset_fn).__name__}")
@@ -112,6 +120,7 @@ class ElasticDataset:
         self.dataset_fn = dataset_fn
         self.batch_size = batch_size
         self.minibatches_per_task = minibatches_per_task
+        self._job_records_per_task = 0  # the job's, once registered
         self.mode = mode
         self.name = name or mode
         self.shuffle = shuffle
@@ -181,16 +190,61 @@ class ElasticDataset:
 
     @property
     def records_per_task(self) -> int:
-        return self.batch_size * self.minibatches_per_task
+        """Records per task: the job's once registered (`registered`); before,
+        `batch_size * minibatches_per_task`, or, with `minibatches_per_task=None`,
+        the master's choice for one worker (an estimate: the job's may be
+        smaller)."""
+        if self._job_records_per_task:
+            return self._job_records_per_task
+        if self.minibatches_per_task is not None:
+            return self.batch_size * self.minibatches_per_task
+        from keras_elastic.master.task_queue import auto_records_per_task
 
-    def registration(self, num_epochs: int) -> master_pb2.RegisterDatasetRequest:
-        """What the master needs to cut this dataset into tasks."""
+        return auto_records_per_task(tuple(self.source.shards()), self.batch_size, 1)
+
+    def registration(self, num_epochs: int, records_per_epoch: int = 0,
+                     call: str = "") -> master_pb2.RegisterDatasetRequest:
+        """What the master needs to cut this dataset into tasks.
+
+        Args:
+            num_epochs: epochs (evaluation rounds) of the job; 0: unbounded.
+            records_per_epoch: records per epoch or round (`steps_per_epoch *
+                batch_size`); 0: the whole dataset. Epoch e then covers
+                records `[e * R, (e + 1) * R)` in shard order, continuing
+                across epochs and wrapping around at the end.
+            call: the user's call, quoted by the master's error when this
+                worker's dataset differs from the job's
+                (`keras_elastic.data.describe.describe_call`).
+
+        Example:
+
+        >>> import numpy as np
+        >>> ds = ElasticDataset((np.zeros((100, 2)), np.zeros(100)), batch_size=10)
+        >>> request = ds.registration(3, call="fit(...)")
+        >>> request.records_per_task, request.batch_size  # 0: the master chooses
+        (0, 10)
+        >>> [f.path for f in request.fingerprints]
+        ['x', 'y']
+        """
+        explicit = self.minibatches_per_task is not None
         return master_pb2.RegisterDatasetRequest(
             dataset=self.name, mode=self.mode,
             shards=[master_pb2.Shard(name=s, num_records=n)
                     for s, n in self.source.shards()],
-            records_per_task=self.records_per_task, num_epochs=num_epochs,
-            shuffle=self.shuffle, seed=self.seed)
+            records_per_task=self.batch_size * self.minibatches_per_task
+            if explicit else 0,
+            batch_size=self.batch_size, num_epochs=num_epochs,
+            shuffle=self.shuffle, seed=self.seed, records_per_epoch=records_per_epoch,
+            fingerprints=[master_pb2.ArrayFingerprint(path=p, hash=h)
+                          for p, h in self.source.content_fingerprints()],
+            call=call)
+
+    def registered(self, response: master_pb2.RegisterDatasetResponse) -> None:
+        """Takes the job's answer to `registration` (from
+        `MasterClient.register_dataset`): `records_per_task` is the job's from
+        now on."""
+        if response.records_per_task > 0:
+            self._job_records_per_task = int(response.records_per_task)
 
     # -- the user's dataset_fn --------------------------------------------
     def _apply_dataset_fn(self, records: tf.data.Dataset) -> tf.data.Dataset:
@@ -214,11 +268,12 @@ class ElasticDataset:
     def _check_structure(self, spec: Any) -> None:
         fn = _fn_name(self.dataset_fn) if self.dataset_fn else "(no dataset_fn)"
         if self.mode in ("training", "evaluation"):
-            if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+            if not isinstance(spec, tuple) or len(spec) not in (1, 2, 3):
                 raise ValueError(
                     f"dataset_fn {fn} returned elements of structure {spec}; in "
                     f"{self.mode} mode each element must be a tuple (features, "
-                    "labels) or (features, labels, sample_weight).")
+                    "labels) or (features, labels, sample_weight), or (features,) "
+                    "for a model whose train_step needs no labels.")
         for leaf in tf.nest.flatten(spec):
             if not isinstance(leaf, (tf.TensorSpec, tf.SparseTensorSpec,
                                      tf.RaggedTensorSpec)):

@@ -2,6 +2,7 @@
 
 import glob
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -13,10 +14,21 @@ from tfrecord_data import make_arrays, write_shards
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def cli(*args, cwd=TESTS):
+def cli(*args, cwd=TESTS, timeout=60):
     return subprocess.run([sys.executable, "-m", "keras_elastic", *args],
                           env=subprocess_env(), capture_output=True, text=True,
-                          timeout=60, cwd=cwd)
+                          timeout=timeout, cwd=cwd)
+
+
+# The installed console script (`pip install -e .`), beside this interpreter.
+CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "keras-elastic")
+
+
+def console_script(*args):
+    if not os.path.exists(CONSOLE_SCRIPT):
+        pytest.skip(f"no console script at {CONSOLE_SCRIPT} (pip install -e .)")
+    return subprocess.run([CONSOLE_SCRIPT, *args], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=60, cwd=TESTS)
 
 
 @pytest.fixture
@@ -149,3 +161,129 @@ def test_checkpoint_directory_never_names_a_checkpoint():
 
     assert checkpoint_directory("out/ckpt") == "out/ckpt/"
     assert checkpoint_directory("out/ckpt/") == "out/ckpt/"
+
+
+# -- --help ---------------------------------------------------------------
+SUBCOMMANDS = ("run", "train", "evaluate", "predict", "join", "scale", "status")
+# A flag of each subcommand, as its --help shows it.
+KNOWN_FLAG = {"run": "--num_workers=INT", "train": "--model_def=STR",
+              "evaluate": "--validation_data=STR", "predict": "--prediction_data=STR",
+              "join": "--job_dir=STR", "scale": "--num_workers=INT",
+              "status": "--master=STR"}
+
+
+def defined_flags(name):
+    """The flags subcommand `name` defines (in a fresh process: absl's flags
+    are global)."""
+    code = ("import json; from absl import flags; from keras_elastic import cli; "
+            f"cli._SUBCOMMANDS[{name!r}].define(); print(json.dumps([(f.name, "
+            "f.boolean) for m, fs in flags.FLAGS.flags_by_module_dict().items() "
+            "if m.startswith('keras_elastic') for f in fs]))")
+    result = subprocess.run([sys.executable, "-c", code], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"]])
+def test_top_level_help_lists_the_subcommands(args):
+    result = console_script(*args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: keras-elastic SUBCOMMAND")
+    for name in SUBCOMMANDS:
+        assert f"\n  {name:9s} " in result.stdout
+    assert "`keras-elastic SUBCOMMAND --help` (or -h)" in result.stdout
+    assert not result.stderr
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_subcommand_help_lists_every_flag(name):
+    for help_arg in ("--help", "-h"):
+        result = cli(name, help_arg)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.startswith(f"usage: keras-elastic {name} "), result.stdout
+        assert KNOWN_FLAG[name] in result.stdout
+        assert "--verbosity" not in result.stdout  # absl's: --helpfull only
+        assert "Unknown command line flag" not in result.stderr
+    flag_names = defined_flags(name)
+    assert [KNOWN_FLAG[name].split("=")[0][2:], False] in flag_names
+    for flag, boolean in flag_names:
+        assert (f"  --[no]{flag}\n" if boolean else f"  --{flag}=") in result.stdout
+
+
+def test_run_help_shows_defaults_and_starts_nothing(tmp_path):
+    job_dir = tmp_path / "job"
+    result = console_script("run", f"--job_dir={job_dir}", "--help", "--",
+                            sys.executable, "-c", "raise SystemExit(3)")
+    assert result.returncode == 0, result.stderr
+    assert "usage: keras-elastic run [flags] -- COMMAND [ARG ...]" in result.stdout
+    assert "  --num_workers=INT\n      Workers to start. (default: 1)\n" in (
+        result.stdout)
+    assert "  --backend=local|ray\n" in result.stdout
+    assert "(default: '127.0.0.1')" in result.stdout
+    assert not job_dir.exists()  # no job was started
+    result = cli("train", "-h")
+    assert "job flags:\n  --model_def=STR" in result.stdout
+    assert "launcher flags (as for `keras-elastic run`):" in result.stdout
+    assert "--num_ps_pods (--num_ps)" in result.stdout
+
+
+def test_helpfull_adds_absl_flags():
+    result = cli("run", "--helpfull")
+    assert result.returncode == 0
+    assert "--num_workers=INT" in result.stdout
+    assert "  -v, --verbosity=INT" in result.stdout
+    result = cli("--helpfull")
+    assert result.returncode == 0
+    assert "subcommands:" in result.stdout and "--verbosity" in result.stdout
+
+
+@pytest.mark.parametrize("args, code, message", [
+    ([], 2, "usage: keras-elastic SUBCOMMAND"),
+    (["fly", "--help"], 2, "unknown subcommand 'fly'"),
+    (["help", "fly"], 2, "unknown subcommand 'fly'"),
+    (["rnu"], 2, "unknown subcommand 'rnu' (did you mean 'run'?)"),
+    (["--num_workers=2", "run"], 2, "unknown flag '--num_workers=2' before the "
+     "subcommand"),
+    (["run", "--num_worker=2"], 2, "Unknown command line flag 'num_worker'"),
+    (["run", "--num_worker=2"], 2, "(`keras-elastic run --help` lists its flags)"),
+    (["scale", "extra"], 2, "unexpected arguments ['extra']; `keras-elastic scale` "
+     "takes flags only"),
+])
+def test_wrong_subcommands_and_flags_fail(args, code, message):
+    result = cli(*args)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert message in result.stderr
+    assert not result.stdout
+
+
+def test_help_after_double_dash_belongs_to_the_command():
+    from keras_elastic.cli import help_request, split_args
+
+    flag_args, command = split_args(["--num_workers", "2", "--", "python",
+                                     "train.py", "--help", "--", "-h"])
+    assert flag_args == ["--num_workers", "2"]
+    assert command == ["python", "train.py", "--help", "--", "-h"]
+    assert help_request(flag_args) is None
+    assert split_args(["-h"]) == (["-h"], [])
+    assert help_request(["--job_dir=x", "-h"]) == "help"
+    assert help_request(["--help", "--helpfull"]) == "helpfull"
+    assert help_request(["--job_dir=--help"]) is None
+
+
+def test_join_passes_help_to_its_command(tmp_path):
+    result = cli("join", f"--job_dir={tmp_path}", "--", sys.executable, "-c", "0",
+                 "--help")
+    assert result.returncode == 2
+    assert "cluster.json does not exist" in result.stderr
+    assert "usage:" not in result.stdout + result.stderr
+
+
+@pytest.mark.multiprocess
+def test_run_passes_help_to_the_workers_command(tmp_path):
+    job_dir = tmp_path / "job"
+    result = cli("run", "--num_workers", "1", f"--job_dir={job_dir}",
+                 "--progress_interval=1", "--", sys.executable, "-c",
+                 "import sys; print('argv', sys.argv[1:])", "--help", timeout=180)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "usage: keras-elastic" not in result.stdout + result.stderr
+    assert "argv ['--help']" in (job_dir / "worker-0.log").read_text()

@@ -97,8 +97,8 @@ def test_datasets_that_differ_between_workers_are_refused(embedded_cluster):
     x, y = make_arrays(64)
     small_model().fit(ke.ElasticDataset((x, y), batch_size=8), epochs=1, verbose=0)
     with pytest.raises(ValueError, match="dataset 'training' of worker 0 differs from "
-                       "the one registered in the job: records_per_task is 512 on this "
-                       "worker but 256 in the job"):
+                       "the one registered in the job: batch_size is 16 on this "
+                       "worker but 8 in the job"):
         small_model().fit(ke.ElasticDataset((x, y), batch_size=16), epochs=1, verbose=0)
 
 

@@ -15,6 +15,7 @@ from keras_elastic.ps.task_log import (
     DUPLICATE,
     FENCED,
     OVERLAP,
+    Applied,
     Range,
     StaleLeaseError,
     TaskLog,
@@ -28,7 +29,7 @@ TASK = ("training", 0, 3)
 # -- the task log -------------------------------------------------------------
 def test_task_log_applies_each_range_once_and_fences_old_leases():
     log = TaskLog()
-    assert log.claim(TASK, lease=10) == ([], 0)
+    assert log.claim(TASK, lease=10) == {}
     first = Range(TASK, 10, 0, 16, fingerprint=7)
     assert log.check([first]) is None
     log.record([first])
@@ -37,7 +38,7 @@ def test_task_log_applies_each_range_once_and_fences_old_leases():
     log.record([Range(TASK, 10, 16, 32, fingerprint=5)])
     assert log.applied(TASK) == [(0, 32)]           # merged
     # A new hand-out claims it: the old lease may no longer push.
-    assert log.claim(TASK, lease=11) == ([(0, 32)], 12)
+    assert log.claim(TASK, lease=11) == {"": Applied([(0, 32)], 12)}
     assert log.check([Range(TASK, 10, 32, 48)]) == FENCED
     with pytest.raises(StaleLeaseError, match="held by a newer lease"):
         log.claim(TASK, lease=10)
@@ -58,7 +59,32 @@ def test_task_log_prunes_old_epochs_and_survives_json():
     log.record([Range(("t", 2, 1), 3, 0, 8, (1 << 64) - 1)])
     again = TaskLog.from_json(log.to_json())
     assert again.to_json() == log.to_json()
-    assert again.claim(("t", 2, 1), 5) == ([(0, 8)], (1 << 64) - 1)
+    assert again.claim(("t", 2, 1), 5) == {"": Applied([(0, 8)], (1 << 64) - 1)}
+
+
+def test_each_update_of_a_step_is_logged_apart():
+    # A GAN's step pushes the same elements twice: the discriminator
+    # optimizer's update, then the generator's. Neither is a duplicate of the
+    # other; each is idempotent on its own.
+    log = TaskLog()
+    log.claim(TASK, lease=1)
+    d = Range(TASK, 1, 0, 16, fingerprint=3, update="d_optimizer")
+    g = Range(TASK, 1, 0, 16, fingerprint=3, update="g_optimizer")
+    log.record([d])
+    assert log.check([g]) is None
+    assert log.check([d]) == DUPLICATE
+    log.record([g])
+    assert log.claim(TASK, lease=2) == {"d_optimizer": Applied([(0, 16)], 3),
+                                        "g_optimizer": Applied([(0, 16)], 3)}
+    again = TaskLog.from_json(log.to_json())
+    assert again.to_json() == log.to_json()
+    # A worker died between the two updates of elements [16, 32): the next
+    # one must run them again, the servers then apply only the missing update.
+    log.record([Range(TASK, 2, 16, 32, 1, update="d_optimizer")])
+    claim = TaskClaim([], 0, log.claim(TASK, lease=3))
+    plan = plan_replay([claim], {(0, "d_optimizer"), (0, "g_optimizer")})
+    assert plan.frontier == 32
+    assert plan.segments == ((16, 32, (0,)),)
 
 
 def test_task_log_intersection_keeps_what_every_part_applied():
@@ -214,7 +240,7 @@ def test_claims_handed_out_before_a_rollback_are_refused():
     log.min_lease = 200                              # the rollback's floor
     with pytest.raises(StaleLeaseError, match="before the job rolled back"):
         log.claim(("t", 4, 2), 150)
-    assert log.claim(("t", 1, 3), 201) == ([], 0)    # epoch 1 goes on
+    assert log.claim(("t", 1, 3), 201) == {}         # epoch 1 goes on
     assert TaskLog.from_json(log.to_json()).min_lease == 200
 
 
@@ -244,7 +270,7 @@ def test_replay_check_names_a_dataset_fn_that_changed(tmp_path):
     ds = ke.ElasticDataset(_records(tmp_path), dataset_fn=seeded_shuffle, batch_size=8)
     records = ds.source.read(next(iter(ds.source.shards()))[0], 0, 64)
     task = master_pb2.Task(task_id=3, epoch=0, shard="data.tfrecord", start=0, end=64)
-    checker = Replayer(model=None, dataset=ds, sync=None)
+    checker = Replayer(model=None, dataset=ds, sync=None, runtime=None)
 
     def replay(claims):
         return Replay(0, task, records, claims, plan_replay(claims))

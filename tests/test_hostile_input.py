@@ -110,11 +110,13 @@ def ps_state(servers) -> list[dict]:
             states.append({
                 "values": {n: v.tolist() for n, v in store.values_since(-1).items()}
                 if store.initialized else {},
-                "slots": [v.numpy().tolist() for v in store.optimizer_variables()],
+                "slots": [v.numpy().tolist() for g in store.optimizers.values()
+                          for v in g.optimizer.variables],
+                "optimizers": sorted(store.optimizers),
                 "version": store.version,
                 "updated_at": dict(store.updated_at),
                 "log": store.log.to_json(),
-                "pending": len(store._pending),
+                "pending": sum(len(g.pending) for g in store.optimizers.values()),
                 "status": json.loads(server.servicer.Status(ps_pb2.SaveRequest(),
                                                             None).json),
             })

@@ -13,8 +13,8 @@ def export_keras(model: keras.Model, path: str) -> str:
     """Saves `model` as a `.keras` file, written to a temporary name first.
 
     A reader of `path` sees either the previous file or the complete new one.
-    An elastic model (`ke.Model`, `ke.Sequential`, `ke.wrap(...)`) is saved as
-    its plain Keras class, so that serving loads it without keras_elastic; its
+    An elastic model (`ke.Model`, `ke.Sequential`, `ke.wrap(...)`) keeps its
+    plain Keras class, so that serving loads it without keras_elastic; its
     `ke.layers.Embedding` layers become `keras.layers.Embedding` layers holding
     the whole table, read from the parameter servers (bounded tables of
     functional and sequential models only).
@@ -50,14 +50,10 @@ def export_keras(model: keras.Model, path: str) -> str:
     tmp = os.path.join(
         directory, f".{os.path.basename(path)[:-6]}.{uuid.uuid4().hex[:8]}.keras")
     model = with_local_tables(model)
-    elastic_class = type(model)
-    serving_class = getattr(model, "serving_class", elastic_class)
     try:
-        model.__class__ = serving_class
-        try:
-            model.save(tmp)
-        finally:
-            model.__class__ = elastic_class
+        # An elastic model keeps its Keras class (ke.wrap changes no class):
+        # Keras saves the plain model.
+        model.save(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -32,7 +32,8 @@ LAYOUT = "parameter_servers"
 def training_progress(status: dict) -> dict[str, dict]:
     """Per training dataset of a master status: the epoch in progress and its
     tasks done."""
-    return {name: {"epoch": ds["epoch"], "done_task_ids": ds["done_task_ids"]}
+    return {name: {"epoch": ds["epoch"], "done_task_ids": ds["done_task_ids"],
+                   "records_per_task": ds.get("records_per_task", 0)}
             for name, ds in status["datasets"].items() if ds["mode"] == "training"}
 
 

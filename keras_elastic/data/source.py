@@ -45,6 +45,12 @@ class DataSource(abc.ABC):
     def describe(self) -> str:
         return type(self).__name__
 
+    def content_fingerprints(self) -> list[tuple[str, int]]:
+        """`(path, 64-bit hash)` of each part of the data that every worker
+        builds in memory, for the master to check that all hold the same data
+        (`ArraySource`); [] for files, which are the same files everywhere."""
+        return []
+
     def num_records(self) -> int:
         return sum(n for _, n in self.shards())
 

@@ -135,6 +135,15 @@ class Embedding(keras.layers.Layer):
                 f"ke.layers.Embedding '{self.name}': ids must be integers, got a "
                 f"{inputs.dtype.name} tensor; cast or hash them to int64 first (e.g. "
                 "keras.layers.Hashing or tf.cast)")
+        from keras_elastic.worker import step_context
+
+        if _STEP.lookups is None and step_context.current() is not None:
+            raise ValueError(
+                f"ke.layers.Embedding '{self.name}' is called in a train_step of the "
+                "model's own: its rows live on the parameter servers and are not "
+                "variables, so the step's GradientTape cannot give their gradient. "
+                "Use Keras' default train_step (do not override it), or keep this "
+                "table on the workers with keras.layers.Embedding.")
         ids = tf.cast(inputs, tf.int64)
         unique, index = tf.unique(tf.reshape(ids, [-1]))
         prefetched = _prefetched(self)

@@ -113,8 +113,16 @@ class MasterClient:
     # -- data -------------------------------------------------------------
     def register_dataset(self, request: master_pb2.RegisterDatasetRequest
                          ) -> master_pb2.RegisterDatasetResponse:
+        """Registers a dataset (`ElasticDataset.registration`); returns the
+        job's answer: the epoch in progress and the task size in force (hand
+        it to `ElasticDataset.registered`). A warning of the master (too few
+        tasks per epoch for the job's workers) is logged here. A registration
+        that differs from the job's raises ValueError naming the difference."""
         request.worker_id = self.worker_id
-        return self._call("RegisterDataset", request)
+        response = self._call("RegisterDataset", request)
+        if response.warning:
+            logging.warning("keras_elastic: %s", response.warning)
+        return response
 
     def get_task(self, dataset: str, epoch: int,
                  stop: threading.Event | None = None,

@@ -35,9 +35,12 @@ from keras_elastic.master.journal import Journal
 from keras_elastic.master.task_queue import (
     END_OF_EPOCH,
     LEDGER_FIELDS,
+    MAX_MINIBATCHES_PER_TASK,
     WAIT,
     DatasetSpec,
     DatasetTasks,
+    auto_records_per_task,
+    sizing_warning,
 )
 from keras_elastic.proto import master_pb2, master_pb2_grpc
 
@@ -121,9 +124,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 elif kind == "worker":
                     self._replay_worker(record)
                 elif kind == "dataset":
-                    spec = DatasetSpec(**{**record["spec"], "shards": tuple(
-                        tuple(s) for s in record["spec"]["shards"])})
+                    spec = DatasetSpec.from_json(record["spec"])
                     ds = DatasetTasks(spec, self._max_task_retries, self._next_lease)
+                    ds.warning = record.get("warning", "")
                     if record.get("resume"):
                         ds.restore_progress(record["resume_epoch"],
                                             set(record["resume_done"]))
@@ -144,7 +147,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     self._last_lease = max(self._last_lease, record.get("lease", 0))
                 else:
                     raise ValueError(f"unknown record kind {kind!r}")
-            except (KeyError, TypeError, ValueError) as e:
+            except (IndexError, KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"master journal {path}: record {i} ({kind}) cannot "
                                  f"be replayed: {type(e).__name__}: {e}") from None
         for ds in self._datasets.values():
@@ -272,21 +275,81 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             worker["last_seen"] = time.time()
 
     # -- datasets and tasks ----------------------------------------------
+    def _sizing_workers(self) -> int:
+        """The workers an epoch's tasks are cut for: the job's maximum, or,
+        without one, the workers alive now (at least one)."""
+        return self._max_workers or max(1, len(self._alive()))
+
+    @staticmethod
+    def _resumed_task_size(request, context) -> int:
+        """The task size a resume with done tasks must keep (0: any): their
+        ids name record ranges of that size."""
+        if not (request.resume and request.resume_done):
+            return 0
+        size = request.resume_records_per_task
+        if not size and request.records_per_task == 0:
+            # A checkpoint from before automatic sizing: the default then was
+            # 32 minibatches per task.
+            size = MAX_MINIBATCHES_PER_TASK * request.batch_size
+            logging.warning(
+                "dataset '%s' resumes with %d task(s) done but its checkpoint does not "
+                "say their size: assuming %d records per task (32 minibatches, the "
+                "default when it was saved)", request.dataset,
+                len(request.resume_done), size)
+        if size and request.records_per_task and request.records_per_task != size:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"dataset '{request.dataset}' resumes a checkpoint whose done tasks "
+                f"were cut with {size} records per task, but this run asks for "
+                f"{request.records_per_task}: the done task ids would name other "
+                "records. Resume with the checkpoint's minibatches_per_task (or None, "
+                "which takes the checkpoint's).")
+        return size
+
     def RegisterDataset(self, request, context):
+        """The first registration of a dataset decides its spec (the task size
+        too, when the worker lets the master choose); a later one must agree,
+        or is refused with an error naming the difference and both calls."""
+        name = request.dataset
+        for field in ("records_per_task", "batch_size", "records_per_epoch"):
+            if getattr(request, field) < 0:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"dataset '{name}': {field} must be >= 0, got "
+                              f"{getattr(request, field)}")
+        auto = request.records_per_task == 0
+        if auto and request.batch_size <= 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"dataset '{name}': records_per_task is 0 (let the master "
+                          "choose) but no batch_size was given; send the batch size "
+                          "or a positive records_per_task")
+        shards = tuple((s.name, s.num_records) for s in request.shards)
+        records_per_epoch = request.records_per_epoch
+        if records_per_epoch == sum(n for _, n in shards):
+            records_per_epoch = 0  # one window is the whole dataset
         spec = DatasetSpec(
-            name=request.dataset, mode=request.mode,
-            shards=tuple((s.name, s.num_records) for s in request.shards),
+            name=name, mode=request.mode, shards=shards,
             records_per_task=request.records_per_task, num_epochs=request.num_epochs,
-            shuffle=request.shuffle, seed=request.seed, after=request.after_dataset)
+            shuffle=request.shuffle, seed=request.seed, after=request.after_dataset,
+            batch_size=request.batch_size, auto=auto,
+            records_per_epoch=records_per_epoch,
+            fingerprints=tuple((f.path, f.hash) for f in request.fingerprints),
+            call=request.call)
         seq = 0
         with self._cond:
             existing = self._datasets.get(spec.name)
             if existing is None:
+                workers = self._sizing_workers()
+                size = self._resumed_task_size(request, context)
+                if auto:
+                    spec = dataclasses.replace(spec, records_per_task=size or (
+                        auto_records_per_task(shards, spec.batch_size, workers,
+                                              records_per_epoch)))
                 try:
                     existing = DatasetTasks(spec, self._max_task_retries,
                                             self._next_lease)
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                existing.warning = sizing_warning(spec, workers)
                 if request.resume:
                     existing.restore_progress(request.resume_epoch,
                                               set(request.resume_done))
@@ -298,20 +361,25 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 seq = self._log({"t": "dataset", "spec": dataclasses.asdict(spec),
                                  "resume": request.resume,
                                  "resume_epoch": request.resume_epoch,
-                                 "resume_done": list(request.resume_done)})
-                logging.info("dataset '%s' registered: %d tasks per epoch, %d epochs",
-                             spec.name, len(existing.tasks), spec.num_epochs)
+                                 "resume_done": list(request.resume_done),
+                                 "warning": existing.warning})
+                logging.info(
+                    "dataset '%s' registered by worker %d: %d tasks per epoch of %s "
+                    "records (%d records per task%s), %d epochs", spec.name,
+                    request.worker_id, len(existing.tasks),
+                    records_per_epoch or spec.num_records, spec.records_per_task,
+                    f", chosen for {workers} worker(s)" if auto else "",
+                    spec.num_epochs)
+                if existing.warning:
+                    logging.warning("%s", existing.warning)
             else:
-                diff = existing.spec.mismatch(spec)
-                if diff:
-                    context.abort(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"dataset '{spec.name}' of worker {request.worker_id} differs "
-                        f"from the one registered in the job: {diff}. Every worker "
-                        "must build the same ElasticDataset (same data, batch_size, "
-                        "minibatches_per_task, epochs, shuffle and seed).")
+                error = existing.spec.mismatch_error(spec, request.worker_id)
+                if error:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, error)
             response = master_pb2.RegisterDatasetResponse(
-                epoch=existing.epoch, num_tasks_per_epoch=len(existing.tasks))
+                epoch=existing.epoch, num_tasks_per_epoch=len(existing.tasks),
+                records_per_task=existing.spec.records_per_task,
+                warning=existing.warning)
         self._durable(seq)
         return response
 

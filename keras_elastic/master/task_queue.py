@@ -4,7 +4,18 @@ Pure bookkeeping, no gRPC and no threads: `master/servicer.py` calls it under
 its lock. The rules:
 
 - A task is a record range `[start, end)` of one shard. Every epoch has the
-  same tasks (same ids); with `shuffle` their order changes per epoch.
+  same tasks (same ids), unless epochs are windows (below); with `shuffle`
+  their order changes per epoch.
+- Windowed epochs (`records_per_epoch` R > 0, for `steps_per_epoch` and
+  `validation_steps`): epoch e covers records `[e * R, (e + 1) * R)` of the
+  dataset's records taken in shard order, continuing across epochs and
+  wrapping around at the end, cut into tasks from the window's start (a task
+  never crosses a shard). The tasks of an epoch (and their ids, 0, 1, ... in
+  window order) depend on the spec and the epoch only, so `tasks` is the
+  current epoch's list and done task ids are per epoch, as before.
+- Task size: `records_per_task`, or, when the workers let the master choose
+  (`auto`), `auto_records_per_task`: at least `TASKS_PER_WORKER` tasks per
+  worker, 1 to `MAX_MINIBATCHES_PER_TASK` minibatches per task.
 - Epoch barrier: a worker asks for tasks of epoch `e`. While `e` has tasks to
   hand out it gets one. When none are left, the worker's stream for `e` ends
   (END_OF_EPOCH) once every task still in flight belongs to a worker that is
@@ -28,7 +39,9 @@ its lock. The rules:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import random
 import time
 from collections import deque
@@ -51,9 +64,24 @@ class Task:
         return f"task {self.task_id} ({self.shard} records [{self.start}, {self.end}))"
 
 
+# Automatic task size: at least this many tasks per worker in an epoch, so a
+# worker that finishes early finds work and a lost worker's share is small...
+TASKS_PER_WORKER = 4
+# ... but never more than this many minibatches per task (nor less than one).
+MAX_MINIBATCHES_PER_TASK = 32
+
+
 @dataclasses.dataclass
 class DatasetSpec:
-    """What a worker registers: identical on every worker of a job."""
+    """What a worker registers: identical on every worker of a job.
+
+    `auto`: the workers let the master choose `records_per_task` (a multiple
+    of `batch_size`); in a worker's registration `records_per_task` is then 0
+    and the job's value applies. `records_per_epoch` > 0: windowed epochs
+    (see the module's docstring). `fingerprints`: `(path, hash)` of each
+    in-memory array, empty for files. `call`: the user's call that
+    registered it, quoted by mismatch errors; never compared.
+    """
 
     name: str
     mode: str
@@ -63,23 +91,190 @@ class DatasetSpec:
     shuffle: bool = False
     seed: int = 0
     after: str = ""  # round e waits for epoch e of this dataset
+    batch_size: int = 0  # 0: not given (then never compared)
+    auto: bool = False
+    records_per_epoch: int = 0  # 0: the whole dataset
+    fingerprints: tuple[tuple[str, int], ...] = ()
+    call: str = ""
+
+    @classmethod
+    def from_json(cls, record: dict) -> DatasetSpec:
+        """The spec `dataclasses.asdict` wrote into the journal."""
+        record = dict(record)
+        record["shards"] = tuple(tuple(s) for s in record["shards"])
+        record["fingerprints"] = tuple(tuple(f) for f in record.get("fingerprints", ()))
+        return cls(**record)
+
+    @property
+    def num_records(self) -> int:
+        """Records of the whole dataset."""
+        return sum(n for _, n in self.shards)
 
     def mismatch(self, other: DatasetSpec) -> str | None:
-        """Describes how `other` differs from this spec, or None."""
-        for field in ("mode", "records_per_task", "num_epochs", "shuffle", "seed",
-                      "after"):
+        """Describes how `other` (a worker's registration) differs from this
+        spec (the job's), or None.
+
+        Example:
+
+        >>> job = DatasetSpec("train", "training", (("a", 10),), 4, 3)
+        >>> job.mismatch(DatasetSpec("train", "training", (("a", 10),), 4, 5))
+        'num_epochs is 5 on this worker but 3 in the job'
+        """
+        found = self._difference(other)
+        return found[1] if found else None
+
+    def mismatch_error(self, other: DatasetSpec, worker_id: int) -> str | None:
+        """The error for a worker whose registration `other` differs from this
+        spec: the difference, both calls (when described) and what to do; None
+        if they agree."""
+        found = self._difference(other)
+        if found is None:
+            return None
+        field, diff = found
+        text = (f"dataset '{self.name}' of worker {worker_id} differs from the one "
+                f"registered in the job: {diff}.")
+        if self.call or other.call:
+            text += (f" The job's dataset was registered by "
+                     f"{self.call or '(a call not described)'}; worker {worker_id} "
+                     f"called {other.call or '(a call not described)'}.")
+        if field == "fingerprints":
+            return text + (
+                " The arrays must be built the same way on every worker: seed the "
+                "randomness that makes or shuffles them (e.g. "
+                "np.random.default_rng(0)), or load them from the same files.")
+        return text + (
+            " Every worker must build the same ElasticDataset (same data, batch_size, "
+            "minibatches_per_task, epochs, steps per epoch, shuffle and seed).")
+
+    def _difference(self, other: DatasetSpec) -> tuple[str, str] | None:
+        """`(field, description)` of the first difference, or None."""
+        fields = ["mode", "batch_size", "records_per_task", "records_per_epoch",
+                  "num_epochs", "shuffle", "seed", "after"]
+        for field in fields:
             mine, theirs = getattr(self, field), getattr(other, field)
+            if field == "batch_size" and not (mine and theirs):
+                continue  # a client that does not say
+            if field == "records_per_task" and other.auto:
+                continue  # the worker takes the job's
             if mine != theirs:
-                return f"{field} is {theirs!r} on this worker but {mine!r} in the job"
+                hint = (" (the master chose the job's: leave minibatches_per_task=None "
+                        "on every worker)" if field == "records_per_task" and self.auto
+                        else "")
+                return field, (f"{field} is {theirs!r} on this worker but {mine!r} in "
+                               f"the job{hint}")
         if self.shards != other.shards:
             mine = dict(self.shards)
             for shard, n in other.shards:
                 if mine.get(shard) != n:
-                    return (f"shard {shard} has {n} records on this worker but "
-                            f"{mine.get(shard)} in the job")
-            return (f"the job's dataset has {len(self.shards)} shards, this worker's "
-                    f"{len(other.shards)}")
+                    return "shards", (f"shard {shard} has {n} records on this worker "
+                                      f"but {mine.get(shard)} in the job")
+            return "shards", (f"the job's dataset has {len(self.shards)} shards, this "
+                              f"worker's {len(other.shards)}")
+        if self.fingerprints and other.fingerprints:
+            mine = dict(self.fingerprints)
+            theirs = dict(other.fingerprints)
+            for path, value in other.fingerprints:
+                if path not in mine:
+                    return "fingerprints", (
+                        f"this worker's data has an array `{path}` that the job's has "
+                        f"not (the job's arrays: {', '.join(mine)})")
+                if mine[path] != value:
+                    return "fingerprints", (
+                        f"the array `{path}` holds other values on this worker than "
+                        f"in the job (content fingerprint {value:016x} here, "
+                        f"{mine[path]:016x} in the job)")
+            missing = [p for p in mine if p not in theirs]
+            if missing:
+                return "fingerprints", (
+                    f"the job's data has array(s) {', '.join(f'`{p}`' for p in missing)}"
+                    " that this worker's has not")
         return None
+
+
+def count_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int,
+                records_per_epoch: int = 0) -> int:
+    """Tasks in an epoch with tasks of `records_per_task` records (for a
+    window of `records_per_epoch` records: the fewest, without the extra task
+    a window crossing into another shard makes).
+
+    Example:
+
+    >>> count_tasks((("a", 100), ("b", 30)), 32)
+    5
+    """
+    if records_per_epoch:
+        return -(-records_per_epoch // records_per_task)
+    return sum(-(-n // records_per_task) for _, n in shards)
+
+
+def auto_records_per_task(shards: tuple[tuple[str, int], ...], batch_size: int,
+                          num_workers: int, records_per_epoch: int = 0) -> int:
+    """The task size the master chooses: the largest multiple of `batch_size`,
+    from 1 to `MAX_MINIBATCHES_PER_TASK` minibatches (and no more than the
+    largest shard or the window holds), that still cuts an epoch into
+    `TASKS_PER_WORKER` tasks per worker (one minibatch if none does).
+
+    Example:
+
+    >>> auto_records_per_task((("a", 60000),), 128, num_workers=1)  # 32 batches
+    4096
+    >>> auto_records_per_task((("a", 60000),), 128, num_workers=8)  # 32 tasks
+    1920
+    >>> auto_records_per_task((("a", 10),), 32, num_workers=2)      # tiny
+    32
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    wanted = TASKS_PER_WORKER * max(1, num_workers)
+    # A task larger than the largest shard (or the window) has no more records.
+    longest = records_per_epoch or max((n for _, n in shards), default=0)
+    most = max(1, min(MAX_MINIBATCHES_PER_TASK, -(-longest // batch_size)))
+    for minibatches in range(most, 0, -1):
+        size = minibatches * batch_size
+        if count_tasks(shards, size, records_per_epoch) >= wanted:
+            return size
+    return batch_size
+
+
+def sizing_warning(spec: DatasetSpec, num_workers: int) -> str:
+    """A warning when an epoch of `spec` has fewer tasks than `num_workers`
+    (some workers would idle), saying what to set; "" if it has enough.
+
+    Example:
+
+    >>> spec = DatasetSpec("train", "training", (("a", 1000),), 512, 1,
+    ...                    batch_size=16)
+    >>> sizing_warning(spec, 4)[:60]
+    "dataset 'train': minibatches_per_task=32 (512 records per ta"
+    """
+    records = spec.records_per_epoch or spec.num_records
+    tasks = count_tasks(spec.shards, spec.records_per_task, spec.records_per_epoch)
+    if tasks >= num_workers or not records:
+        return ""
+    batch = spec.batch_size
+    if spec.auto or (batch and spec.records_per_task <= batch):
+        return (f"dataset '{spec.name}': an epoch of {records} records is only {tasks} "
+                f"task(s) of one minibatch (batch_size={batch}) for up to "
+                f"{num_workers} workers: some workers will idle. Use a smaller "
+                "batch_size or fewer workers (--max_workers).")
+    if batch:
+        given = (f"minibatches_per_task={spec.records_per_task // batch} "
+                 f"({spec.records_per_task} records per task)")
+        auto = auto_records_per_task(spec.shards, batch, num_workers,
+                                     spec.records_per_epoch)
+        fitting = [m for m in range(1, spec.records_per_task // batch)
+                   if count_tasks(spec.shards, m * batch,
+                                  spec.records_per_epoch) >= num_workers]
+        fix = ("ElasticDataset(minibatches_per_task=None) (the default) to let the "
+               f"master choose ({auto // batch} here)")
+        if fitting:
+            fix += f", or minibatches_per_task={fitting[-1]} at most"
+    else:
+        given = f"records_per_task={spec.records_per_task}"
+        fix = "a smaller task size"
+    return (f"dataset '{spec.name}': {given} cuts an epoch of {records} records into "
+            f"{tasks} task(s), fewer than the job's {num_workers} workers: some "
+            f"workers will idle. Set {fix}.")
 
 
 def cut_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int) -> list[Task]:
@@ -90,6 +285,43 @@ def cut_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int) -> lis
     for shard, n in shards:
         for start in range(0, n, records_per_task):
             tasks.append(Task(len(tasks), shard, start, min(start + records_per_task, n)))
+    return tasks
+
+
+def window_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int,
+                 records_per_epoch: int, epoch: int) -> list[Task]:
+    """The tasks of epoch `epoch` of a windowed dataset: records `[epoch * R,
+    (epoch + 1) * R)` (R = `records_per_epoch`) of the records in shard order,
+    wrapping around at the end, cut into tasks of `records_per_task` from the
+    window's start; a task never crosses a shard. Ids are 0, 1, ... in window
+    order.
+
+    Example:
+
+    >>> [(t.shard, t.start, t.end) for t in window_tasks(
+    ...     (("a", 5), ("b", 5)), 4, 6, epoch=1)]
+    [('b', 1, 5), ('a', 0, 2)]
+    """
+    if records_per_task <= 0:
+        raise ValueError(f"records_per_task must be positive, got {records_per_task}")
+    if records_per_epoch <= 0:
+        raise ValueError(f"records_per_epoch must be positive, got {records_per_epoch}")
+    filled = [(shard, n) for shard, n in shards if n > 0]
+    total = sum(n for _, n in filled)
+    if not total:
+        return []
+    starts = [0, *itertools.accumulate(n for _, n in filled)][:-1]
+    position = epoch * records_per_epoch % total
+    left = records_per_epoch
+    tasks: list[Task] = []
+    while left > 0:
+        i = bisect.bisect_right(starts, position) - 1
+        shard, n = filled[i]
+        offset = position - starts[i]
+        size = min(records_per_task, left, n - offset)
+        tasks.append(Task(len(tasks), shard, offset, offset + size))
+        left -= size
+        position = (position + size) % total
     return tasks
 
 
@@ -130,9 +362,15 @@ class DatasetTasks:
                  next_lease=None) -> None:
         self.spec = spec
         self._next_lease = next_lease or _Counter()
-        self.tasks = cut_tasks(spec.shards, spec.records_per_task)
-        if not self.tasks:
+        if spec.records_per_epoch < 0:
+            raise ValueError(f"dataset '{spec.name}': records_per_epoch must be >= 0, "
+                             f"got {spec.records_per_epoch}")
+        # Every epoch's tasks, unless epochs are windows (`tasks_of`).
+        self._all_tasks = cut_tasks(spec.shards, spec.records_per_task)
+        if not self._all_tasks:
             raise ValueError(f"dataset '{spec.name}' has no records")
+        self.tasks: list[Task] = self._all_tasks  # the current epoch's
+        self.warning = ""  # the task-size warning workers get with registration
         self.max_task_retries = max_task_retries
         self.epoch = 0
         self.todo: deque[tuple[Task, int]] = deque()  # (task, attempt)
@@ -159,7 +397,17 @@ class DatasetTasks:
     def finished(self) -> bool:
         return self.spec.num_epochs > 0 and self.epoch >= self.spec.num_epochs
 
+    def tasks_of(self, epoch: int) -> list[Task]:
+        """The tasks of `epoch` (ids index this list)."""
+        if not self.spec.records_per_epoch:
+            return self._all_tasks
+        if epoch == self.epoch and self.tasks is not self._all_tasks:
+            return self.tasks
+        return window_tasks(self.spec.shards, self.spec.records_per_task,
+                            self.spec.records_per_epoch, epoch)
+
     def _start_epoch(self, epoch: int) -> None:
+        self.tasks = self.tasks_of(epoch)
         self.epoch = epoch
         self.done = set()
         self.doing = {}
@@ -364,7 +612,7 @@ class DatasetTasks:
         self.failures[key] = self.failures.get(key, 0) + 1
         self.requeued += 1
         if self.failures[key] >= self.max_task_retries:
-            task = self.tasks[task_id]
+            task = self.tasks_of(epoch)[task_id]
             self.error = (
                 f"dataset '{self.spec.name}': {task.describe()} of epoch {epoch} "
                 f"failed {self.failures[key]} times; last error, on worker {worker}: "
@@ -415,8 +663,9 @@ class DatasetTasks:
             "mode": self.spec.mode,
             "epoch": self.epoch,
             "num_epochs": self.spec.num_epochs,
-            "tasks_per_epoch": len(self.tasks),
-            "records_per_epoch": sum(n for _, n in self.spec.shards),
+            "tasks_per_epoch": len(self.tasks),  # of the current epoch
+            "records_per_epoch": self.spec.records_per_epoch or self.spec.num_records,
+            "records_per_task": self.spec.records_per_task,
             "todo": len(self.todo),
             "doing": len(self.doing),
             "done": len(self.done),

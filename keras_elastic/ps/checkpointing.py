@@ -45,12 +45,30 @@ def decode_callback(text: str | None):
 def named_variables(store: ParameterStore) -> dict[str, tf.Variable]:
     """This server's variables under partition-independent names."""
     named = {ps_layout.variable_name(k): v for k, v in store.variables.items()}
-    for variable in store.optimizer_variables():
-        # "adam_3/0002_kernel_momentum": Keras numbers optimizer names per
-        # process, so drop the optimizer's name.
-        relative = variable.path.split("/", 1)[-1]
-        named[ps_layout.optimizer_variable_name(relative)] = variable
+    for group_name, group in store.optimizers.items():
+        for variable in group.optimizer.variables:
+            # "adam_3/0002_kernel_momentum": Keras numbers optimizer names per
+            # process, so drop the optimizer's name; another group than the
+            # model's own optimizer prefixes its own ("g_optimizer/...").
+            relative = variable.path.split("/", 1)[-1]
+            if group_name:
+                relative = f"{group_name}/{relative}"
+            named[ps_layout.optimizer_variable_name(relative)] = variable
     return named
+
+
+def optimizer_groups(store: ParameterStore) -> dict[str, dict]:
+    """The optimizer groups other than the model's own, as a checkpoint part
+    records them: {name: {"config": ..., "variables": [...]}}."""
+    return {name: {"config": g.config, "variables": list(g.names)}
+            for name, g in store.optimizers.items() if name}
+
+
+def register_groups(store: ParameterStore, groups: dict[str, dict]) -> None:
+    """Makes the optimizer groups a checkpoint records (before its values are
+    read into them); a group the server already has must be the same."""
+    for name, group in (groups or {}).items():
+        store.register_optimizer(name, group["config"], group["variables"])
 
 
 def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
@@ -72,6 +90,7 @@ def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
             "model_version": store.version,
             "variables": {k: bool(t) for k, t in store.trainable.items()},
             "optimizer_config": store.optimizer_config,
+            "optimizer_groups": optimizer_groups(store),
             "tables": store.table_specs,
             "task_log": store.log.to_json(),
         }
@@ -129,7 +148,18 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict)
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
     values = ps_layout.read_values(info)
     log, differing = _owned_log(info, ps_index, num_ps)
+    groups: dict[str, dict] = {}
+    for part in ps_layout.part_infos(info):
+        for name, group in (part.extra.get("optimizer_groups") or {}).items():
+            entry = groups.setdefault(name, {"config": group["config"],
+                                             "variables": []})
+            entry["variables"] += [v for v in group["variables"]
+                                   if v not in entry["variables"]]
     with store.lock:
+        register_groups(store, {
+            name: {"config": g["config"],
+                   "variables": [v for v in g["variables"] if v in store.variables]}
+            for name, g in groups.items() if name not in store.optimizers})
         named = named_variables(store)
         missing = sorted(ps_layout.variable_name(k) for k in store.variables
                          if ps_layout.variable_name(k) not in values)

@@ -45,7 +45,14 @@ from keras_elastic.common.tensor_codec import (
     read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
-from keras_elastic.ps.partition import ASSIGN_PREFIX, SPARSE_PREFIX, ps_for, row_owner
+from keras_elastic.ps.partition import (
+    ASSIGN_PREFIX,
+    OPTIMIZER_STATE_PREFIX,
+    SPARSE_PREFIX,
+    ps_for,
+    row_owner,
+)
+from keras_elastic.ps.task_log import Applied
 
 # Pushes up to this size (gradients + values, each way) travel as one unary
 # message: a stream costs milliseconds more per call in gRPC Python. Replies carry
@@ -77,10 +84,24 @@ class _StreamStub:
 
 @dataclasses.dataclass(frozen=True)
 class TaskClaim:
-    """What one server has applied of a task (see `ps/task_log.py`)."""
+    """What one server has applied of a task (see `ps/task_log.py`): the ranges
+    and fingerprint of update "" (the model's optimizer's first apply of each
+    step), and `others`, those of the other updates that applied any.
+
+    >>> TaskClaim([(0, 32)], 7).updates
+    {'': Applied(ranges=[(0, 32)], fingerprint=7)}
+    """
 
     applied: list[tuple[int, int]]
     fingerprint: int | None
+    others: dict[str, Applied] = dataclasses.field(default_factory=dict)
+
+    @property
+    def updates(self) -> dict[str, Applied]:
+        """Every update that applied elements of the task: name -> Applied."""
+        out = {"": Applied(list(self.applied), self.fingerprint)} if self.applied else {}
+        out.update(self.others)
+        return out
 
 
 @dataclasses.dataclass
@@ -173,12 +194,17 @@ class PSClient:
 
     def init(self, variables: dict[str, tuple[np.ndarray, bool]],
              optimizer_config: dict, restore_from: str = "",
-             tables: dict[str, dict] | None = None) -> dict[str, np.ndarray]:
+             tables: dict[str, dict] | None = None,
+             optimizer_state: dict[str, tuple[np.ndarray, str | None]] | None = None
+             ) -> dict[str, np.ndarray]:
         """Initializes every server (first caller wins; it also loads the
         parameter-server checkpoint `restore_from`, if given); returns the
         servers' current values. `tables`: embedding tables, name -> {"dim",
         "dtype", "input_dim" (None: unbounded), "initializer" (a Keras
-        initializer config)}; every server holds the rows of its ids."""
+        initializer config)}; every server holds the rows of its ids.
+        `optimizer_state`: {server-side name: (value, key of the variable it
+        belongs to, or None for every server)} of an optimizer that already
+        trained."""
         config = json.dumps(optimizer_config)
         table_specs = [ps_pb2.TableSpec(
             name=n, dim=t["dim"], dtype=t.get("dtype", "float32"),
@@ -188,6 +214,10 @@ class PSClient:
         parts: list[dict] = [{} for _ in self.addresses]
         for name, (value, trainable) in variables.items():
             parts[self.owner(name)][name] = (value, trainable)
+        states: list[dict] = [{} for _ in self.addresses]
+        for name, (value, key) in (optimizer_state or {}).items():
+            for i in ([self.owner(key)] if key else range(self.num_ps)):
+                states[i][name] = np.asarray(value)
 
         def send(i: int) -> None:
             def requests():
@@ -197,9 +227,14 @@ class PSClient:
                     variables=[ps_pb2.VariableSpec(
                         name=n, dtype=str(np.asarray(v).dtype),
                         shape=list(np.shape(v)), trainable=t)
-                        for n, (v, t) in parts[i].items()])).SerializeToString()
+                        for n, (v, t) in parts[i].items()],
+                    optimizer_state=[ps_pb2.VariableSpec(
+                        name=n, dtype=str(v.dtype), shape=list(v.shape))
+                        for n, v in states[i].items()])).SerializeToString()
                 yield from chunk_frames_all(
                     2, ((n, np.asarray(v)) for n, (v, _) in parts[i].items()))
+                yield from chunk_frames_all(
+                    2, ((OPTIMIZER_STATE_PREFIX + n, v) for n, v in states[i].items()))
             self._call(i, "Init", lambda: self._streams[i].Init(requests(), timeout=600))
 
         self._map(send, range(self.num_ps))
@@ -267,7 +302,9 @@ class PSClient:
                  ranges: Sequence[ps_pb2.TaskRange] = (),
                  targets: Sequence[int] | None = None,
                  sparse: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                 hyperparameters: Mapping[str, float] | None = None
+                 hyperparameters: Mapping[str, float] | None = None,
+                 optimizer: str = "",
+                 optimizer_spec: tuple[str, Sequence[str]] | None = None
                  ) -> PushReply:
         """Pushes gradients that contain the elements `ranges`, and
         non-trainable values, to the servers `targets` (default: every server
@@ -277,7 +314,10 @@ class PSClient:
         `hyperparameters`: the worker's optimizer hyperparameters
         ({"learning_rate": v}); those a server is not known to hold go with
         the push to it (with `targets` None, to every server: one the push has
-        no tensor for gets an empty push carrying them)."""
+        no tensor for gets an empty push carrying them). `optimizer`: the
+        optimizer group that applies the gradients ("": the model's own);
+        another group's pushes carry `optimizer_spec`, (config JSON, keys of
+        the variables it updates), from which a server creates it."""
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
@@ -292,8 +332,14 @@ class PSClient:
         ranges = list(ranges)
         # A gradient push without ranges could be applied twice if repeated.
         retry = bool(ranges) or not (grads or sparse)
+        # What the client knows of a group's hyperparameters is kept under
+        # "NAME/learning_rate" (as pulls report them), sent as "learning_rate".
+        prefix = f"{optimizer}/" if optimizer else ""
         changes = [{k: float(v) for k, v in (hyperparameters or {}).items()
-                    if known.get(k) != v} for known in self.server_hyperparameters]
+                    if known.get(prefix + k) != v}
+                   for known in self.server_hyperparameters]
+        spec = None if not optimizer else ps_pb2.OptimizerSpec(
+            config=optimizer_spec[0], variables=list(optimizer_spec[1]))
         extra: set[int] = set()  # servers pushed to for a change only
 
         def header(i: int) -> ps_pb2.PushHeader:
@@ -303,7 +349,8 @@ class PSClient:
                                      ranges=[] if i in extra else ranges,
                                      num_tensors=len(grad_parts[i]) + len(
                                          assign_parts[i]),
-                                     hyperparameters=changes[i])
+                                     hyperparameters=changes[i],
+                                     optimizer=optimizer, optimizer_spec=spec)
 
         def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
             size = sum(g.nbytes for g in grad_parts[i].values()) + sum(
@@ -319,7 +366,7 @@ class PSClient:
             reply, values = self._call(i, "Push", lambda: read_stream(
                 self._streams[i].Push(requests(), timeout=600)),
                 retry or i in extra)
-            return self._received(i, reply, changes[i]), values
+            return self._received(i, reply, changes[i], prefix), values
 
         def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:
             tensors = list(encode_all(grad_parts[i].items(), chunk_bytes=1 << 62))
@@ -328,7 +375,7 @@ class PSClient:
             reply = self._call(i, "Push", lambda: self._stubs[i].PushSmall(
                 ps_pb2.PushBundle(header=header(i), tensors=tensors), timeout=600),
                 retry or i in extra)
-            return (self._received(i, reply.header, changes[i]),
+            return (self._received(i, reply.header, changes[i], prefix),
                     dict(decode_all(reply.tensors)))
 
         if targets is None:
@@ -351,14 +398,15 @@ class PSClient:
             merged.update(values)
         return PushReply(merged, statuses)
 
-    def _received(self, i: int, header, changes: dict[str, float] | None = None
-                  ) -> str:
+    def _received(self, i: int, header, changes: dict[str, float] | None = None,
+                  prefix: str = "") -> str:
         self._took(i, header)
         if header.status == "stale":
             self.dropped_pushes += 1
         status = header.status or ("applied" if header.accepted else "stale")
         if changes and status == "applied":  # set with the push
-            self.server_hyperparameters[i].update(changes)
+            self.server_hyperparameters[i].update(
+                {prefix + k: v for k, v in changes.items()})
         return status
 
     def claim(self, dataset: str, epoch: int, task_id: int, lease: int
@@ -377,9 +425,13 @@ class PSClient:
             logging.info("claim of task %d of epoch %d refused: %s", task_id, epoch,
                          "; ".join(r.error for r in replies if not r.ok))
             return None
-        return [TaskClaim(list(zip(r.applied[::2], r.applied[1::2])),
-                          r.fingerprint if r.fingerprint_known else None)
-                for r in replies]
+        return [TaskClaim(
+            list(zip(r.applied[::2], r.applied[1::2])),
+            r.fingerprint if r.fingerprint_known else None,
+            {u.update: Applied(list(zip(u.applied[::2], u.applied[1::2])),
+                               u.fingerprint if u.fingerprint_known else None)
+             for u in r.other_updates})
+            for r in replies]
 
     def flush(self) -> None:
         """Has every server apply the gradients it buffers (grads_to_wait > 1)."""

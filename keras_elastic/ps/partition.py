@@ -19,6 +19,9 @@ ASSIGN_PREFIX = "="  # chunk names of non-trainable values in a push
 # Chunk names of embedding rows in a push: "@table/ids" (int64) and
 # "@table/grads" (one row per id).
 SPARSE_PREFIX = "@"
+# Init chunk names of the optimizer's state (a worker whose optimizer already
+# trained: `ke.wrap(keras.models.load_model(path))`), by server-side path.
+OPTIMIZER_STATE_PREFIX = "%"
 
 
 def ps_for(name: str, num_ps: int) -> int:

@@ -25,7 +25,13 @@ from keras_elastic.common.tensor_codec import (
     read_stream,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
-from keras_elastic.ps.partition import ASSIGN_PREFIX, SPARSE_PREFIX, ps_for, row_owner
+from keras_elastic.ps.partition import (
+    ASSIGN_PREFIX,
+    OPTIMIZER_STATE_PREFIX,
+    SPARSE_PREFIX,
+    ps_for,
+    row_owner,
+)
 from keras_elastic.ps.store import ParameterStore, UnknownVariableError
 from keras_elastic.ps.task_log import Range, StaleLeaseError
 
@@ -34,7 +40,26 @@ __all__ = ["ASSIGN_PREFIX", "ParameterServerServicer"]
 
 def ranges_of(header) -> list[Range]:
     return [Range((r.dataset, r.epoch, r.task_id), r.lease, r.start, r.end,
-                  r.fingerprint) for r in header.ranges]
+                  r.fingerprint, r.update) for r in header.ranges]
+
+
+def optimizer_spec_of(header) -> tuple[dict, list[str]] | None:
+    """(config, variable keys) of the optimizer group a push header names, or
+    None for the model's own optimizer; ValueError if malformed."""
+    if not header.optimizer:
+        return None
+    if not header.HasField("optimizer_spec") or not header.optimizer_spec.config:
+        raise ValueError(f"a push for optimizer '{header.optimizer}' must carry its "
+                         "spec (config and variables)")
+    try:
+        config = json.loads(header.optimizer_spec.config)
+    except ValueError as e:
+        raise ValueError(f"optimizer '{header.optimizer}': its config is not JSON: {e}"
+                         ) from None
+    if not isinstance(config, dict):
+        raise ValueError(f"optimizer '{header.optimizer}': its config is not a JSON "
+                         "object")
+    return config, list(header.optimizer_spec.variables)
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
@@ -137,11 +162,23 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ValueError (TensorError) for anything malformed."""
         specs: dict = {}
 
+        state_specs: dict = {}
+
         def check(header, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
             if header is None:
                 raise TensorError(f"tensor '{name}' came before the Init header")
             if not specs:
                 specs.update(self._init_specs(header))
+            if name.startswith(OPTIMIZER_STATE_PREFIX):
+                if not state_specs:
+                    state_specs.update({s.name: (np.dtype(s.dtype), tuple(s.shape))
+                                        for s in header.optimizer_state})
+                if state_specs.get(name[len(OPTIMIZER_STATE_PREFIX):]) != (
+                        np.dtype(dtype), tuple(shape)):
+                    raise ValueError(f"optimizer state '{name[1:]}' is {dtype} of shape "
+                                     f"{list(shape)}, which the Init header does not "
+                                     "announce")
+                return
             if name not in specs:
                 raise ValueError(f"a value was sent for variable '{name}', which the "
                                  "Init header does not list")
@@ -167,6 +204,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                               "input_dim": t.input_dim or None,
                               "initializer": initializer}
         specs = specs or self._init_specs(header)
+        optimizer_state = {n[len(OPTIMIZER_STATE_PREFIX):]: values.pop(n)
+                           for n in list(values) if n.startswith(OPTIMIZER_STATE_PREFIX)}
         missing = sorted(set(specs) - set(values))
         if missing:
             raise ValueError(f"Init: no values sent for {missing}")
@@ -174,7 +213,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             optimizer_config = json.loads(header.optimizer_config)
         except ValueError as e:
             raise ValueError(f"optimizer_config is not JSON: {e}") from None
-        return header, specs, values, optimizer_config, tables
+        return header, specs, values, optimizer_config, tables, optimizer_state
 
     def _model_stream(self, header: ps_pb2.ModelHeader, values: dict):
         yield ps_pb2.ModelChunk(header=header)
@@ -187,14 +226,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Init(self, request_iterator, context):
         self._refuse_if_paused(context)
         try:
-            header, specs, values, optimizer_config, tables = self._read_init(
+            header, specs, values, optimizer_config, tables, state = self._read_init(
                 request_iterator)
         except ValueError as e:
             self._abort_bad_request(context, "Init", e)
         trainable = {name: spec[2] for name, spec in specs.items()}
         try:
             with self.store.lock:  # nobody pushes between creating and restoring
-                created = self.store.init(values, trainable, optimizer_config, tables)
+                created = self.store.init(values, trainable, optimizer_config, tables,
+                                          optimizer_state=state)
                 if created and header.restore_from:
                     from keras_elastic.ps.checkpointing import restore_shard
 
@@ -245,11 +285,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                    if n.startswith(ASSIGN_PREFIX)}
         try:
             sparse = self._sparse_grads(tensors)
+            spec = optimizer_spec_of(header)
             with self.store.lock:
                 self._refuse_if_paused(context)
+                if spec is not None and self.store.initialized:
+                    self.store.register_optimizer(header.optimizer, *spec)
                 since = self._since(header.base_version, header.incarnation)
                 result = self.store.push(grads, assigns, since, ranges_of(header),
-                                         sparse, dict(header.hyperparameters))
+                                         sparse, dict(header.hyperparameters),
+                                         header.optimizer)
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
         except (KeyError, ValueError, RuntimeError) as e:
@@ -311,13 +355,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         try:
             with self.store.lock:
                 self._refuse_if_paused(context)
-                applied, fingerprint = self.store.claim(
+                updates = self.store.claim(
                     (request.dataset, request.epoch, request.task_id), request.lease)
         except StaleLeaseError as e:
             return ps_pb2.ClaimResponse(ok=False, error=str(e))
+        ranges, fingerprint = updates.pop("", ([], 0))
         return ps_pb2.ClaimResponse(
-            ok=True, applied=[x for r in applied for x in r],
-            fingerprint_known=fingerprint is not None, fingerprint=fingerprint or 0)
+            ok=True, applied=[x for r in ranges for x in r],
+            fingerprint_known=fingerprint is not None, fingerprint=fingerprint or 0,
+            other_updates=[ps_pb2.UpdateApplied(
+                update=u, applied=[x for r in a.ranges for x in r],
+                fingerprint_known=a.fingerprint is not None,
+                fingerprint=a.fingerprint or 0) for u, a in sorted(updates.items())])
 
     def Flush(self, request, context):
         self._refuse_if_paused(context)

@@ -5,7 +5,11 @@ Pure TensorFlow/Keras, no gRPC: `ps/servicer.py` drives it. The store
 - is initialized once (the first worker's values win; later `init` calls only
   check that they describe the same variables),
 - applies gradients with a real Keras optimizer built from the worker's config
-  (slot variables included), in a compiled function,
+  (slot variables included), in a compiled function; a model whose train step
+  applies several optimizers (a GAN's discriminator and generator optimizers)
+  has one *optimizer group* each here: the model's own optimizer ("") is built
+  by `init`, the others by `register_optimizer` when a worker first pushes
+  with them, each over the variables it updates,
 - with `grads_to_wait=k > 1` averages k gradients per update and drops
   gradients computed on a model more than `max_staleness` versions old,
 - counts a model version and remembers, per variable, the version that last
@@ -50,7 +54,14 @@ import tensorflow as tf
 from keras_elastic.ps import hyperparameters as hp
 from keras_elastic.ps.embedding_table import EmbeddingTable
 from keras_elastic.ps.sparse_optimizers import sparse_optimizer_from_config
-from keras_elastic.ps.task_log import DUPLICATE, Range, TaskKey, TaskLog, check_ranges
+from keras_elastic.ps.task_log import (
+    DUPLICATE,
+    Applied,
+    Range,
+    TaskKey,
+    TaskLog,
+    check_ranges,
+)
 
 # Rows of one table in a push: (ids, gradient rows).
 SparseGrads = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -74,12 +85,69 @@ class UnknownVariableError(KeyError):
         return self.args[0]
 
 
+class UnknownOptimizerError(RuntimeError):
+    """A push for an optimizer group this server was not told about."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"this parameter server has no optimizer '{name}': the push "
+                         "must carry its spec (config and variables)")
+
+
 class PushResult(NamedTuple):
     accepted: bool
     version: int
     # APPLIED (or buffered), DUPLICATE (already applied: nothing done), STALE
     # (too old, dropped), or a TaskLog refusal: "fenced" or "overlap".
     status: str
+
+
+class OptimizerGroup:
+    """One optimizer of the model on this server: the Keras optimizer built
+    from a worker's config, the names of the variables it updates here, and
+    its compiled update functions."""
+
+    def __init__(self, name: str, optimizer: keras.optimizers.Optimizer,
+                 config: dict, names: list[str]) -> None:
+        self.name = name
+        self.optimizer = optimizer
+        self.config = config
+        self.names = list(names)
+        self.apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
+        self.pending: list[tuple[dict[str, np.ndarray], SparseGrads]] = []
+
+
+def build_optimizer(config: dict) -> keras.optimizers.Optimizer:
+    """A Keras optimizer from its serialized config; ValueError naming the
+    config if it cannot be built."""
+    try:
+        # (a copy: Keras turns a nested learning-rate schedule config into the
+        # schedule in place, and the config goes to JSON)
+        optimizer = keras.optimizers.deserialize(copy.deepcopy(config))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"the parameter server cannot build the optimizer from its "
+                         f"config {config!r}: {e}") from e
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"the parameter server cannot build the optimizer from its "
+                         f"config {config!r}: got {type(optimizer).__name__}")
+    return optimizer
+
+
+def load_optimizer_state(optimizer: keras.optimizers.Optimizer,
+                         state: dict[str, np.ndarray]) -> None:
+    """Assigns a worker's trained optimizer state (names relative to the
+    optimizer, as `worker/model_sync.py optimizer_state` makes them) to the
+    variables of `optimizer` that have those names; ValueError on a shape
+    that differs."""
+    for variable in optimizer.variables:
+        value = state.get(variable.path.split("/", 1)[-1])
+        if value is None:
+            continue
+        if tuple(np.shape(value)) != tuple(variable.shape):
+            raise ValueError(f"optimizer variable '{variable.path}' has shape "
+                             f"{tuple(variable.shape)}, the worker's state "
+                             f"{tuple(np.shape(value))}")
+        variable.assign(value)
 
 
 def new_incarnation() -> int:
@@ -97,13 +165,11 @@ class ParameterStore:
         self.variables: dict[str, keras.Variable] = {}
         self.trainable: dict[str, bool] = {}
         self.updated_at: dict[str, int] = {}
-        self.optimizer: keras.optimizers.Optimizer | None = None
-        self.optimizer_config: dict | None = None
+        # name -> group; "" is the model's own optimizer (`init`).
+        self.optimizers: dict[str, OptimizerGroup] = {}
         self.tables: dict[str, EmbeddingTable] = {}
         self.table_specs: dict[str, dict] = {}
         self.version = 0
-        self._pending: list[tuple[dict[str, np.ndarray], SparseGrads]] = []
-        self._apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
         self.pushes = 0
         self.dropped = 0
         self.duplicates = 0
@@ -114,7 +180,18 @@ class ParameterStore:
 
     @property
     def initialized(self) -> bool:
-        return self.optimizer is not None
+        return "" in self.optimizers
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer | None:
+        """The model's own optimizer (group "")."""
+        group = self.optimizers.get("")
+        return group.optimizer if group else None
+
+    @property
+    def optimizer_config(self) -> dict | None:
+        group = self.optimizers.get("")
+        return group.config if group else None
 
     @property
     def lock(self) -> threading.RLock:
@@ -125,7 +202,8 @@ class ParameterStore:
                 for n, v in self.variables.items()}
 
     def init(self, values: dict[str, np.ndarray], trainable: dict[str, bool],
-             optimizer_config: dict, tables: dict[str, dict] | None = None) -> bool:
+             optimizer_config: dict, tables: dict[str, dict] | None = None,
+             optimizer_state: dict[str, np.ndarray] | None = None) -> bool:
         """Creates the variables, embedding tables (`tables`: name -> {"dim",
         "dtype", "input_dim" (None: unbounded), "initializer"}) and optimizer;
         returns False if already done."""
@@ -135,23 +213,15 @@ class ParameterStore:
                 self._check_same(values, trainable)
                 self._check_same_tables(tables)
                 return False
-            try:
-                # (a copy: Keras turns a nested learning-rate schedule config
-                # into the schedule in place, and optimizer_config goes to JSON)
-                optimizer = keras.optimizers.deserialize(copy.deepcopy(optimizer_config))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"the parameter server cannot build the optimizer "
-                                 f"from its config {optimizer_config!r}: {e}") from e
-            if not isinstance(optimizer, keras.optimizers.Optimizer):
-                raise ValueError(f"the parameter server cannot build the optimizer "
-                                 f"from its config {optimizer_config!r}: got "
-                                 f"{type(optimizer).__name__}")
+            optimizer = build_optimizer(optimizer_config)
             variables = {
                 name: keras.Variable(value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
                                      trainable=trainable[name])
                 for name, value in values.items()}
             sparse = sparse_optimizer_from_config(optimizer_config) if tables else None
-            optimizer.build([v for n, v in variables.items() if trainable[n]])
+            names = [n for n in variables if trainable[n]]
+            optimizer.build([variables[n] for n in names])
+            load_optimizer_state(optimizer, optimizer_state or {})
             self.tables = {n: EmbeddingTable(n, t["dim"], t["dtype"], t["input_dim"],
                                              t["initializer"], sparse)
                            for n, t in tables.items()}
@@ -159,9 +229,54 @@ class ParameterStore:
             self.variables = variables
             self.trainable = dict(trainable)
             self.updated_at = dict.fromkeys(variables, 0)
-            self.optimizer = optimizer
-            self.optimizer_config = optimizer_config
+            self.optimizers = {"": OptimizerGroup("", optimizer, optimizer_config, names)}
             return True
+
+    def register_optimizer(self, name: str, config: dict, variables: list[str]) -> bool:
+        """Creates optimizer group `name` (not the model's own optimizer "")
+        from a worker's `config`, over the trainable variables of `variables`
+        this server holds; returns False if it exists (then `config` and
+        `variables` must be the ones it was made with: ValueError otherwise).
+
+        >>> store = ParameterStore()
+        >>> store.init({"w": np.ones(2, "float32")}, {"w": True},
+        ...            {"class_name": "SGD", "config": {}})
+        True
+        >>> store.register_optimizer("g_optimizer",
+        ...                          {"class_name": "Adam", "config": {}}, ["w"])
+        True
+        """
+        with self._lock:
+            if not self.initialized:
+                raise RuntimeError(NOT_INITIALIZED)
+            if not name:
+                raise ValueError("optimizer group '' is the model's own optimizer, "
+                                 "made by init")
+            names = sorted(n for n in set(variables)
+                           if n in self.variables and self.trainable[n])
+            group = self.optimizers.get(name)
+            if group is not None:
+                if group.config != config or group.names != names:
+                    raise ValueError(
+                        f"optimizer '{name}' is {group.config.get('class_name')} over "
+                        f"{group.names} on this server, but a worker's is "
+                        f"{config.get('class_name')} over {names}: every worker must "
+                        "build the same optimizers for the same variables")
+                return False
+            optimizer = build_optimizer(config)
+            optimizer.build([self.variables[n] for n in names])
+            self.optimizers[name] = OptimizerGroup(name, optimizer, config, names)
+            return True
+
+    def group(self, name: str) -> OptimizerGroup:
+        """Optimizer group `name`; `UnknownOptimizerError` if a worker has not
+        registered it here (yet: a server restarted without a checkpoint)."""
+        group = self.optimizers.get(name)
+        if group is None:
+            if not self.initialized:
+                raise RuntimeError(NOT_INITIALIZED)
+            raise UnknownOptimizerError(name)
+        return group
 
     def check_tensor(self, name: str, dtype: np.dtype, shape: tuple[int, ...],
                      gradient: bool) -> None:
@@ -262,29 +377,39 @@ class ParameterStore:
             return {name: self.tables[name].lookup(table_ids)
                     for name, table_ids in ids.items()}
 
-    def _apply_fn(self, names: tuple[str, ...]):
-        fn = self._apply_fns.get(names)
+    def _apply_fn(self, group: OptimizerGroup, names: tuple[str, ...]):
+        fn = group.apply_fns.get(names)
         if fn is None:
             variables = [self.variables[n] for n in names]
+            optimizer = group.optimizer
 
             @tf.function
             def apply(grads):
-                self.optimizer.apply(grads, variables)
+                optimizer.apply(grads, variables)
 
-            fn = self._apply_fns[names] = apply
+            fn = group.apply_fns[names] = apply
         return fn
 
     def hyperparameters(self) -> dict[str, float]:
-        """The optimizer's settable hyperparameters now ({"learning_rate": v},
-        or {} when the rate is a LearningRateSchedule, or before init)."""
+        """The optimizers' settable hyperparameters now: {"learning_rate": v}
+        for the model's optimizer, "NAME/learning_rate" for the other groups
+        (none for a rate that is a LearningRateSchedule; {} before init)."""
         with self._lock:
-            return hp.current_hyperparameters(self.optimizer) if self.optimizer else {}
+            out = {}
+            for name, group in self.optimizers.items():
+                for k, v in hp.current_hyperparameters(group.optimizer).items():
+                    out[f"{name}/{k}" if name else k] = v
+            return out
 
     def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
              base_version: int, ranges: list[Range] | tuple = (),
              sparse: SparseGrads | None = None,
-             hyperparameters: Mapping[str, float] | None = None) -> PushResult:
+             hyperparameters: Mapping[str, float] | None = None,
+             optimizer: str = "") -> PushResult:
         """Applies (or buffers) gradients, assigns non-trainable values.
+
+        `optimizer`: the optimizer group that applies the gradients ("": the
+        model's own; see `register_optimizer`).
 
         `sparse`: gradient rows of embedding tables, {table: (ids, rows)},
         applied in the same step as the dense gradients.
@@ -317,6 +442,16 @@ class ParameterStore:
             unknown = sorted((set(grads) | set(assigns)) - set(self.variables))
             if unknown:
                 raise UnknownVariableError(unknown)
+            group = self.group(optimizer)
+            if optimizer:
+                outside = sorted(set(grads) - set(group.names))
+                if outside:
+                    raise ValueError(f"optimizer '{optimizer}' does not update "
+                                     f"{outside} on this server (it updates "
+                                     f"{group.names})")
+                if sparse:
+                    raise ValueError("embedding-table rows are updated by the model's "
+                                     f"own optimizer, not by optimizer '{optimizer}'")
             for name, value in grads.items():
                 self.check_tensor(name, value.dtype, np.shape(value), gradient=True)
             for name, value in assigns.items():
@@ -326,7 +461,7 @@ class ParameterStore:
                 self.check_sparse(name, ids, np.shape(rows), rows.dtype)
             check_ranges(list(ranges))
             hyperparameters = hp.check_hyperparameters(hyperparameters or {},
-                                                       self.optimizer)
+                                                       group.optimizer)
             self.pushes += 1
             if ranges:
                 refusal = self.log.check(list(ranges))
@@ -340,7 +475,7 @@ class ParameterStore:
                     and base_version < self.version - self.max_staleness):
                 self.dropped += 1
                 return PushResult(False, self.version, STALE)
-            hp.set_hyperparameters(hyperparameters, self.optimizer)
+            hp.set_hyperparameters(hyperparameters, group.optimizer)
             for name, value in assigns.items():
                 self.variables[name].assign(value)
                 self.updated_at[name] = (self.version + 1 if grads or sparse
@@ -348,59 +483,60 @@ class ParameterStore:
             if not grads and not sparse:
                 return PushResult(True, self.version, APPLIED)
             if self.grads_to_wait == 1:
-                self._apply(grads, sparse)
+                self._apply(group, grads, sparse)
             else:
-                self._pending.append((grads, sparse))
-                if len(self._pending) >= self.grads_to_wait:
-                    self._apply_pending()
+                group.pending.append((grads, sparse))
+                if len(group.pending) >= self.grads_to_wait:
+                    self._apply_pending(group)
             self.log.record(list(ranges))
             return PushResult(True, self.version, APPLIED)
 
-    def _apply_pending(self) -> None:
-        """Applies the buffered gradients: their sum over `grads_to_wait` (the
-        mean of a full buffer)."""
-        if not self._pending:
+    def _apply_pending(self, group: OptimizerGroup) -> None:
+        """Applies the group's buffered gradients: their sum over
+        `grads_to_wait` (the mean of a full buffer)."""
+        pending = group.pending
+        if not pending:
             return
         total = {}
-        for n in sorted(set().union(*(g for g, _ in self._pending))):
-            parts = [g[n] for g, _ in self._pending if n in g]
+        for n in sorted(set().union(*(g for g, _ in pending))):
+            parts = [g[n] for g, _ in pending if n in g]
             total[n] = np.sum(parts, axis=0) / self.grads_to_wait
         rows: SparseGrads = {}
-        for t in sorted(set().union(*(s for _, s in self._pending))):
-            parts = [s[t] for _, s in self._pending if t in s]
+        for t in sorted(set().union(*(s for _, s in pending))):
+            parts = [s[t] for _, s in pending if t in s]
             rows[t] = (np.concatenate([ids for ids, _ in parts]),
                        np.concatenate([g for _, g in parts]) / self.grads_to_wait)
-        self._pending = []
-        self._apply(total, rows)
+        group.pending = []
+        self._apply(group, total, rows)
 
     def flush(self) -> int:
         """Applies gradients still buffered (`grads_to_wait > 1`) at once;
         returns the version."""
         with self._lock:
-            self._apply_pending()
+            for group in self.optimizers.values():
+                self._apply_pending(group)
             return self.version
 
-    def claim(self, task: TaskKey, lease: int
-              ) -> tuple[list[tuple[int, int]], int | None]:
+    def claim(self, task: TaskKey, lease: int) -> dict[str, Applied]:
         """See `TaskLog.claim`."""
         with self._lock:
             return self.log.claim(task, lease)
 
-    def _apply(self, grads: dict[str, np.ndarray], sparse: SparseGrads | None = None
-               ) -> None:
+    def _apply(self, group: OptimizerGroup, grads: dict[str, np.ndarray],
+               sparse: SparseGrads | None = None) -> None:
+        optimizer = group.optimizer
         if sparse:
             # The step and learning rate the dense update uses (Adam's bias
             # correction, schedules), read before it advances them.
-            step = int(self.optimizer.iterations.numpy()) + 1
-            learning_rate = float(keras.ops.convert_to_numpy(
-                self.optimizer.learning_rate))
+            step = int(optimizer.iterations.numpy()) + 1
+            learning_rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
             for name, (ids, rows) in sorted(sparse.items()):
                 self.tables[name].apply_gradients(ids, rows, step, learning_rate)
         names = tuple(sorted(grads))
         if names:
-            self._apply_fn(names)([tf.convert_to_tensor(grads[n]) for n in names])
+            self._apply_fn(group, names)([tf.convert_to_tensor(grads[n]) for n in names])
         else:
-            self.optimizer.iterations.assign_add(1)
+            optimizer.iterations.assign_add(1)
         self.version += 1
         for n in names:
             self.updated_at[n] = self.version
@@ -418,13 +554,15 @@ class ParameterStore:
                     if version < 0 or self.updated_at[n] > version}
 
     def optimizer_variables(self) -> list[keras.Variable]:
+        """The variables of the model's own optimizer (slots, iterations, rate)."""
         return list(self.optimizer.variables) if self.optimizer else []
 
     def mark_restored(self, path: str) -> None:
         """Values were replaced from a checkpoint: a new life of this state, in
         which every variable counts as changed (workers take all of them)."""
         with self._lock:
-            self._pending = []
+            for group in self.optimizers.values():
+                group.pending = []
             self.version += 1
             self.updated_at = dict.fromkeys(self.variables, self.version)
             self.incarnation = new_incarnation()

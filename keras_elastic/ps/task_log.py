@@ -19,18 +19,24 @@ The rules (see `docs/exactly_once.md`):
   applied only if every range is disjoint from what the task already has; a
   push whose ranges are all already applied is a duplicate (a retry whose reply
   was lost) and is acknowledged without being applied again.
+- A train step may update the model more than once (a GAN's step applies a
+  discriminator optimizer, then a generator optimizer): each optimizer apply
+  of a step is an *update* with a name ("" for the model's optimizer's first
+  apply, "d_optimizer", "g_optimizer#1", ... see `worker/remote_optimizer.py`),
+  and the log keeps the applied ranges of each update of a task apart. The
+  same elements pushed by two updates of one step are two different facts.
 
 Example:
 
 >>> log = TaskLog()
 >>> log.claim(("train", 0, 3), lease=7)
-([], 0)
+{}
 >>> r = Range(("train", 0, 3), lease=7, start=0, end=32, fingerprint=5)
 >>> log.check([r]) is None
 True
 >>> log.record([r])
 >>> log.claim(("train", 0, 3), lease=9)
-([(0, 32)], 5)
+{'': Applied(ranges=[(0, 32)], fingerprint=5)}
 >>> log.check([r])
 'fenced'
 """
@@ -38,6 +44,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 TaskKey = tuple[str, int, int]  # (dataset, epoch, task_id)
 MASK64 = (1 << 64) - 1
@@ -57,15 +64,29 @@ class Range:
     start: int
     end: int
     fingerprint: int = 0
+    update: str = ""  # which optimizer apply of the step ("": the model's first)
+
+
+class Applied(NamedTuple):
+    """What one update of a task has applied: sorted, disjoint, merged ranges
+    and the sum of their elements' fingerprints (None when unknown)."""
+
+    ranges: list[tuple[int, int]]
+    fingerprint: int | None
 
 
 @dataclasses.dataclass
 class _Entry:
     lease: int
-    applied: list[tuple[int, int]]  # sorted, disjoint, merged
-    # Sum of the fingerprints of the elements applied, mod 2**64; None when
-    # unknown (restored from parts that disagree): not checked then.
-    fingerprint: int | None = 0
+    # update -> sorted, disjoint, merged ranges
+    applied: dict[str, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+    # update -> sum of the fingerprints of the elements applied, mod 2**64;
+    # None when unknown (restored from parts that disagree): not checked then.
+    fingerprint: dict[str, int | None] = dataclasses.field(default_factory=dict)
+
+    def snapshot(self) -> dict[str, Applied]:
+        return {u: Applied(list(r), self.fingerprint.get(u, 0))
+                for u, r in sorted(self.applied.items()) if r}
 
 
 def _merge(intervals: list[tuple[int, int]], start: int, end: int
@@ -106,10 +127,9 @@ class TaskLog:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def claim(self, task: TaskKey, lease: int
-              ) -> tuple[list[tuple[int, int]], int | None]:
-        """Takes `task` for `lease`; returns `(applied ranges, fingerprint)`
-        (the fingerprint is None when unknown).
+    def claim(self, task: TaskKey, lease: int) -> dict[str, Applied]:
+        """Takes `task` for `lease`; returns what each update of it has applied
+        ({} when nothing).
 
         Raises `StaleLeaseError` if a newer lease holds the task already or its
         epoch is no longer tracked.
@@ -123,13 +143,13 @@ class TaskLog:
                                   "this server")
         entry = self._entries.get(task)
         if entry is None:
-            entry = self._entries[task] = _Entry(lease, [])
+            entry = self._entries[task] = _Entry(lease)
             self._prune(dataset, epoch)
         elif lease < entry.lease:
             raise StaleLeaseError(f"task {_describe(task)} is held by a newer lease "
                                   f"({entry.lease} > {lease})")
         entry.lease = lease
-        return list(entry.applied), entry.fingerprint
+        return entry.snapshot()
 
     def _prune(self, dataset: str, epoch: int) -> None:
         """A task of `epoch` is claimed: epochs before `epoch - 1` are complete."""
@@ -148,7 +168,7 @@ class TaskLog:
             entry = self._entries.get(r.task)
             if entry is None or entry.lease != r.lease:
                 return FENCED
-            inside = _overlaps(entry.applied, r.start, r.end)
+            inside = _overlaps(entry.applied.get(r.update, ()), r.start, r.end)
             if inside == r.end - r.start:
                 duplicates += 1
             elif inside:
@@ -163,21 +183,27 @@ class TaskLog:
         """Adds `ranges` (checked by `check`) to their tasks."""
         for r in ranges:
             entry = self._entries[r.task]
-            entry.applied = _merge(entry.applied, r.start, r.end)
-            if entry.fingerprint is not None:
-                entry.fingerprint = (entry.fingerprint + r.fingerprint) & MASK64
+            entry.applied[r.update] = _merge(entry.applied.get(r.update, []),
+                                             r.start, r.end)
+            fingerprint = entry.fingerprint.get(r.update, 0)
+            if fingerprint is not None:
+                entry.fingerprint[r.update] = (fingerprint + r.fingerprint) & MASK64
 
-    def applied(self, task: TaskKey) -> list[tuple[int, int]]:
+    def applied(self, task: TaskKey, update: str = "") -> list[tuple[int, int]]:
+        """The ranges update `update` of `task` has applied."""
         entry = self._entries.get(task)
-        return list(entry.applied) if entry else []
+        return list(entry.applied.get(update, [])) if entry else []
 
     # -- checkpoints ------------------------------------------------------
     def to_json(self) -> dict:
         return {
             "min_epoch": dict(self._min_epoch),
             "min_lease": self.min_lease,
-            "tasks": [[d, e, t, entry.lease, [list(a) for a in entry.applied],
-                       None if entry.fingerprint is None else str(entry.fingerprint)]
+            # [dataset, epoch, task, lease, {update: ranges}, {update: fingerprint}]
+            "tasks": [[d, e, t, entry.lease,
+                       {u: [list(a) for a in r] for u, r in entry.applied.items()},
+                       {u: None if f is None else str(f)
+                        for u, f in entry.fingerprint.items()}]
                       for (d, e, t), entry in sorted(self._entries.items())],
         }
 
@@ -189,9 +215,12 @@ class TaskLog:
         log._min_epoch = {k: int(v) for k, v in data.get("min_epoch", {}).items()}
         log.min_lease = int(data.get("min_lease", 0))
         for d, e, t, lease, applied, fp in data.get("tasks", []):
+            if not isinstance(applied, dict):  # one update (before updates had names)
+                applied, fp = {"": applied}, {"": fp}
             log._entries[(d, int(e), int(t))] = _Entry(
-                int(lease), [(int(a), int(b)) for a, b in applied],
-                None if fp is None else int(fp) & MASK64)
+                int(lease),
+                {u: [(int(a), int(b)) for a, b in r] for u, r in applied.items()},
+                {u: None if f is None else int(f) & MASK64 for u, f in fp.items()})
         return log
 
     @classmethod
@@ -208,21 +237,26 @@ class TaskLog:
         keys = set().union(*(log._entries for log in logs))
         for key in keys:
             entries = [log._entries.get(key) for log in logs]
-            applied = entries[0].applied if entries[0] else []
-            for entry in entries[1:]:
-                theirs = entry.applied if entry else []
-                common = [(max(a, c), min(b, d)) for a, b in applied for c, d in theirs
-                          if min(b, d) > max(a, c)]
-                differing += (sum(b - a for a, b in applied)
-                              + sum(b - a for a, b in theirs)
-                              - 2 * sum(b - a for a, b in common))
-                applied = common
             known = [e for e in entries if e is not None]
-            if applied or len(known) == len(entries):
-                fps = {e.fingerprint for e in known if e.applied == applied}
-                out._entries[key] = _Entry(
-                    max(e.lease for e in known), list(applied),
-                    fps.pop() if len(fps) == 1 else None)
+            updates = set().union(*(e.applied for e in known))
+            merged = _Entry(max(e.lease for e in known))
+            for update in sorted(updates):
+                parts = [e.applied.get(update, []) if e else [] for e in entries]
+                applied = parts[0]
+                for theirs in parts[1:]:
+                    common = [(max(a, c), min(b, d)) for a, b in applied
+                              for c, d in theirs if min(b, d) > max(a, c)]
+                    differing += (sum(b - a for a, b in applied)
+                                  + sum(b - a for a, b in theirs)
+                                  - 2 * sum(b - a for a, b in common))
+                    applied = common
+                if applied:
+                    fps = {e.fingerprint.get(update, 0) for e in known
+                           if e.applied.get(update, []) == applied}
+                    merged.applied[update] = list(applied)
+                    merged.fingerprint[update] = fps.pop() if len(fps) == 1 else None
+            if merged.applied or len(known) == len(entries):
+                out._entries[key] = merged
         for log in logs:
             out.min_lease = max(out.min_lease, log.min_lease)
             for dataset, epoch in log._min_epoch.items():

@@ -9,9 +9,9 @@ a count: every epoch runs until the task stream ends.
 A training stream may also end a *segment* of an epoch (it must not block on
 the master while tasks it holds sit in a partial batch): the pipeline runs out,
 the tasks are reported, and the epoch goes on over a new iterator of the same
-pipeline. `SegmentedIterator` carries that through Keras' fit loop; the
-model's train function (see `segmented_function`) switches to the next
-segment when one runs out.
+pipeline. `SegmentedIterator` carries that through Keras' fit loop: the
+elastic train function (`worker/train_function.py`) takes batches from it
+with `next()`, which switches to the next segment when one runs out.
 """
 
 from __future__ import annotations
@@ -53,25 +53,6 @@ class SegmentedIterator:
                     raise StopIteration from None
 
 
-def segmented_function(function: Callable) -> Callable:
-    """Wraps a Keras train function to run over a `SegmentedIterator`."""
-    if getattr(function, "_ke_segmented", False):
-        return function
-
-    def run(iterator):
-        if not isinstance(iterator, SegmentedIterator):
-            return function(iterator)
-        while True:
-            try:
-                return function(iterator.current)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                if not iterator.next_segment():
-                    raise
-
-    run._ke_segmented = True
-    return run
-
-
 class ElasticEpochIterator(tf_trainer.TFEpochIterator):
     # {id(tf.data.Dataset): on_end} of the training pipelines made of segments.
     segmented: dict[int, Callable[[], bool]] = {}
@@ -109,8 +90,8 @@ def elastic_epochs(segmented: dict[int, Callable[[], bool]] | None = None):
     """Within this context, Keras' fit/evaluate/predict use `ElasticEpochIterator`.
 
     `segmented`: `{id(pipeline): on_end}` for training pipelines whose epochs
-    may be made of segments (the model's train function must be wrapped with
-    `segmented_function`).
+    may be made of segments (the model's train function must take batches
+    with `next()`: see `worker/train_function.py`).
     """
     original = tf_trainer.TFEpochIterator
     iterator_class = type("ElasticEpochIterator", (ElasticEpochIterator,),

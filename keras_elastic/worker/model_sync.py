@@ -3,14 +3,16 @@
 Each variable of the model gets a key that is stable across processes (its
 position among the model's weights and its short name, not the layer names
 Keras numbers per process), which decides its parameter server. `exchange` is
-what the compiled train step calls (through `tf.py_function`): it pushes the
-gradients and the non-trainable values (and the optimizer's learning rate
+what an optimizer's apply in the compiled train step calls (through
+`tf.py_function`; see worker/remote_optimizer.py): it pushes the gradients of
+one update and the non-trainable values (and the optimizer's learning rate
 when the worker changed it: see worker/hyperparameters.py), and returns the
 newest value of every variable.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import keras
@@ -42,26 +44,56 @@ class ModelSync:
         self.keys = variable_keys(model)
         self.trainable_keys = self.keys[:len(self.trainable)]
         self.non_trainable_keys = self.keys[len(self.trainable):]
+        self._key_of = {id(v): k for k, v in zip(self.keys, self.variables)}
         self._values: dict[str, np.ndarray] = {}
-        self.grad_keys: list[str] = []  # set when the train step is traced
-        self.grad_tables: list[str] = []  # embedding tables pushed, likewise
+        # update name -> the servers its pushes reach (noted when the step is
+        # traced): who must hold each update's elements (worker/replay.py).
+        self.updates: dict[str, frozenset[int]] = {}
         self.tables = embedding_tables(model)
         self._ids_model = None  # (model -> ids of each table, layers), or False
         for name, layer in self.tables.items():
             layer.connect(name, lambda ids, name=name: self.rows_of(name, ids))
-        self.t_data = 0.0
+        self.t_data = 0.0   # when the step's batch was ready (the step began)
+        self._t_mark = 0.0  # the step's compute resumed (its start or last push)
         self.stream = None  # the training TaskStream (set by fit)
         # The exchange (see worker/push_pipeline.py): "sync" pushes and waits
         # in the step; "pipelined" lets the push travel during the next step.
         self.exchange_mode = "sync"
         self.pipeline = PushPipeline()
         self.completed_seq = -1  # pipelined: largest seq of a batch whose push returned
+        # A replay's step runs (worker/replay.py): its pushes complete no task
+        # of the pipeline (its task may be ahead of the batches trained).
+        self.replaying = False
         self._dead_at_mark: frozenset = frozenset()
-        # The optimizer's learning rate to the servers (set by initialize).
-        self.hyperparameters: HyperparameterSync | None = None
-        # The learning-rate variable the traced train step reads and passes to
-        # `exchange` as its last input (None: not passed).
-        self.rate_variable: keras.Variable | None = None
+        # Each optimizer group's learning rate to the servers: "" is made by
+        # initialize, the others at their first push.
+        self.hyperparameter_syncs: dict[str, HyperparameterSync] = {}
+
+    @property
+    def hyperparameters(self) -> HyperparameterSync | None:
+        """The model optimizer's hyperparameter sync (None before initialize)."""
+        return self.hyperparameter_syncs.get("")
+
+    def key_of(self, variable, group: str = "") -> str:
+        """The key of a variable of the model; ValueError naming it (and the
+        optimizer applying it) if it is not one."""
+        key = self._key_of.get(id(variable))
+        if key is None:
+            raise ValueError(
+                f"optimizer '{group or 'optimizer'}' was applied to variable "
+                f"'{getattr(variable, 'path', variable)}', which is not a weight of "
+                "the model: keras_elastic keeps the model's weights on the parameter "
+                "servers, so an optimizer may update only those (track the layer "
+                "that owns it as an attribute of the model)")
+        return key
+
+    def note_update(self, push) -> None:
+        """An update of the step was traced: the servers its pushes reach."""
+        servers = {self.ps.owner(k) for k in push.grad_keys + tuple(
+            self.non_trainable_keys)}
+        if push.tables:
+            servers = set(range(self.ps.num_ps))
+        self.updates[push.update] = frozenset(servers)
 
     def initialize(self, restore_from: str = "") -> None:
         """Initializes the PS with this model (first worker wins; it has the
@@ -76,22 +108,56 @@ class ModelSync:
                   for k, v in zip(self.keys, self.variables)}
         tables = {name: _jsonable(layer.table_spec())
                   for name, layer in self.tables.items()}
-        self._values = self.ps.init(values, _jsonable(config), restore_from, tables)
+        state = optimizer_state(optimizer, list(zip(self.trainable,
+                                                    self.trainable_keys)))
+        self._values = self.ps.init(values, _jsonable(config), restore_from, tables,
+                                    optimizer_state=state)
         self.assign_all()
-        self.hyperparameters = HyperparameterSync(lambda: self.model.optimizer)
+        self.hyperparameter_syncs[""] = HyperparameterSync(lambda: self.model.optimizer)
         self.adopt_hyperparameters()
+
+    def hyperparameter_sync(self, push) -> HyperparameterSync | None:
+        """The hyperparameter sync of the optimizer group `push.group`."""
+        found = self.hyperparameter_syncs.get(push.group)
+        if found is None and push.group:
+            from keras_elastic.worker.remote_optimizer import optimizers_of
+
+            optimizer = optimizers_of(self.model).get(push.group)
+            if optimizer is not None:
+                found = self.hyperparameter_syncs[push.group] = HyperparameterSync(
+                    lambda: optimizer)
+        return found
 
     def send_hyperparameters(self) -> None:
         """Sends a learning rate changed after the last push (a callback at the
         end of the last epoch) to the servers not known to hold it, in an
-        empty push."""
-        if self.hyperparameters is None:
+        empty push (per optimizer group)."""
+        if not self.hyperparameter_syncs:
             return
         self.flush()
-        wanted = self.hyperparameters.wanted()
-        if any(known.get(k) != v for known in self.ps.server_hyperparameters
-               for k, v in wanted.items()):
-            self.take(self.ps.exchange({}, {}, hyperparameters=wanted).values)
+        for group, sync in list(self.hyperparameter_syncs.items()):
+            wanted = sync.wanted()
+            prefix = f"{group}/" if group else ""
+            if any(known.get(prefix + k) != v for known in self.ps.server_hyperparameters
+                   for k, v in wanted.items()):
+                spec = self.group_specs.get(group) if group else None
+                if group and spec is None:
+                    continue  # never pushed: the servers have no such group yet
+                self.take(self.ps.exchange({}, {}, hyperparameters=wanted,
+                                           optimizer=group,
+                                           optimizer_spec=spec).values)
+
+    @property
+    def group_specs(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """The specs of the optimizer groups other than "" pushed so far."""
+        from keras_elastic.worker.remote_optimizer import optimizers_of
+
+        out = {}
+        for group, optimizer in optimizers_of(self.model).items():
+            link = optimizer.__dict__.get("_ke_remote")
+            if group and link is not None and link.spec is not None:
+                out[group] = link.spec
+        return out
 
     def learning_rate_variable(self) -> keras.Variable | None:
         """The variable of the model's learning rate (None for a schedule)."""
@@ -99,11 +165,17 @@ class ModelSync:
         return None if optimizer is None else learning_rate_variable(optimizer)
 
     def adopt_hyperparameters(self) -> None:
-        """Takes the servers' learning rate (from the last pull) into the
-        model's optimizer, unless this worker changed its own since it last
+        """Takes the servers' learning rates (from the last pull) into the
+        model's optimizers, unless this worker changed its own since it last
         sent or adopted one (see worker/hyperparameters.py)."""
-        if self.hyperparameters is not None:
-            self.hyperparameters.adopt(self.ps.server_hyperparameters)
+        for group, sync in self.hyperparameter_syncs.items():
+            if not group:
+                sync.adopt(self.ps.server_hyperparameters)
+                continue
+            prefix = f"{group}/"
+            sync.adopt([{k[len(prefix):]: v for k, v in known.items()
+                         if k.startswith(prefix)}
+                        for known in self.ps.server_hyperparameters])
 
     # -- embedding tables --------------------------------------------------
     def prefetch(self, x) -> dict | None:
@@ -182,6 +254,14 @@ class ModelSync:
         self.timer.add("push", time.perf_counter() - t)
         return True
 
+    def push_values(self) -> None:
+        """Makes the servers hold this model's current values (after Keras'
+        own fit trained it in this process): every variable, assigned."""
+        self.flush()
+        values = {k: np.asarray(keras.ops.convert_to_numpy(v.value))
+                  for k, v in zip(self.keys, self.variables)}
+        self.take(self.ps.exchange({}, values).values)
+
     def take(self, values: dict[str, np.ndarray]) -> None:
         """New values from a push made outside the train step: into the model."""
         self._values.update(values)
@@ -198,49 +278,54 @@ class ModelSync:
             if key in self._values:
                 variable.assign(self._values[key])
 
-    # -- called from the compiled train step ------------------------------
-    def mark_data(self, seqs) -> np.ndarray:
-        """The batch has arrived (the step's input is ready); returns the weight
-        of each element: 0 for tasks abandoned."""
-        self.t_data = time.perf_counter()
-        seqs = seqs.numpy()
-        if self.stream is None:
-            return np.ones(len(seqs), np.float32)
-        if self.pipelined:
+    # -- the step -----------------------------------------------------------
+    def begin_step(self) -> None:
+        """A batch is ready and its step begins (for the compute/input-wait
+        split, and what the pipelined exchange knows was given back)."""
+        self.t_data = self._t_mark = time.perf_counter()
+        if self.pipelined and self.stream is not None:
             self._dead_at_mark = self.stream.dead()
-        return self.stream.live_mask(seqs)
 
-    def exchange(self, tags, *tensors) -> list[np.ndarray]:
-        """Pushes gradients + non-trainable values; returns every variable's value.
+    # -- called from the compiled train step ------------------------------
+    def exchange(self, push, tags, *tensors) -> list[np.ndarray]:
+        """Pushes one update's gradients + the non-trainable values; returns
+        every variable's value. `push` (a `remote_optimizer.Push`) says what
+        `tensors` are: the gradients of `push.grad_keys`, the non-trainable
+        values, the (ids, rows) of each table of `push.tables`, and the
+        learning rate when `push.rate` is set.
 
         `tags`: `[seq, position, fingerprint]` of each element of the batch.
         """
         t_grads = time.perf_counter()
-        if self.t_data:
-            self.timer.add("compute", t_grads - self.t_data)
+        if self._t_mark:
+            self.timer.add("compute", t_grads - self._t_mark)
         # The learning rate the worker's callbacks set (sent to the servers
         # that do not hold it yet, with this push), read in the step.
-        if self.rate_variable is not None:
+        if push.rate is not None:
             rate, tensors = float(tensors[-1]), tensors[:-1]
         else:
             rate = None
-        wanted = (self.hyperparameters.wanted(self.rate_variable, rate)
-                  if self.hyperparameters else None)
-        n, m = len(self.grad_keys), len(self.non_trainable_keys)
-        grads = {k: t.numpy() for k, t in zip(self.grad_keys, tensors[:n])}
+        hyperparameters = self.hyperparameter_sync(push)
+        wanted = (hyperparameters.wanted(push.rate, rate)
+                  if hyperparameters is not None else None)
+        n, m = len(push.grad_keys), len(self.non_trainable_keys)
+        grads = {k: t.numpy() for k, t in zip(push.grad_keys, tensors[:n])}
         assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
                                                  tensors[n:n + m])}
-        sparse = sum_rows(self.grad_tables, tensors[n + m:])
+        sparse = sum_rows(push.tables, tensors[n + m:])
         if self.pipelined:
-            return self._exchange_pipelined(tags.numpy(), grads, assigns, sparse,
-                                            t_grads, wanted)
+            out = self._exchange_pipelined(push, tags.numpy(), grads, assigns, sparse,
+                                           t_grads, wanted)
+            self._t_mark = time.perf_counter()
+            return out
         ranges, live = [], []
         if self.stream is not None:
-            ranges, live = self.stream.batch_ranges(tags.numpy())
+            ranges, live = self.stream.batch_ranges(tags.numpy(), push.update)
             if not ranges:
                 grads, sparse = {}, {}  # every element belongs to an abandoned task
         reply = self.ps.exchange(grads, assigns, ranges, sparse=sparse,
-                                 hyperparameters=wanted)
+                                 hyperparameters=wanted, optimizer=push.group,
+                                 optimizer_spec=push.spec)
         faults.reached("after_push")
         if not reply.accepted:
             self.stream.abandon(live, f"push refused: {reply.refusals()}")
@@ -249,24 +334,25 @@ class ModelSync:
         self.timer.add("push", t_pushed - t_grads)
         self._values.update(new)
         out = [self._values[k] for k in self.keys]
-        self.timer.add("pull", time.perf_counter() - t_pushed)
+        self._t_mark = time.perf_counter()
+        self.timer.add("pull", self._t_mark - t_pushed)
         return out
 
-    def _exchange_pipelined(self, tags: np.ndarray, grads, assigns, sparse,
+    def _exchange_pipelined(self, push, tags: np.ndarray, grads, assigns, sparse,
                             t_grads: float, wanted=None) -> list[np.ndarray]:
         """Waits for the previous push, sends this one on the pipeline's
         thread, returns the newest values that arrived (see push_pipeline)."""
         self._finish_push()
         ranges, live = [], []
-        max_seq = int(tags[:, 0].max()) if len(tags) else -1
+        max_seq = int(tags[:, 0].max()) if len(tags) and not self.replaying else -1
         if self.stream is not None:
-            ranges, live = self.stream.batch_ranges(tags)
+            ranges, live = self.stream.batch_ranges(tags, push.update)
             given_back = self.stream.dead() - self._dead_at_mark
             if given_back and np.isin(tags[:, 0], list(given_back)).any():
-                # Weighed as live when the step began, given back since (the
-                # previous push was refused): the gradient holds elements that
-                # are no longer ours. Push none of it; the batch's other tasks
-                # go back too (their elements here are not applied).
+                # Live when the step began, given back since (the previous push
+                # was refused): the gradient holds elements that are no longer
+                # ours. Push none of it; the batch's other tasks go back too
+                # (their elements here are not applied).
                 self.stream.abandon(live, "a task of the batch was given back "
                                     "while its step ran")
                 ranges, live = [], []
@@ -274,13 +360,40 @@ class ModelSync:
                 grads, sparse = {}, {}
         self.pipeline.submit(
             lambda: self.ps.exchange(grads, assigns, ranges, sparse=sparse,
-                                     hyperparameters=wanted),
+                                     hyperparameters=wanted, optimizer=push.group,
+                                     optimizer_spec=push.spec),
             max_seq, live)
         t_sent = time.perf_counter()
         self.timer.add("push", t_sent - t_grads)
         # This worker's non-trainable values are the newest (its push is on the
         # way): keep them rather than the previous reply's.
         return [assigns[k] if k in assigns else self._values[k] for k in self.keys]
+
+
+def optimizer_state(optimizer: keras.optimizers.Optimizer, keys: list[tuple]
+                    ) -> dict[str, tuple[np.ndarray, str | None]]:
+    """The state of an optimizer that already trained (`iterations > 0`: a
+    model loaded from a Keras file, or trained by Keras before `ke.wrap`), as
+    the servers name it: {name relative to the optimizer: (value, key of the
+    variable a slot belongs to, or None)}; {} for a fresh optimizer.
+
+    Keras names a slot `{variable path with _ for /}_{slot}`; on the servers
+    the variable's path is its key (with _ for /)."""
+    if not getattr(optimizer, "built", False) or int(optimizer.iterations.numpy()) == 0:
+        return {}
+    prefixes = sorted(((v.path.replace("/", "_"), key) for v, key in keys),
+                      key=lambda p: -len(p[0]))
+    out = {}
+    for variable in optimizer.variables:
+        relative = variable.path.split("/", 1)[-1]
+        owner = None
+        for prefix, key in prefixes:
+            if relative.startswith(prefix + "_"):
+                relative = re.sub(r"[^A-Za-z0-9_.\-]", "_", key) + relative[len(prefix):]
+                owner = key
+                break
+        out[relative] = (np.asarray(keras.ops.convert_to_numpy(variable.value)), owner)
+    return out
 
 
 def embedding_tables(model: keras.Model) -> dict[str, Embedding]:
@@ -334,19 +447,6 @@ def sum_rows(tables: list[str], tensors) -> dict[str, tuple[np.ndarray, np.ndarr
         np.add.at(summed, index, rows)
         sparse[table] = (unique, summed)
     return sparse
-
-
-def training_loss(model: keras.Model, x, y, sample_weight):
-    """`(y_pred, loss)` of one training forward pass of `model` (call it under a
-    `GradientTape`): the train step's and a replay's catch-up gradients come
-    from the same computation."""
-    if model._call_has_training_arg:
-        y_pred = model(x, training=True)
-    else:
-        y_pred = model(x)
-    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                               training=True)
-    return y_pred, loss
 
 
 def _jsonable(value):

@@ -9,9 +9,9 @@ checkpoint taken mid-task. Then:
 - the *frontier* is the end of the last element any server has applied: the
   shared pipeline skips every element before it (`dataset_fn` runs again on
   the task's records and the elements are skipped by position);
-- before the frontier, the elements some servers lack are *caught up*: their
-  gradients are computed again (on the current model) and pushed to those
-  servers only;
+- before the frontier, the elements some servers lack are *caught up*: the
+  model's train step runs on them again (on the current model) and each server
+  applies each update of the step only where it lacks those elements;
 - the skipped elements are checked against the servers' fingerprints of what
   they applied: if `dataset_fn` now gives other elements (it is not
   deterministic), that is an error, not a silent double count.
@@ -28,13 +28,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from absl import logging
-from keras.src.trainers.data_adapters import data_adapter_utils
 
-from keras_elastic.data.fingerprint import element_fingerprint, mix, range_fingerprint
-from keras_elastic.layers.embedding import embedding_step
-from keras_elastic.proto import ps_pb2
+from keras_elastic.data.fingerprint import element_fingerprint, mix
 from keras_elastic.ps.client import TaskClaim
-from keras_elastic.worker.model_sync import sum_rows, training_loss
 
 
 class NondeterministicDatasetError(RuntimeError):
@@ -44,7 +40,7 @@ class NondeterministicDatasetError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class ReplayPlan:
     frontier: int
-    # (start, end, servers that lack elements [start, end))
+    # (start, end, servers that lack elements [start, end) for some update)
     segments: tuple[tuple[int, int, tuple[int, ...]], ...]
 
     @property
@@ -52,22 +48,32 @@ class ReplayPlan:
         return self.frontier > 0
 
 
-def plan_replay(claims: list[TaskClaim]) -> ReplayPlan:
+def plan_replay(claims: list[TaskClaim],
+                participants: set[tuple[int, str]] | None = None) -> ReplayPlan:
     """What to skip and what to catch up, from each server's applied ranges.
+
+    `participants`: the (server, update) pairs that must hold every element
+    of the task: those the worker's step pushes to (`ModelSync.updates`).
+    Every pair that applied some element of the task is one too; None: every
+    server for update "" (a step with one optimizer apply).
 
     >>> a = TaskClaim([(0, 48)], 0)
     >>> b = TaskClaim([(0, 32)], 0)
     >>> plan_replay([a, b])
     ReplayPlan(frontier=48, segments=((32, 48, (1,)),))
     """
-    frontier = max((end for c in claims for _, end in c.applied), default=0)
-    points = sorted({0, frontier} | {x for c in claims for r in c.applied for x in r})
+    applied = {(i, u): a.ranges for i, c in enumerate(claims)
+               for u, a in c.updates.items()}
+    pairs = set(applied) | (set(participants) if participants is not None
+                            else {(i, "") for i in range(len(claims))})
+    frontier = max((end for r in applied.values() for _, end in r), default=0)
+    points = sorted({0, frontier} | {x for r in applied.values() for a in r for x in a})
     segments: list[tuple[int, int, tuple[int, ...]]] = []
     for lo, hi in zip(points, points[1:]):
         if lo >= frontier:
             break
-        need = tuple(i for i, c in enumerate(claims)
-                     if not any(a <= lo and hi <= b for a, b in c.applied))
+        need = tuple(sorted({i for i, u in pairs if not any(
+            a <= lo and hi <= b for a, b in applied.get((i, u), ()))}))
         if not need:
             continue
         if segments and segments[-1][1] == lo and segments[-1][2] == need:
@@ -90,14 +96,22 @@ class Replay:
 
 
 class Replayer:
-    """Checks and catches up replays for one model and `ElasticDataset`."""
+    """Checks and catches up replays for one model and `ElasticDataset`.
 
-    def __init__(self, model, dataset, sync) -> None:
+    Catching up runs the model's own compiled train step
+    (`TrainFunction.replay`) on the task's elements again, in batches that
+    never straddle a point where some server's applied ranges start or end:
+    every update of the step is pushed, and each server applies it only
+    where it lacks those elements (elsewhere it is a duplicate, acknowledged
+    and ignored). So a step with several optimizer applies (a GAN's) is
+    caught up as exactly as Keras' default step.
+    """
+
+    def __init__(self, model, dataset, sync, runtime) -> None:
         self.model = model
         self.dataset = dataset
         self.sync = sync
-        self._grads = None
-        self._grad_keys: list[str] = []
+        self.runtime = runtime
 
     # -- the elements of a task, again --------------------------------------
     def _elements(self, records) -> tf.data.Dataset:
@@ -125,80 +139,51 @@ class Replayer:
             return
         mixed = mix(np.arange(frontier), fps)
         for server, claim in enumerate(replay.claims):
-            if claim.fingerprint is None or not claim.applied:
-                continue
-            mask = np.zeros(frontier, bool)
-            for a, b in claim.applied:
-                mask[a:b] = True
-            with np.errstate(over="ignore"):
-                mine = int(np.sum(mixed[mask], dtype=np.uint64))
-            if mine != claim.fingerprint:
-                raise NondeterministicDatasetError(
-                    f"{where}: dataset_fn {_fn(ds)} gave other elements for this "
-                    f"task's records than when parameter server {server} applied "
-                    f"elements {claim.applied} of it (their fingerprints differ). "
-                    "Replaying it would train some records twice and others never. "
-                    "Make dataset_fn deterministic (seed its shuffles and random "
-                    "ops), or, if it only augments each record at random (same "
-                    "records, same order), pass ElasticDataset(deterministic=False).")
+            for ranges, expected in claim.updates.values():
+                if expected is None or not ranges:
+                    continue
+                mask = np.zeros(frontier, bool)
+                for a, b in ranges:
+                    mask[a:b] = True
+                with np.errstate(over="ignore"):
+                    mine = int(np.sum(mixed[mask], dtype=np.uint64))
+                if mine != expected:
+                    raise NondeterministicDatasetError(
+                        f"{where}: dataset_fn {_fn(ds)} gave other elements for this "
+                        f"task's records than when parameter server {server} applied "
+                        f"elements {ranges} of it (their fingerprints differ). "
+                        "Replaying it would train some records twice and others "
+                        "never. Make dataset_fn deterministic (seed its shuffles and "
+                        "random ops), or, if it only augments each record at random "
+                        "(same records, same order), pass "
+                        "ElasticDataset(deterministic=False).")
 
     # -- catching up ----------------------------------------------------------
-    def _grad_fn(self):
-        if self._grads is None:
-            model, sync = self.model, self.sync
-
-            @tf.function
-            def grads_of(data):
-                x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-                with tf.GradientTape() as tape, embedding_step(tape) as lookups:
-                    _, loss = training_loss(model, x, y, sample_weight)
-                    loss = model.optimizer.scale_loss(loss)
-                n = len(sync.trainable)
-                grads = tape.gradient(loss, sync.trainable + [r for _, _, r in lookups])
-                pairs = [(k, g) for k, g in zip(sync.trainable_keys, grads[:n])
-                         if g is not None]
-                rows = [(layer.table_name, ids, g) for (layer, ids, _), g in zip(
-                    lookups, grads[n:]) if g is not None]
-                self._grad_keys = [k for k, _ in pairs]
-                self._grad_tables = [name for name, _, _ in rows]
-                return [tf.convert_to_tensor(g) for _, g in pairs] + [
-                    t for _, ids, g in rows for t in (ids, tf.convert_to_tensor(g))]
-
-            self._grads = grads_of
-        return self._grads
-
     def run(self, replay: Replay) -> bool:
         """Checks the replayed elements and catches up the servers that lack
         some. Returns False if a server refused (the task is no longer ours)."""
         self._check(replay)
-        task, ds = replay.task, self.dataset
+        self.runtime.ensure_traced()
+        participants = {(s, u) for u, servers in self.sync.updates.items()
+                        for s in servers}
+        plan = plan_replay(replay.claims, participants or None)
+        ds = self.dataset
         fingerprint = element_fingerprint if ds.deterministic else (
             lambda e: tf.constant(0, tf.int64))
-        for lo, hi, servers in replay.plan.segments:
+        seq = tf.constant(replay.seq, tf.int64)
+        stream = self.sync.stream
+        for lo, hi, _ in plan.segments:
             elements = self._elements(replay.records).enumerate().skip(lo).take(hi - lo)
-            tagged = elements.map(lambda i, e: (tf.stack([i, fingerprint(e)]), e))
-            batched = ds._batch_untagged_pairs(tagged)
-            for tags, batch in batched:
-                tags = tags.numpy()
-                start, end = int(tags[0, 0]), int(tags[-1, 0]) + 1
-                grads = self._grad_fn()(batch)
-                n = len(self._grad_keys)
-                values = {k: g.numpy() for k, g in zip(self._grad_keys, grads[:n])}
-                sparse = sum_rows(self._grad_tables, grads[n:])
-                reply = self.sync.ps.exchange(values, {}, [ps_pb2.TaskRange(
-                    dataset=ds.name, epoch=task.epoch, task_id=task.task_id,
-                    lease=task.lease, start=start, end=end,
-                    fingerprint=range_fingerprint(tags[:, 0], tags[:, 1]))],
-                    targets=list(servers), sparse=sparse)
-                self.sync.take(reply.values)
-                if not reply.accepted:
-                    logging.warning("%s: catching up was refused (%s)",
-                                    _describe(task), reply.refusals())
+            tagged = elements.map(lambda i, e: (tf.stack([seq, i, fingerprint(e)]), e))
+            for tags, batch in ds._batch_untagged_pairs(tagged):
+                self.runtime.replay(tags.numpy(), batch)
+                if stream is not None and replay.seq in stream.dead():
+                    logging.warning("%s: catching up was refused", _describe(replay.task))
                     return False
-        if replay.plan.segments:
+        if plan.segments:
             logging.info("%s: skipped %d elements already applied, caught up %s",
-                         _describe(task), replay.plan.frontier,
-                         [(lo, hi, list(s)) for lo, hi, s in replay.plan.segments])
+                         _describe(replay.task), plan.frontier,
+                         [(lo, hi, list(s)) for lo, hi, s in plan.segments])
         return True
 
 

@@ -34,7 +34,7 @@ class TaskReporter(keras.callbacks.Callback):
         self.stream = stream
         self._sync = sync
         self._validate = validate  # epoch -> val_* logs (elastic validation)
-        self._trained_seq = trained_seq  # tf.Variable set by the train step
+        self._trained_seq = trained_seq  # () -> largest task seq trained
         self._batch_start = 0.0
         self._last_seq = -1
         self.job_metrics = JobMetrics()
@@ -61,7 +61,7 @@ class TaskReporter(keras.callbacks.Callback):
             # Only batches whose push has returned count as trained.
             seq = self._sync.completed_seq
         else:
-            seq = int(self._trained_seq.numpy())
+            seq = self._trained_seq()
         if seq > self._last_seq:
             self._last_seq = seq
             self.stream.mark_trained(seq)

@@ -18,8 +18,9 @@ already applied of it. The pipeline then skips that many elements, and a
 `Replay` (see `worker/replay.py`) is queued to check them and catch up any
 server that lacks some; the task is not reported before its replay ran. A
 task whose push a server refused (its lease is no longer current, or the
-gradient was too stale) is *abandoned*: its elements still in the pipeline get
-weight 0, it is never reported done, and it goes back to the master.
+gradient was too stale) is *abandoned*: its elements still in the pipeline are
+dropped from their batches before the step (`worker/train_function.py`), it
+is never reported done, and it goes back to the master.
 """
 
 from __future__ import annotations
@@ -207,14 +208,20 @@ class TaskStream:
         with self._lock:
             return frozenset(self._dead)
 
+    def has_dead(self) -> bool:
+        """Whether any task was given back (a cheap check per step)."""
+        return bool(self._dead)
+
     def live_mask(self, seqs: np.ndarray) -> np.ndarray:
         """1.0 for elements of tasks still ours, 0.0 for abandoned ones."""
         if not self._dead:
             return np.ones(len(seqs), np.float32)
         return (~np.isin(seqs, list(self._dead))).astype(np.float32)
 
-    def batch_ranges(self, tags: np.ndarray) -> tuple[list, list[int]]:
-        """The `TaskRange`s of a batch's elements of live tasks, and their seqs.
+    def batch_ranges(self, tags: np.ndarray, update: str = ""
+                     ) -> tuple[list, list[int]]:
+        """The `TaskRange`s of a batch's elements of live tasks for update
+        `update` of the step (see worker/step_context.py), and their seqs.
 
         `tags` is the batch's `[seq, position, fingerprint]` per element; a
         task's elements in a batch are consecutive.
@@ -235,7 +242,8 @@ class TaskStream:
                 ranges.append(ps_pb2.TaskRange(
                     dataset=self.dataset, epoch=task.epoch, task_id=task.task_id,
                     lease=task.lease, start=start, end=end,
-                    fingerprint=range_fingerprint(positions[lo:hi], fps[lo:hi])))
+                    fingerprint=range_fingerprint(positions[lo:hi], fps[lo:hi]),
+                    update=update))
                 live.append(seq)
         return ranges, live
 

@@ -33,6 +33,10 @@ flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"], "compile(exchange=.
 flags.DEFINE_bool("validate", False, "Validate on the data after each epoch.")
 flags.DEFINE_bool("filter_odd", False, "dataset_fn drops records with an odd id "
                   "(tasks' element counts then differ from their record counts).")
+flags.DEFINE_enum("step", "keras", ["keras", "custom", "two_optimizers"],
+                  "keras: Keras' own train_step; custom: a train_step of the model's "
+                  "own; two_optimizers: a train_step applying two optimizers, each "
+                  "to half of the weights (a GAN's step shape).")
 
 
 class Counting(keras.layers.Layer):
@@ -42,6 +46,36 @@ class Counting(keras.layers.Layer):
 
     def call(self, x):
         return x[:, :1] * tf.add_n([c for c in self.counts])
+
+
+class CountingModel(keras.Model):
+    """The counting model with a train_step of its own (issue 23): with
+    `two`, a second optimizer of its own `compile` updates half the weights,
+    so every step makes two updates."""
+
+    def __init__(self, two: bool):
+        super().__init__()
+        self.counting = Counting()
+        self.two = two
+
+    def call(self, x):
+        return self.counting(x)
+
+    def compile(self, optimizer, b_optimizer=None, **kwargs):
+        super().compile(optimizer=optimizer, **kwargs)
+        self.b_optimizer = b_optimizer
+
+    def train_step(self, data):
+        x, _ = data
+        counts = self.counting.counts
+        half = len(counts) // 2 if self.two else len(counts)
+        with tf.GradientTape() as tape:
+            loss = -tf.reduce_sum(self(x, training=True)[:, 0])
+        grads = tape.gradient(loss, counts)
+        self.optimizer.apply(grads[:half], counts[:half])
+        if self.two:
+            self.b_optimizer.apply_gradients(zip(grads[half:], counts[half:]))
+        return {"loss": loss}
 
 
 class MinusSum(keras.losses.Loss):
@@ -86,10 +120,15 @@ def main(argv):
     if job_dir:
         with open(os.path.join(job_dir, f"pid-{cluster.worker_id}"), "w") as f:
             f.write(str(os.getpid()))
-    inputs = keras.Input((2,))
-    model = ke.Model(inputs, Counting()(inputs))
-    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=MinusSum(),
-                  exchange=FLAGS.exchange)
+    if FLAGS.step == "keras":
+        inputs = keras.Input((2,))
+        model = ke.Model(inputs, Counting()(inputs))
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss=MinusSum(),
+                      exchange=FLAGS.exchange)
+    else:
+        model = ke.wrap(CountingModel(two=FLAGS.step == "two_optimizers"))
+        model.compile(optimizer=keras.optimizers.SGD(1.0),
+                      b_optimizer=keras.optimizers.SGD(1.0), exchange=FLAGS.exchange)
     callbacks = []
     if FLAGS.sleep_per_batch:
         callbacks.append(keras.callbacks.LambdaCallback(
@@ -109,7 +148,8 @@ def main(argv):
     if FLAGS.output:
         # Every worker that finishes writes the final model (the same for all;
         # worker 0 may have been killed).
-        counts = [float(np.asarray(c)) for c in model.layers[-1].counts]
+        layer = model.counting if FLAGS.step != "keras" else model.layers[-1]
+        counts = [float(np.asarray(c)) for c in layer.counts]
         temp = f"{FLAGS.output}.{cluster.worker_id}.tmp"
         with open(temp, "w") as f:
             json.dump({"counts": counts, "ps": cluster.ps.call_all("Status", {}),

@@ -53,6 +53,7 @@ import copy
 import functools
 import gc
 import types
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -74,6 +75,7 @@ from keras_elastic.layers.embedding import Embedding, convert_embeddings
 from keras_elastic.worker import remote_optimizer
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.epoch_iterator import elastic_epochs
+from keras_elastic.worker.file_callbacks import JobCallbacks
 from keras_elastic.worker.model_sync import EXCHANGES, ModelSync
 from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import TaskReporter
@@ -212,6 +214,10 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
         if validation.name == dataset.name:
             raise ValueError(f"the training and validation datasets are both named "
                              f"'{dataset.name}': give them different names.")
+    # ModelCheckpoint, CSVLogger, BackupAndRestore: the chief writes the real
+    # paths, the other workers temporary ones (worker/file_callbacks.py).
+    jc = JobCallbacks(self, callbacks, cluster)
+    callbacks = jc.callbacks
     checkpoint_callback, resume = resume_info(callbacks)
     call = describe_call(
         "fit", x, y=y, batch_size=batch_size, epochs=epochs,
@@ -223,6 +229,8 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
         epochs, records_per_epoch=(steps_per_epoch or 0) * dataset.batch_size,
         call=call)
     restore_from = _resume_request(request, resume)
+    if jc.resume_epoch and not request.resume:  # a BackupAndRestore backup
+        request.resume, request.resume_epoch = True, jc.resume_epoch
     if initial_epoch and not request.resume:
         request.resume, request.resume_epoch = True, int(initial_epoch)
     registered = cluster.master.register_dataset(request)
@@ -230,7 +238,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
     start_epoch = max(initial_epoch, registered.epoch)
     local = resume if resume is not None and not restore_from else None
     sync = _prepare(self, dataset, restore_from=restore_from, local_restore=local,
-                    resume=resume, adopt=True)
+                    resume=resume, adopt=True, before_init=jc.restore_weights)
     if checkpoint_callback is not None:
         checkpoint_callback.mark_restored(resume, start_epoch, epochs)
     stream = TaskStream(cluster.master, dataset.name, dataset.source,
@@ -286,6 +294,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
         state.runtime = None
         self.train_function = None
         stream.stop()
+        jc.close()  # this worker's temporary files, also when fit failed
         del tf_dataset
         gc.collect()  # free the epoch's tf.data iterators now, not at exit
     # A learning rate set after the last push (e.g. by ReduceLROnPlateau at
@@ -478,7 +487,8 @@ def _renamed(dataset: ElasticDataset, name: str) -> ElasticDataset:
 
 
 def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
-             local_restore=None, resume=None, adopt: bool = False) -> ModelSync:
+             local_restore=None, resume=None, adopt: bool = False,
+             before_init: Callable[[keras.Model], None] | None = None) -> ModelSync:
     """Builds the model from the dataset spec and syncs it with the PS.
 
     `restore_from`: a parameter-server checkpoint the servers load when they
@@ -486,6 +496,9 @@ def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
     first (whose values then initialize the servers). `adopt` (the start of
     a `fit`): take the servers' learning rate into the optimizer unless it
     was changed here since (a first connection always takes it).
+    `before_init(model)`: called once the model is built, before the local
+    restore and the servers' initialization (a `BackupAndRestore` backup's
+    weights: see worker/file_callbacks.py).
     """
     cluster = get_cluster()
     state = _state(model)
@@ -522,6 +535,8 @@ def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
         from keras_elastic.checkpoint.signature import check_model_matches
 
         check_model_matches(model, resume)
+    if before_init is not None:
+        before_init(model)
     if local_restore is not None:
         from keras_elastic.checkpoint import restore_model
 

@@ -1,0 +1,698 @@
+"""Keras' file-writing callbacks in an elastic job: the chief writes the files.
+
+Every worker of a launched job runs the user's callbacks, so two workers'
+`keras.callbacks.BackupAndRestore("backup")` would write (and lock) the same
+HDF5 file, and their `ModelCheckpoint`s and `CSVLogger`s the same files.
+`ke.Model.fit` gives Keras the callbacks through `JobCallbacks`, which follows
+Keras' multi-worker convention (tf_keras' `distributed_file_utils`): the
+*chief* writes the user's real paths, every other worker a temporary path of
+its own next to them, which it deletes when `fit` ends.
+
+```
+<dir>/model-03.keras                        the chief's: the user's real paths
+<dir>/.ke-worker-<id>/checkpoint-<i>/...    worker <id>'s temporary files for the
+                                            callback at position <i> of the list
+                                            ("csv-<i>", "backup-<i>" alike)
+```
+
+The chief is `keras_elastic.worker.cluster.is_chief`: the alive worker with the
+smallest id (a plain, embedded process always is). A helper callback, first in
+the list, asks the master at `on_train_begin`, at every `on_epoch_begin` (one
+status call per epoch, none per batch) and at `on_train_end`, and points the
+adapted callbacks at the real or the temporary paths. Non-chief workers still
+run every callback (its state, e.g. `ModelCheckpoint.best`, stays the chief's),
+so a worker that becomes chief carries on where the chief was.
+
+When a worker becomes the chief (the chief died: the next smallest id takes
+over at its next epoch begin, or at its train end after the last epoch), it
+first *promotes* what it wrote meanwhile, so the real paths hold what a
+chief that never died would have written:
+
+- `ModelCheckpoint`: a non-chief keeps its saves in its temporary directory
+  until it sees that the chief wrote them too (at each epoch begin it deletes
+  a save whose real file exists once a real file of the series is at least
+  as new as the save: the chief saved after it, or saved again since);
+  promoted, the saves left are moved to their real paths (replacing the
+  equivalent file the old chief may have written: every worker saves the
+  same model, the servers' values after the epoch barrier). Later saves go
+  to the real paths.
+- `CSVLogger`: its temporary file is closed; the rows of it whose epoch is
+  after the real file's last row are appended to the real file (all of it,
+  header included, if the real file is missing or empty; a torn last line a
+  dying chief left is dropped first); the callback then reopens the real file
+  in append mode (no second header) and goes on. Rows of epochs the real file
+  already holds are not written again. (Every worker logs the same job
+  metrics per epoch, except a worker that logs its own for an epoch whose
+  tasks went back to the master's queue: see `worker/task_reporter.py`.)
+- `BackupAndRestore`: the files of its temporary backup are moved into the
+  real `backup_dir`; later backups go there.
+
+In a job the callbacks' files are opened as follows. `CSVLogger` opens its
+file at the first epoch begin (not at train begin): the chief truncates it
+(or appends, with `append=True`) when that epoch is 0, and appends when it
+is later (a relaunched or joining worker that is the chief continues the
+job's file); other workers write a fresh temporary file.
+`BackupAndRestore` never restores inside Keras' `fit` in an elastic `fit`
+(its Keras `on_train_begin`, which would load the backup and set
+`model._initial_epoch`, does not run): `ke.Model.fit` reads the backup
+before registering the dataset (`resume_epoch`, which the master honours for
+the dataset's first registration only: a fresh job or an embedded rerun of a
+script that crashed) and loads its weights into the built model before the
+parameter servers are initialized (`restore_weights`; a worker joining a
+running job then takes the servers' values instead). Its backups are Keras'
+(`save_freq`, `double_checkpoint`), written by the chief to `backup_dir`; at
+train end the chief deletes `backup_dir` when `delete_checkpoint` is set, the
+others always delete their temporary backup.
+
+Temporary directories are deleted at train end, and also when `fit` fails
+(`JobCallbacks.close`); those of workers that died (SIGKILL leaves them) are
+deleted by the chief at its train end. An embedded cluster behaves exactly
+like plain Keras (the real paths; `BackupAndRestore` restores the way Keras
+does, through `resume_epoch` and `restore_weights`). Set
+`callback.keras_elastic_per_worker = False` to give a callback to Keras
+unchanged in a job too (then every worker writes its paths).
+
+Limits: a non-chief keeps a copy of a save until the chief's files show it
+was written (one or two saves of each `ModelCheckpoint`; tf_keras deletes it
+at once, and can then promote nothing); a chief killed in the middle of a
+save, after the other workers saw its file, leaves that file cut. Continuing
+a CSV file matches rows by epoch number: with `append=True` and several
+`fit` calls logging to one file, a chief lost before the new `fit` wrote its
+first row leaves the new rows whose epoch the earlier `fit` already logged
+out of the file. Only local paths are adapted: a callback writing a remote
+path (`gs://...`) runs as given, on every worker (with a warning). A backup's
+optimizer variables are the worker's own (its `iterations` counts the steps;
+its slots stay as built, the servers hold the real ones): restored, the
+servers get those.
+
+Example:
+
+>>> jc = JobCallbacks(model, [keras.callbacks.CSVLogger("log.csv")],  # doctest: +SKIP
+...                   get_cluster())
+>>> jc.resume_epoch                          # doctest: +SKIP
+>>> keras_fit(..., callbacks=jc.callbacks)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import keras
+from absl import logging
+from keras.src.utils import file_utils
+
+TEMP_PREFIX = ".ke-worker-"
+_HOOKS = ("on_batch_begin", "on_batch_end", "on_epoch_begin", "on_epoch_end",
+          "on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
+          "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end",
+          "on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
+          "on_predict_begin", "on_predict_end")
+
+
+class JobCallbacks:
+    """The user's callbacks as one worker of a job runs them.
+
+    `callbacks`: what to give Keras' `fit`: a helper first (in a job with
+    file-writing callbacks), then the user's callbacks, with
+    `ModelCheckpoint`, `CSVLogger` and `BackupAndRestore` adapted (see the
+    module docstring). `resume_epoch`: the epoch the first
+    `BackupAndRestore`'s backup says training resumes at (None without
+    one). `restore_weights(model)` loads the backup's weights into the built
+    model. `close()` deletes this worker's temporary files (also after a
+    failed `fit`).
+
+    Example:
+
+    ```python
+    jc = JobCallbacks(model, callbacks, cluster)
+    if jc.resume_epoch and not request.resume:  # as Keras: 0 changes nothing
+        request.resume, request.resume_epoch = True, jc.resume_epoch
+    ...                           # build the model
+    jc.restore_weights(model)     # before the servers are initialized
+    try:
+        keras_fit(..., callbacks=jc.callbacks)
+    finally:
+        jc.close()
+    ```
+    """
+
+    def __init__(self, model: keras.Model, callbacks: list | None, cluster) -> None:
+        self.model = model
+        self.cluster = cluster
+        self.embedded = bool(cluster.embedded)
+        self.worker_id = int(cluster.worker_id)
+        self.adapters: list[_Adapter] = []
+        self._backup: _BackupAdapter | None = None
+        adapted = [self._adapt(i, cb) for i, cb in enumerate(list(callbacks or []))]
+        tracker = [_ChiefTracker(self)] if self.adapters else []
+        self.callbacks: list = tracker + adapted
+        self.resume_epoch: int | None = None
+        self._weights: str | None = None   # a private copy of the backup's weights
+        self._copy_dir: str | None = None
+        if self._backup is not None:
+            self._read_backup(self._backup.callback)
+
+    # -- construction -------------------------------------------------------
+    def _adapt(self, index: int, callback):
+        from keras_elastic.callbacks import ShardedModelCheckpoint
+
+        if getattr(callback, "keras_elastic_per_worker", True) is False:
+            return callback
+        path = str(getattr(callback, "filepath", None) or getattr(
+            callback, "filename", None) or getattr(callback, "backup_dir", ""))
+        managed = not self.embedded and not file_utils.is_remote_path(path)
+        if not self.embedded and not managed:
+            logging.warning("keras_elastic: %s writes %s, not a local path: every "
+                            "worker writes it", type(callback).__name__, path)
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            adapter = _BackupAdapter(self, index, callback, managed)
+            if self._backup is None:
+                self._backup = adapter
+            else:
+                logging.warning("keras_elastic: several BackupAndRestore callbacks: "
+                                "fit resumes from the first one's backup (%s)",
+                                self._backup.real)
+            if managed:
+                self.adapters.append(adapter)
+            return adapter
+        if not managed:
+            return callback
+        if (isinstance(callback, keras.callbacks.ModelCheckpoint)
+                and not isinstance(callback, ShardedModelCheckpoint)):
+            self.adapters.append(_CheckpointAdapter(self, index, callback))
+            return callback  # only its filepath changes
+        if isinstance(callback, keras.callbacks.CSVLogger):
+            adapter = _CSVAdapter(self, index, callback)
+            self.adapters.append(adapter)
+            return adapter
+        return callback
+
+    def _read_backup(self, backup: keras.callbacks.BackupAndRestore) -> None:
+        """Finds the backup's resume epoch and copies its weights aside, as
+        Keras' `on_train_begin` would load them (the previous backup of a
+        `double_checkpoint` if the latest one cannot be read)."""
+        pairs = [(backup._weights_path, backup._training_metadata_path)]
+        if file_utils.exists(backup._prev_weights_path):
+            pairs.append((backup._prev_weights_path,
+                          backup._prev_training_metadata_path))
+        error: Exception | None = None
+        for weights, metadata in pairs:
+            try:
+                epoch = None
+                if file_utils.exists(metadata):
+                    with file_utils.File(metadata, "r") as f:
+                        epoch = int(json.loads(f.read())["epoch"])
+                copy = self._copy_weights(weights) if file_utils.exists(weights) else None
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                error = error or e
+                continue
+            self.resume_epoch, self._weights = epoch, copy
+            if epoch is not None or copy is not None:
+                logging.info("keras_elastic: BackupAndRestore backup %s: resume at "
+                             "epoch %s%s", os.path.dirname(weights), epoch,
+                             " with its weights" if copy else "")
+            return
+        if error is not None:
+            if self.embedded:
+                raise error
+            logging.warning("keras_elastic: cannot read the BackupAndRestore backup "
+                            "in %s (%s: %s); this worker does not restore it",
+                            backup.backup_dir, type(error).__name__, error)
+
+    def _copy_weights(self, path: str) -> str:
+        """A private copy of an HDF5 weights file, checked readable: the chief
+        may rewrite the original meanwhile (h5py locks files it writes)."""
+        import h5py
+
+        if self._copy_dir is None:
+            self._copy_dir = tempfile.mkdtemp(prefix="ke-backup-")
+        # Keras' load_weights wants a ".weights.h5" name (not ".bkp").
+        copy = os.path.join(self._copy_dir, "backup.weights.h5")
+        file_utils.copy(path, copy)
+
+        def read(_name, item) -> None:
+            if isinstance(item, h5py.Dataset):
+                item[()]
+
+        with h5py.File(copy, "r") as f:
+            f.visititems(read)
+        return copy
+
+    # -- the interface ----------------------------------------------------------
+    def restore_weights(self, model: keras.Model) -> None:
+        """Loads the backup's weights (and optimizer variables, as Keras'
+        `BackupAndRestore`) into the built `model`; a no-op without a backup.
+
+        In an embedded process whose model is already connected to the
+        servers (a second `fit` after one that crashed), the values are also
+        sent to the servers, as Keras would train from them."""
+        if self._weights is None:
+            return
+        try:
+            optimizer = getattr(model, "optimizer", None)
+            if optimizer is not None and not optimizer.built:
+                optimizer.build(model.trainable_variables)
+            model.load_weights(self._weights)
+        except (OSError, ValueError) as e:
+            if self.embedded:
+                raise
+            logging.warning("keras_elastic: cannot load the BackupAndRestore weights "
+                            "(%s: %s); the servers' values are used", type(e).__name__,
+                            e)
+            return
+        finally:
+            self._drop_copy()
+        state = model.__dict__.get("_ke_state")
+        sync = getattr(state, "sync", None)
+        if self.embedded and sync is not None and sync.ps is self.cluster.ps:
+            sync.push_values()
+
+    def close(self) -> None:
+        """Best effort, idempotent: deletes this worker's temporary files (a
+        `fit` that failed leaves them) and gives the user's callbacks back
+        their own paths."""
+        for adapter in self.adapters:
+            try:
+                adapter.close()
+            except OSError as e:
+                logging.warning("keras_elastic: cannot clean up %s: %s",
+                                adapter.temp_root, e)
+        for adapter in self.adapters:
+            _remove_if_empty(adapter.worker_dir)
+        self._drop_copy()
+
+    def _drop_copy(self) -> None:
+        if self._copy_dir is not None:
+            shutil.rmtree(self._copy_dir, ignore_errors=True)
+            self._copy_dir = None
+        self._weights = None
+
+
+class _ChiefTracker(keras.callbacks.Callback):
+    """First in the list: decides the chief (one master call per epoch) and
+    points the adapted callbacks at their paths."""
+
+    def __init__(self, job: JobCallbacks) -> None:
+        super().__init__()
+        self.job = job
+        self.chief: bool | None = None
+
+    def decide(self) -> bool:
+        from keras_elastic.worker.cluster import is_chief
+
+        try:
+            chief = is_chief(self.job.cluster)
+        except ConnectionError as e:  # the master is restarting: keep the last
+            chief = bool(self.chief)
+            logging.warning("keras_elastic: cannot tell the chief (%s); worker %d "
+                            "goes on as %s", e, self.job.worker_id,
+                            "the chief" if chief else "a non-chief")
+        if chief != self.chief:
+            logging.info("keras_elastic: worker %d is %s: ModelCheckpoint, CSVLogger "
+                         "and BackupAndRestore write %s", self.job.worker_id,
+                         "the chief" if chief else "not the chief",
+                         "the real paths" if chief else "temporary paths")
+        self.chief = chief
+        for adapter in self.job.adapters:
+            adapter.point(chief)
+        return chief
+
+    def on_train_begin(self, logs=None):
+        for adapter in self.job.adapters:  # left by a killed worker of this id
+            shutil.rmtree(adapter.temp_root, ignore_errors=True)
+        self.decide()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        for adapter in self.job.adapters:
+            adapter.prune()
+        self.decide()
+
+    def on_train_end(self, logs=None):
+        for adapter in self.job.adapters:
+            adapter.prune()
+        if self.decide():
+            self._remove_dead_workers_files()
+        for adapter in self.job.adapters:
+            if isinstance(adapter, _CheckpointAdapter):
+                adapter.close()  # Keras' ModelCheckpoint does nothing at train end
+
+    def _remove_dead_workers_files(self) -> None:
+        """Temporary directories of workers no longer alive (killed workers
+        leave theirs)."""
+        try:
+            alive = set(self.job.cluster.master.status()["workers"]["alive"])
+        except ConnectionError:
+            return
+        alive.add(self.job.worker_id)
+        for parent in sorted({a.parent for a in self.job.adapters}):
+            for path in glob.glob(os.path.join(glob.escape(parent) or ".",
+                                               TEMP_PREFIX + "*")):
+                suffix = os.path.basename(path)[len(TEMP_PREFIX):]
+                if suffix.isdigit() and int(suffix) not in alive:
+                    logging.info("keras_elastic: removing %s (worker %s is gone)",
+                                 path, suffix)
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the adapted callbacks ------------------------------------------------------
+class _Adapter:
+    """Where one file-writing callback writes: its real path or this worker's
+    temporary one. `point(chief)` switches (promoting on becoming chief)."""
+
+    kind = ""
+
+    def __init__(self, job: JobCallbacks, index: int, real: str) -> None:
+        self.job = job
+        self.real = real
+        self.parent, rest = _split_template(real)
+        self.worker_dir = os.path.join(self.parent, f"{TEMP_PREFIX}{job.worker_id}")
+        self.temp_root = os.path.join(self.worker_dir, f"{self.kind}-{index}")
+        self.temp = os.path.join(self.temp_root, rest)
+        self.chief: bool | None = None
+
+    def point(self, chief: bool) -> None:
+        if chief == self.chief:
+            return
+        if chief and self.chief is False:
+            self.promote()
+        self.chief = chief
+        self.use(self.real if chief else self.temp)
+
+    def use(self, path: str) -> None:
+        """Makes the callback write to `path`."""
+
+    def promote(self) -> None:
+        """This worker became the chief: its temporary files to the real paths."""
+
+    def prune(self) -> None:
+        """Drops temporary files that can no longer be promoted."""
+
+    def close(self) -> None:
+        """Deletes the temporary files; the callback gets its real path back."""
+        shutil.rmtree(self.temp_root, ignore_errors=True)
+        _remove_if_empty(self.worker_dir)
+        self.restore()
+
+    def restore(self) -> None:
+        """Gives the user's callback its own path back."""
+        self.use(self.real)
+
+
+class _CheckpointAdapter(_Adapter):
+    """`keras.callbacks.ModelCheckpoint`: its `filepath` (a template) moves."""
+
+    kind = "checkpoint"
+
+    def __init__(self, job: JobCallbacks, index: int,
+                 callback: keras.callbacks.ModelCheckpoint) -> None:
+        self.callback = callback
+        super().__init__(job, index, callback.filepath)
+        # The real files of the series: the placeholders as wildcards.
+        self.series = re.sub(r"\{[^{}]*\}", "*", glob.escape(self.real))
+
+    def use(self, path: str) -> None:
+        self.callback.filepath = path
+
+    def prune(self) -> None:
+        """Deletes the temporary saves the chief wrote too: a file whose real
+        counterpart exists once a real file of the series is at least as new
+        (the chief saved after this worker, or saved again since)."""
+        files = _files(self.temp_root)
+        if not files:
+            return
+        newest = max((_mtime(p) for p in glob.glob(self.series)), default=None)
+        if newest is None:
+            return
+        for path in files:
+            real = os.path.join(self.parent, os.path.relpath(path, self.temp_root))
+            if os.path.exists(real) and newest >= _mtime(path):
+                os.remove(path)
+
+    def promote(self) -> None:
+        self.prune()
+        _move_tree(self.temp_root, self.parent)
+
+
+class _Forwarding(keras.callbacks.Callback):
+    """Runs a callback through Keras' hooks, except those in `_OWN`."""
+
+    _OWN: tuple[str, ...] = ()
+
+    def __init__(self, callback: keras.callbacks.Callback) -> None:
+        super().__init__()
+        self.callback = callback
+        # Forward every hook (Keras' defaults stay defaults, so Keras may still
+        # dispatch batch hooks asynchronously).
+        for name in _HOOKS:
+            if name not in self._OWN:
+                setattr(self, name, getattr(callback, name))
+        self.async_safe = getattr(callback, "async_safe", False)
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def set_model(self, model):
+        super().set_model(model)
+        self.callback.set_model(model)
+
+
+class _CSVAdapter(_Adapter, _Forwarding):
+    """`keras.callbacks.CSVLogger` in a job: opened at the first epoch begin,
+    continued by a worker that becomes the chief (see the module doc)."""
+
+    kind = "csv"
+    _OWN = ("on_train_begin", "on_epoch_begin", "on_epoch_end", "on_train_end")
+
+    def __init__(self, job: JobCallbacks, index: int,
+                 callback: keras.callbacks.CSVLogger) -> None:
+        _Forwarding.__init__(self, callback)
+        _Adapter.__init__(self, job, index, callback.filename)
+        self._opened = False
+        self._written_up_to = -1  # epochs the real file holds (after a promotion)
+
+    def on_train_begin(self, logs=None):
+        self._opened, self._written_up_to = False, -1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self._opened:
+            self._opened = True
+            if self.chief:
+                self._open(self.real, append=self.callback.append or epoch > 0)
+            else:
+                self._open(self.temp, append=False)
+        self.callback.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.chief and epoch <= self._written_up_to:
+            logging.info("keras_elastic: CSVLogger: %s already has epoch %d",
+                         self.real, epoch)
+            return
+        self.callback.on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        self.callback.on_train_end(logs)
+        self.close()
+
+    def _open(self, path: str, append: bool) -> None:
+        """The callback's `on_train_begin` on `path` (its file closed first)."""
+        callback = self.callback
+        if callback.csv_file is not None and not callback.csv_file.closed:
+            callback.csv_file.close()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        callback.filename = path
+        own_append = callback.append
+        callback.append, callback.append_header = append, True
+        try:
+            callback.on_train_begin()
+        finally:
+            callback.append = own_append
+
+    def point(self, chief: bool) -> None:
+        if not self._opened:  # opened at the first epoch begin
+            self.chief = chief
+            return
+        super().point(chief)
+
+    def use(self, path: str) -> None:
+        if not self._opened:
+            self.callback.filename = path
+        elif self.callback.filename != path:
+            self._open(path, append=True)
+
+    def promote(self) -> None:
+        callback = self.callback
+        if callback.csv_file is not None and not callback.csv_file.closed:
+            callback.csv_file.close()
+        try:
+            self._written_up_to = merge_csv(self.temp, self.real, callback.sep)
+        except OSError as e:
+            logging.warning("keras_elastic: CSVLogger: cannot continue %s from %s "
+                            "(%s)", self.real, self.temp, e)
+            return
+        if os.path.exists(self.temp):
+            os.remove(self.temp)
+
+    def close(self) -> None:
+        callback = self.callback
+        if (callback.filename != self.real and callback.csv_file is not None
+                and not callback.csv_file.closed):
+            callback.csv_file.close()
+        super().close()
+
+    def restore(self) -> None:
+        self.callback.filename = self.real
+
+
+class _BackupAdapter(_Adapter, _Forwarding):
+    """`keras.callbacks.BackupAndRestore`: no restore inside Keras' fit (see
+    `JobCallbacks`); backups to the chief's real `backup_dir`."""
+
+    kind = "backup"
+    _OWN = ("on_train_begin", "on_train_end")
+
+    def __init__(self, job: JobCallbacks, index: int,
+                 callback: keras.callbacks.BackupAndRestore, managed: bool) -> None:
+        _Forwarding.__init__(self, callback)
+        _Adapter.__init__(self, job, index, os.path.normpath(callback.backup_dir))
+        self.real = callback.backup_dir  # as the user gave it
+        self.managed = managed  # False: the real path in any case (embedded)
+        if not managed:
+            self.chief = True
+
+    def on_train_begin(self, logs=None):
+        pass  # restored by JobCallbacks.restore_weights, before the servers init
+
+    def on_train_end(self, logs=None):
+        if self.chief:
+            self.callback.on_train_end(logs)  # delete_checkpoint: the real backup
+        self.close()
+
+    def use(self, path: str) -> None:
+        callback = self.callback
+        callback.backup_dir = path
+        callback._weights_path = file_utils.join(path, "latest.weights.h5")
+        callback._training_metadata_path = file_utils.join(
+            path, "training_metadata.json")
+        callback._prev_weights_path = f"{callback._weights_path}.bkp"
+        callback._prev_training_metadata_path = (
+            f"{callback._training_metadata_path}.bkp")
+
+    def promote(self) -> None:
+        _move_tree(self.temp, self.real)
+
+    def close(self) -> None:
+        if self.managed:
+            super().close()
+
+
+# -- files ------------------------------------------------------------------
+def _split_template(path: str) -> tuple[str, str]:
+    """(the longest leading directory of `path` without a `{placeholder}`,
+    the rest).
+
+    >>> _split_template("ckpt/{epoch:02d}/model.keras")
+    ('ckpt', '{epoch:02d}/model.keras')
+    """
+    parent = os.path.dirname(path)
+    while "{" in parent:
+        parent = os.path.dirname(parent)
+    rest = os.path.relpath(path, parent) if parent else path
+    return parent, rest
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _files(root: str) -> list[str]:
+    return [os.path.join(d, name) for d, _, names in os.walk(root) for name in names]
+
+
+def _move_tree(source: str, target: str) -> None:
+    """Moves every file under `source` to the same place under `target`
+    (replacing), then removes `source`."""
+    for path in _files(source):
+        destination = os.path.join(target, os.path.relpath(path, source))
+        os.makedirs(os.path.dirname(destination) or ".", exist_ok=True)
+        os.replace(path, destination)
+        logging.info("keras_elastic: promoted %s to %s", path, destination)
+    shutil.rmtree(source, ignore_errors=True)
+
+
+def _remove_if_empty(directory: str) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
+
+
+def _complete_lines(path: str) -> list[str]:
+    """The lines of a CSV file with their line ends, without a torn last
+    line; [] if there is no file."""
+    try:
+        with open(path, newline="") as f:
+            lines = f.read().splitlines(keepends=True)
+    except FileNotFoundError:
+        return []
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines.pop()
+    return lines
+
+
+def _epoch(line: str, separator: str) -> int | None:
+    """The epoch of a CSVLogger row (its first field); None for the header."""
+    try:
+        return int(line.split(separator, 1)[0].strip())
+    except ValueError:
+        return None
+
+
+def merge_csv(temp: str, real: str, separator: str = ",") -> int:
+    """Continues the CSVLogger file `real` with the rows of `temp` (another
+    worker's copy of the same log) whose epoch is after `real`'s last row;
+    all of `temp` if `real` has no row. A torn last line of `real` is
+    dropped. Returns the epoch of the last row of `real` now (-1 if none).
+
+    Example:
+
+    >>> merge_csv("logs/.ke-worker-1/csv-2/log.csv", "logs/log.csv")  # doctest: +SKIP
+    3
+    """
+    os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+    try:
+        with open(real, newline="") as f:
+            before = f.read()
+    except FileNotFoundError:
+        before = None
+    lines = _complete_lines(real)
+    rows = [e for e in (_epoch(line, separator) for line in lines) if e is not None]
+    last = rows[-1] if rows else -1
+    added = []
+    for line in _complete_lines(temp):
+        epoch = _epoch(line, separator)
+        if epoch is None:  # the header: needed only by an empty file
+            if not lines and not added:
+                added.append(line)
+        elif epoch > last:
+            added.append(line)
+            last = epoch
+    merged = "".join(lines + added)
+    if merged != before:
+        fd, path = tempfile.mkstemp(dir=os.path.dirname(real) or ".",
+                                    prefix=f".{os.path.basename(real)}.")
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(merged)
+        os.replace(path, real)
+        logging.info("keras_elastic: CSVLogger: %d row(s) of %s appended to %s",
+                     sum(1 for line in added if _epoch(line, separator) is not None),
+                     temp, real)
+    return last

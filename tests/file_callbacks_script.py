@@ -1,0 +1,74 @@
+"""A small job whose callbacks write files, as every worker runs it.
+
+NumPy data (every worker builds the same arrays), a dense classifier, and the
+callbacks that write files given to `fit` as a user would, all writing under
+`--out_dir` (tests/test_file_callbacks.py):
+
+```
+<out_dir>/ckpt/model-{epoch:02d}.keras   keras.callbacks.ModelCheckpoint
+<out_dir>/best.weights.h5               ModelCheckpoint(save_best_only, weights only)
+<out_dir>/log.csv                       keras.callbacks.CSVLogger
+<out_dir>/backup/                       keras.callbacks.BackupAndRestore
+```
+
+Example:
+
+```bash
+keras-elastic run --num_workers 2 --num_ps 1 -- \
+    python tests/file_callbacks_script.py --out_dir /tmp/out --epochs 4
+```
+"""
+
+import os
+import sys
+
+import keras
+from absl import app, flags
+
+import keras_elastic as ke
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tfrecord_data import NUM_FEATURES, make_arrays  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out_dir", None, "Where the callbacks write.", required=True)
+flags.DEFINE_integer("epochs", 4, "Epochs.")
+flags.DEFINE_integer("rows", 2048, "Training rows.")
+
+
+def make_model() -> keras.Model:
+    """The test's model (the same weights in every process)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((NUM_FEATURES,)),
+                              keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def file_callbacks(out_dir: str, **backup_kwargs) -> list[keras.callbacks.Callback]:
+    """ModelCheckpoint (two), CSVLogger and BackupAndRestore under `out_dir`."""
+    return [
+        keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "ckpt",
+                                                     "model-{epoch:02d}.keras")),
+        keras.callbacks.ModelCheckpoint(os.path.join(out_dir, "best.weights.h5"),
+                                        monitor="loss", save_best_only=True,
+                                        save_weights_only=True),
+        keras.callbacks.CSVLogger(os.path.join(out_dir, "log.csv")),
+        keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"),
+                                         **backup_kwargs),
+    ]
+
+
+def main(argv):
+    del argv
+    os.makedirs(FLAGS.out_dir, exist_ok=True)  # CSVLogger does not make it
+    x, y = make_arrays(FLAGS.rows)
+    model = ke.wrap(make_model())
+    model.fit(x, y, batch_size=32, epochs=FLAGS.epochs, verbose=2,
+              callbacks=file_callbacks(FLAGS.out_dir))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,291 @@
+"""Keras' file-writing callbacks in elastic `fit` (issue 23, item 4).
+
+`ModelCheckpoint`, `CSVLogger` and `BackupAndRestore` follow Keras'
+multi-worker convention in a job: the chief writes the real paths, the other
+workers temporary ones they delete (keras_elastic/worker/file_callbacks.py).
+An embedded process writes exactly what plain Keras writes, and a script
+that crashed resumes from its `BackupAndRestore` backup as with plain Keras.
+"""
+
+import csv
+import glob
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from conftest import REPO, launch
+from file_callbacks_script import file_callbacks, make_model
+from tfrecord_data import make_arrays
+
+import keras_elastic as ke
+from keras_elastic.worker import cluster as cluster_mod
+from keras_elastic.worker.file_callbacks import TEMP_PREFIX, JobCallbacks, merge_csv
+
+SCRIPT = os.path.join(REPO, "tests", "file_callbacks_script.py")
+
+
+def listing(directory: str) -> list[str]:
+    """Every file under `directory`, relative to it."""
+    return sorted(os.path.relpath(p, directory) for p in glob.glob(
+        os.path.join(directory, "**"), recursive=True) if os.path.isfile(p))
+
+
+def csv_rows(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_rows_close(rows: list[dict], expected: list[dict]) -> None:
+    assert [list(r) for r in rows] == [list(r) for r in expected]
+    for row, want in zip(rows, expected):
+        for key, value in want.items():
+            if value == "NA" or key == "epoch":
+                assert row[key] == value, (key, row, want)
+            else:
+                np.testing.assert_allclose(float(row[key]), float(value), atol=1e-5,
+                                           err_msg=key)
+
+
+def h5_weights(model: keras.Model, path: str) -> list[np.ndarray]:
+    clone = make_model()
+    clone.build(model.input_shape if model.built else None)
+    clone.load_weights(path)
+    return clone.get_weights()
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Fails `fit` at the end of epoch `at` (Keras' own BackupAndRestore test
+    interrupts training the same way)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.at:
+            raise RuntimeError("Interrupting!")
+
+
+class EpochRecorder(keras.callbacks.Callback):
+    """The epochs `fit` runs, and the model's weights as the first one begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epochs: list[int] = []
+        self.first_weights: list[np.ndarray] | None = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.first_weights is None:
+            self.first_weights = self.model.get_weights()
+        self.epochs.append(epoch)
+
+
+def fit(model, callbacks, epochs: int = 3):
+    x, y = make_arrays(256)
+    return model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0,
+                     callbacks=callbacks)
+
+
+# -- embedded: exactly plain Keras ------------------------------------------------
+def test_embedded_fit_writes_what_plain_keras_writes(tmp_path, embedded_cluster):
+    plain_dir, elastic_dir = str(tmp_path / "plain"), str(tmp_path / "elastic")
+    for directory, model in ((plain_dir, make_model()),
+                             (elastic_dir, ke.wrap(make_model()))):
+        os.makedirs(directory)
+        fit(model, file_callbacks(directory, delete_checkpoint=False))
+    assert listing(elastic_dir) == listing(plain_dir) == [
+        "backup/latest.weights.h5", "backup/training_metadata.json",
+        "best.weights.h5", "ckpt/model-01.keras", "ckpt/model-02.keras",
+        "ckpt/model-03.keras", "log.csv"]
+    assert_rows_close(csv_rows(os.path.join(elastic_dir, "log.csv")),
+                      csv_rows(os.path.join(plain_dir, "log.csv")))
+    for name in ("backup/training_metadata.json",):
+        assert json.load(open(os.path.join(elastic_dir, name))) == json.load(
+            open(os.path.join(plain_dir, name))) == {"epoch": 3, "batch": 0}
+    for name in ("backup/latest.weights.h5", "best.weights.h5"):
+        model = make_model()
+        for a, b in zip(h5_weights(model, os.path.join(elastic_dir, name)),
+                        h5_weights(model, os.path.join(plain_dir, name))):
+            np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+    saved = keras.models.load_model(os.path.join(elastic_dir, "ckpt/model-03.keras"))
+    assert type(saved) is keras.Sequential
+
+
+def crash_then_rerun(tmp_path, elastic: bool, same_process: bool,
+                     interrupt_first: bool = False) -> tuple[list[int], list, list]:
+    """Fits 5 epochs with a BackupAndRestore, failing at the end of epoch 2,
+    then fits again (a new model and cluster, as a rerun of the script; or
+    the same, as Keras' docstring retries). Returns the epochs the second fit
+    ran, its weights as it began and the backup's weights it should hold."""
+    backup = str(tmp_path / ("elastic" if elastic else "plain") / "backup")
+    model = ke.wrap(make_model()) if elastic else make_model()
+    first = [keras.callbacks.BackupAndRestore(backup), Interrupt(at=2)]
+    if interrupt_first:  # the backup is then of epoch 1's end
+        first.reverse()
+    with pytest.raises(RuntimeError, match="Interrupting"):
+        fit(model, first, epochs=5)
+    expected = h5_weights(make_model(), os.path.join(backup, "latest.weights.h5"))
+    if not same_process:
+        if elastic:  # a new process: a new embedded master and server
+            cluster_mod.reset_cluster()
+            cluster_mod.get_cluster()
+        model = ke.wrap(make_model()) if elastic else make_model()
+    recorder = EpochRecorder()
+    history = fit(model, [keras.callbacks.BackupAndRestore(backup), recorder], epochs=5)
+    assert len(history.history["loss"]) == len(recorder.epochs)
+    assert not os.path.exists(backup)  # delete_checkpoint: deleted at the end
+    return recorder.epochs, recorder.first_weights, expected
+
+
+@pytest.mark.parametrize("same_process, interrupt_first", [
+    (False, False),  # the script run again after it crashed
+    (True, True),    # fit retried in the process (BackupAndRestore's docstring)
+])
+def test_embedded_rerun_resumes_at_the_backed_up_epoch_like_keras(
+        tmp_path, embedded_cluster, same_process, interrupt_first):
+    plain, _, _ = crash_then_rerun(tmp_path, False, same_process, interrupt_first)
+    epochs, weights, backup = crash_then_rerun(tmp_path, True, same_process,
+                                               interrupt_first)
+    assert epochs == plain == ([2, 3, 4] if interrupt_first else [3, 4])
+    # It resumed from the backup's weights (not the servers' newer values).
+    for a, b in zip(weights, backup):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_merge_csv_appends_the_rows_the_real_file_lacks(tmp_path):
+    real, temp = str(tmp_path / "log.csv"), str(tmp_path / "temp.csv")
+    header = "epoch,loss\r\n"
+    rows = [f"{e},0.{e}\r\n" for e in range(4)]
+    with open(temp, "w", newline="") as f:
+        f.write(header + "".join(rows[:3]))
+    # No real file: the temporary one as it is.
+    assert merge_csv(temp, real) == 2
+    assert open(real, newline="").read() == header + "".join(rows[:3])
+    # A real file cut in the middle of a line (its writer was killed).
+    with open(real, "w", newline="") as f:
+        f.write(header + rows[0] + "1,0.")
+    with open(temp, "w", newline="") as f:
+        f.write(header + "".join(rows))
+    assert merge_csv(temp, real) == 3
+    assert open(real, newline="").read() == header + "".join(rows)
+    # Nothing to add: the file is left as it is.
+    mtime = os.stat(real).st_mtime_ns
+    assert merge_csv(temp, real) == 3 and os.stat(real).st_mtime_ns == mtime
+    # A temporary file without a header (reopened in append mode).
+    with open(real, "w", newline="") as f:
+        f.write(header + rows[0])
+    with open(temp, "w", newline="") as f:
+        f.write("".join(rows[1:3]))
+    assert merge_csv(temp, real, ",") == 2
+    assert open(real, newline="").read() == header + "".join(rows[:3])
+
+
+# -- a worker that becomes the chief, without processes -------------------------------
+class FakeCluster:
+    """What JobCallbacks asks of the cluster: its id, the master's alive workers."""
+
+    embedded = False
+
+    def __init__(self, worker_id: int, alive: list[int]) -> None:
+        self.worker_id = worker_id
+        self.alive = alive
+        self.master = self
+
+    def status(self) -> dict:
+        return {"workers": {"alive": list(self.alive)}}
+
+
+class Kill(keras.callbacks.Callback):
+    """The master loses worker 0 at the end of epoch `at`."""
+
+    def __init__(self, cluster: FakeCluster, at: int) -> None:
+        super().__init__()
+        self.cluster, self.at = cluster, at
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.at:
+            self.cluster.alive = [1]
+
+
+def test_worker_that_becomes_chief_promotes_what_it_wrote(tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(os.path.join(out, TEMP_PREFIX + "7"))  # left by a killed worker 7
+    x, y = make_arrays(256)
+    # Worker 0, the chief, writes epoch 0 (as plain Keras: the real paths)...
+    make_model().fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                     callbacks=file_callbacks(out, delete_checkpoint=False))
+    # ... while worker 1 writes its temporary paths. Worker 0 dies in epoch 1 (it
+    # writes no more) and the master sees it after epoch 2: worker 1 is the
+    # chief from epoch 3's begin on, with epochs 1 and 2 written only by it.
+    cluster = FakeCluster(1, [0, 1])
+    model = make_model()
+    jc = JobCallbacks(model, file_callbacks(out), cluster)
+    assert jc.resume_epoch == 1  # worker 0's backup (used by ke.Model.fit only)
+    try:
+        model.fit(x, y, batch_size=32, epochs=4, shuffle=False, verbose=0,
+                  callbacks=jc.callbacks + [Kill(cluster, at=2)])
+    finally:
+        jc.close()
+    check_outputs(out, epochs=4)
+    rows = csv_rows(os.path.join(out, "log.csv"))
+    assert [float(r["loss"]) for r in rows][1:] == sorted(
+        [float(r["loss"]) for r in rows][1:], reverse=True)  # worker 1's, in order
+    # The user's callbacks have their own paths back.
+    assert all(out in getattr(cb, "filepath", getattr(cb, "filename", out))
+               and TEMP_PREFIX not in getattr(cb, "filepath", "")
+               for cb in jc.callbacks[1:])
+
+
+# -- a job: the chief writes the real paths ----------------------------------------
+def check_outputs(out_dir: str, epochs: int) -> None:
+    """One file set, one CSV row per epoch, no temporary directory, no backup."""
+    assert listing(out_dir) == sorted(
+        ["best.weights.h5", "log.csv"]
+        + [f"ckpt/model-{e + 1:02d}.keras" for e in range(epochs)]), listing(out_dir)
+    assert not glob.glob(os.path.join(out_dir, "**", TEMP_PREFIX + "*"), recursive=True)
+    text = open(os.path.join(out_dir, "log.csv")).read()
+    assert text.count("epoch,") == 1, text
+    rows = csv_rows(os.path.join(out_dir, "log.csv"))
+    assert [r["epoch"] for r in rows] == [str(e) for e in range(epochs)], text
+    assert all(float(r["loss"]) > 0 for r in rows), text
+    last = keras.models.load_model(os.path.join(out_dir, f"ckpt/model-{epochs:02d}.keras"))
+    assert len(last.get_weights()) == 4
+
+
+def worker_logs(job_dir: str) -> str:
+    return "".join(open(p).read() for p in sorted(glob.glob(
+        os.path.join(job_dir, "worker-*.log"))))
+
+
+@pytest.mark.multiprocess
+def test_two_worker_job_writes_each_file_once(tmp_path):
+    out_dir, job = str(tmp_path / "out"), str(tmp_path / "job")
+    result = launch(job, SCRIPT, "--num_workers=2", "--num_ps=1",
+                    script_args=(f"--out_dir={out_dir}", "--epochs=3"), timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    check_outputs(out_dir, epochs=3)
+    logs = worker_logs(job)
+    assert "Errno" not in logs and "unable to lock" not in logs, logs[-4000:]
+    # Worker 1 ran the callbacks too, on its temporary paths.
+    assert "worker 1 is not the chief" in logs, logs[-4000:]
+
+
+@pytest.mark.multiprocess
+def test_chief_killed_mid_training_the_next_worker_continues_the_files(tmp_path):
+    out_dir, job = str(tmp_path / "out"), str(tmp_path / "job")
+    # Worker 0, the chief, dies at its second epoch end (tasks trained, not
+    # reported, its callbacks not run); worker 1 becomes the chief, a new
+    # worker 2 joins.
+    result = launch(job, SCRIPT, "--num_workers=2", "--num_ps=1",
+                    "--max_worker_restarts=1",
+                    script_args=(f"--out_dir={out_dir}", "--epochs=4"),
+                    env={"KERAS_ELASTIC_FAULTS": "epoch_end@2:w0"}, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    logs = worker_logs(job)
+    assert "SIGKILL at 'epoch_end'" in logs, output[-4000:]
+    assert "worker 1 is the chief" in logs, logs[-4000:]
+    check_outputs(out_dir, epochs=4)

@@ -306,6 +306,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
         # the job's last epoch to complete, then take the final model.
         cluster.master.wait_for_epoch(dataset.name, epochs)
     sync.pull()
+    sync.pull_optimizer_state()  # what Keras saves of the model next
     return history
 
 

@@ -46,6 +46,15 @@ LOADER = textwrap.dedent("""
 """)
 
 
+def build_plain():
+    """The functional model of `build`, plain Keras, same initial weights."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+
+
 def build(kind: str):
     keras.utils.set_random_seed(0)
     layers = [keras.layers.Dense(16, activation="relu"),
@@ -113,22 +122,25 @@ def test_every_saving_path_loads_without_keras_elastic(kind, tmp_path, monkeypat
         np.testing.assert_allclose(predicted, expected, atol=1e-5, err_msg=path)
 
 
-def test_a_loaded_file_trains_on_when_wrapped(tmp_path, embedded_cluster):
-    # The file's weights *and* its optimizer state (Adam's moments and step)
-    # go to the servers: one more epoch from the file is plain Keras' epoch.
+def test_a_saved_file_holds_the_servers_optimizer_state_and_trains_on(
+        tmp_path, embedded_cluster):
+    # Saved after one elastic epoch, the file has the servers' weights *and*
+    # optimizer state (Adam's moments and step): one more epoch from it, in
+    # plain Keras or wrapped again on a new cluster, is epoch 2 of plain Keras.
     x, y = data()
+    reference = build_plain()
+    reference.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+
     model = build("wrapped")
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     model.save(tmp_path / "model.keras")
-    first = model.evaluate(x, y, verbose=0, return_dict=True)
     ke.worker.reset_cluster()  # a new job
 
     plain = keras.models.load_model(tmp_path / "model.keras")
-    loaded = ke.wrap(keras.models.load_model(tmp_path / "model.keras"))
-    assert type(loaded) is type(plain)
-    again = loaded.evaluate(x, y, verbose=0, return_dict=True)
-    assert again["loss"] == pytest.approx(first["loss"], rel=1e-5)
     plain.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    loaded = ke.wrap(keras.models.load_model(tmp_path / "model.keras"))
     loaded.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
-    for a, b in zip(plain.get_weights(), loaded.get_weights()):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    for trained in (plain, loaded):
+        for a, b in zip(reference.get_weights(), trained.get_weights()):
+            np.testing.assert_allclose(a, b, atol=2e-5)

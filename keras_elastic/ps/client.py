@@ -260,6 +260,25 @@ class PSClient:
             merged.update(values)
         return merged
 
+    def pull_optimizer_state(self) -> dict[str, np.ndarray]:
+        """The state of the servers' optimizers: {name relative to its
+        optimizer: value}; a variable every server has (`iterations`, the
+        learning rate) takes the largest value."""
+
+        def pull_one(i: int) -> dict[str, np.ndarray]:
+            _, values = self._call(i, "Pull", lambda: read_stream(
+                self._streams[i].Pull(ps_pb2.PullRequest(optimizer_state=True),
+                                      timeout=600)))
+            return values
+
+        merged: dict[str, np.ndarray] = {}
+        for values in self._map(pull_one, range(self.num_ps)):
+            for name, value in values.items():
+                if name in merged and np.ndim(value) == 0:
+                    value = np.maximum(merged[name], value)
+                merged[name] = value
+        return merged
+
     def _split_rows(self, ids: np.ndarray) -> list[np.ndarray]:
         """Positions in `ids` of the rows each server owns."""
         if self.num_ps == 1:

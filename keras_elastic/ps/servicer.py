@@ -384,9 +384,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             incarnation = self.store.incarnation
             hyperparameters = self.store.hyperparameters()
             try:
-                values = self.store.values_since(
-                    self._since(request.since_version, request.incarnation),
-                    list(request.names) or None)
+                values = self.store.optimizer_state() if request.optimizer_state else (
+                    self.store.values_since(
+                        self._since(request.since_version, request.incarnation),
+                        list(request.names) or None))
             except UnknownVariableError as e:
                 self._abort_bad_request(context, "Pull", e)
         yield from self._model_stream(ps_pb2.ModelHeader(

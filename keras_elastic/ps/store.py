@@ -553,6 +553,17 @@ class ParameterStore:
             return {n: _snapshot(self.variables[n]) for n in selected
                     if version < 0 or self.updated_at[n] > version}
 
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """Every optimizer's variables, named relative to their optimizer
+        ("GROUP/NAME" for a group other than the model's own)."""
+        with self._lock:
+            out = {}
+            for name, group in self.optimizers.items():
+                for variable in group.optimizer.variables:
+                    relative = variable.path.split("/", 1)[-1]
+                    out[f"{name}/{relative}" if name else relative] = _snapshot(variable)
+            return out
+
     def optimizer_variables(self) -> list[keras.Variable]:
         """The variables of the model's own optimizer (slots, iterations, rate)."""
         return list(self.optimizer.variables) if self.optimizer else []

@@ -254,6 +254,27 @@ class ModelSync:
         self.timer.add("push", time.perf_counter() - t)
         return True
 
+    def pull_optimizer_state(self) -> None:
+        """Loads the servers' optimizer state (slots, iterations) into the
+        model's own optimizers (those it built), so that what Keras saves of
+        the model (`model.save`, `ModelCheckpoint`, `BackupAndRestore`) holds
+        the state the servers train with."""
+        from keras_elastic.worker.remote_optimizer import optimizers_of
+
+        built = {g: o for g, o in optimizers_of(self.model).items()
+                 if getattr(o, "built", False)}
+        if not built:
+            return
+        state = self.ps.pull_optimizer_state()
+        by_prefix = slot_prefixes(list(zip(self.trainable, self.trainable_keys)))
+        for group, optimizer in built.items():
+            prefix = f"{group}/" if group else ""
+            for variable in optimizer.variables:
+                name = prefix + server_name(variable, by_prefix)
+                value = state.get(name)
+                if value is not None and tuple(np.shape(value)) == tuple(variable.shape):
+                    variable.assign(value)
+
     def push_values(self) -> None:
         """Makes the servers hold this model's current values (after Keras'
         own fit trained it in this process): every variable, assigned."""
@@ -381,19 +402,37 @@ def optimizer_state(optimizer: keras.optimizers.Optimizer, keys: list[tuple]
     the variable's path is its key (with _ for /)."""
     if not getattr(optimizer, "built", False) or int(optimizer.iterations.numpy()) == 0:
         return {}
-    prefixes = sorted(((v.path.replace("/", "_"), key) for v, key in keys),
-                      key=lambda p: -len(p[0]))
     out = {}
+    by_prefix = slot_prefixes(keys)
     for variable in optimizer.variables:
-        relative = variable.path.split("/", 1)[-1]
-        owner = None
-        for prefix, key in prefixes:
-            if relative.startswith(prefix + "_"):
-                relative = re.sub(r"[^A-Za-z0-9_.\-]", "_", key) + relative[len(prefix):]
-                owner = key
-                break
+        relative, owner = server_name(variable, by_prefix, with_owner=True)
         out[relative] = (np.asarray(keras.ops.convert_to_numpy(variable.value)), owner)
     return out
+
+
+def slot_prefixes(keys: list[tuple]) -> dict[str, str]:
+    """{a model variable's path with _ for /: its key} for `keys`, [(model
+    variable, key)]: the prefixes of Keras' names of its optimizer slots."""
+    return {v.path.replace("/", "_"): k for v, k in keys}
+
+
+def server_name(variable, by_prefix: dict[str, str], with_owner: bool = False):
+    """The name the servers give a worker's optimizer variable, relative to
+    its optimizer: Keras names a slot `{variable path with _ for /}_{slot}`;
+    on the servers the variable's path is its key (with _ for /).
+    `by_prefix`: `slot_prefixes(...)`. With `with_owner`: (name, key of the
+    variable the slot belongs to, or None)."""
+    relative = variable.path.split("/", 1)[-1]
+    owner = None
+    cut = relative.rfind("_")
+    while cut > 0:  # the longest "{variable}_" prefix that is a model variable
+        key = by_prefix.get(relative[:cut])
+        if key is not None:
+            relative = re.sub(r"[^A-Za-z0-9_.\-]", "_", key) + relative[cut:]
+            owner = key
+            break
+        cut = relative.rfind("_", 0, cut)
+    return (relative, owner) if with_owner else relative
 
 
 def embedding_tables(model: keras.Model) -> dict[str, Embedding]:

@@ -84,6 +84,12 @@ class TaskReporter(keras.callbacks.Callback):
             # ModelCheckpoint, the progress bar) see the job's numbers.
             logs.update(self.job_metrics.job_logs(self.stream, epoch))
         self.job_metrics.end_epoch()
+        if self._sync is not None and not self.model.stop_training:
+            # The epoch is over for the job: the model and its optimizers hold
+            # the servers' values, which the next callbacks (ModelCheckpoint,
+            # BackupAndRestore) save.
+            self._sync.pull()
+            self._sync.pull_optimizer_state()
         if self._validate is not None and not self.model.stop_training:
             val_logs = self._validate(epoch)
             if val_logs and logs is not None:

@@ -63,7 +63,7 @@ class PeriodicEvaluation(keras.callbacks.Callback):
             raise ValueError("PeriodicEvaluation works with keras_elastic models "
                              "(ke.Model, ke.Sequential, ke.wrap) trained on an "
                              "ElasticDataset")
-        return max(sync.ps.versions)
+        return sync.model_version()
 
     def on_train_batch_end(self, batch, logs=None):
         version = self._version()

@@ -136,6 +136,8 @@ class ElasticDataset:
             raise ValueError("output_dir and output_writer only apply to "
                              f"mode='prediction', not {mode!r}")
         self._element_spec = None
+        # Maps applied to dataset_fn's elements (Keras' class weights).
+        self._element_maps: tuple = ()
 
     @classmethod
     def from_tfds(cls, name_or_builder: Any, split: str = "train",
@@ -187,6 +189,29 @@ class ElasticDataset:
         source = TFDSSource(builder, split, decode=decode, as_supervised=as_supervised,
                             decoders=decoders)
         return cls(source, **kwargs)
+
+    def take(self, count: int) -> ElasticDataset:
+        """The same dataset over its first `count` batches' records (`count *
+        batch_size` records in shard order), like `tf.data.Dataset.take` on
+        an unshuffled batched dataset; `shuffle=True` shuffles within them.
+
+        Example:
+
+        >>> import numpy as np
+        >>> ds = ElasticDataset(np.zeros((1000, 2)), batch_size=64)
+        >>> ds.take(10).source.num_records()
+        640
+        """
+        import copy
+
+        from keras_elastic.data.source import FirstRecords
+
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"ElasticDataset.take: count must be an integer >= 0, got "
+                             f"{count!r}")
+        out = copy.copy(self)
+        out.source = FirstRecords(self.source, count * self.batch_size)
+        return out
 
     @property
     def records_per_task(self) -> int:
@@ -247,7 +272,39 @@ class ElasticDataset:
             self._job_records_per_task = int(response.records_per_task)
 
     # -- the user's dataset_fn --------------------------------------------
+    def with_class_weight(self, class_weight: dict) -> ElasticDataset:
+        """A copy whose elements `(x, y)` get Keras' class weight as their
+        sample weight, `(x, y, class_weight[y])` (what `fit(class_weight=...)`
+        does with it).
+
+        Example:
+
+        >>> import numpy as np
+        >>> ds = ElasticDataset((np.zeros((4, 2)), np.array([0, 1, 1, 0])))
+        >>> len(ds.with_class_weight({1: 3.0}).element_spec)
+        3
+        """
+        import copy
+
+        from keras_elastic.data.keras_arguments import class_weight_map
+
+        out = copy.copy(self)
+        out._element_maps = self._element_maps + (class_weight_map(class_weight),)
+        out._element_spec = None
+        return out
+
+    def _records_are_elements(self) -> bool:
+        """No dataset_fn, decoding or map: a task's elements are its records."""
+        return self.dataset_fn is None and not self._element_maps and (
+            type(self.source).decode is DataSource.decode)
+
     def _apply_dataset_fn(self, records: tf.data.Dataset) -> tf.data.Dataset:
+        out = self._apply_user_dataset_fn(records)
+        for element_map in self._element_maps:
+            out = out.map(element_map)
+        return out
+
+    def _apply_user_dataset_fn(self, records: tf.data.Dataset) -> tf.data.Dataset:
         records = self.source.decode(records)
         if self.dataset_fn is None:
             return records
@@ -268,7 +325,7 @@ class ElasticDataset:
     def _check_structure(self, spec: Any) -> None:
         fn = _fn_name(self.dataset_fn) if self.dataset_fn else "(no dataset_fn)"
         if self.mode in ("training", "evaluation"):
-            if not isinstance(spec, tuple) or len(spec) not in (1, 2, 3):
+            if isinstance(spec, tuple) and len(spec) not in (1, 2, 3):
                 raise ValueError(
                     f"dataset_fn {fn} returned elements of structure {spec}; in "
                     f"{self.mode} mode each element must be a tuple (features, "
@@ -279,6 +336,20 @@ class ElasticDataset:
                                      tf.RaggedTensorSpec)):
                 raise ValueError(f"dataset_fn {fn} returned elements with a component "
                                  f"of type {leaf}; expected tensors.")
+
+    def require_labels(self) -> None:
+        """Raises ValueError unless each element carries labels: a model
+        trained or evaluated on its compiled loss needs (features, labels)."""
+        spec = self.element_spec
+        if isinstance(spec, tuple) and len(spec) in (2, 3):
+            return
+        fn = _fn_name(self.dataset_fn) if self.dataset_fn else "(no dataset_fn)"
+        raise ValueError(
+            f"dataset_fn {fn} returned elements of structure {spec}; in "
+            f"{self.mode} mode each element must be a tuple (features, labels) "
+            "or (features, labels, sample_weight): the model computes its "
+            "compiled loss from the labels. (A model whose train_step computes "
+            "its own loss may take features alone.)")
 
     @property
     def element_spec(self) -> Any:
@@ -296,6 +367,10 @@ class ElasticDataset:
     @property
     def batched_spec(self) -> Any:
         """Spec of one batch as the model sees it (without the task tag)."""
+        if self.batching is None and _fingerprint.is_dense(self.element_spec):
+            size = self.batch_size if self.drop_remainder else None
+            return tf.nest.map_structure(
+                lambda s: tf.TensorSpec([size, *s.shape], s.dtype), self.element_spec)
         return self.build(_no_tasks, per_task=self.mode != "training").element_spec[1]
 
     def build(self, generator: Callable, per_task: bool = False) -> tf.data.Dataset:
@@ -327,23 +402,33 @@ class ElasticDataset:
 
             batched = tasks.flat_map(batches_of_task)
         elif self.batching is None and _fingerprint.is_dense(self.element_spec):
-            # Dense elements, plain batching: tag without a per-element
-            # function, fingerprint each batch in one pass.
-            def indexed_elements_of_task(seq, skip, records):
-                return tf.data.Dataset.zip((
-                    tf.data.Dataset.from_tensors(seq).repeat(),
-                    records_of(records).enumerate().skip(skip)))
-
+            # Dense elements, plain batching: each task becomes chunks of up to
+            # batch_size elements (the whole task when its records are the
+            # elements), tagged and fingerprinted a chunk at a time, then
+            # re-batched across tasks: no per-element work in the pipeline.
+            batch_size = self.batch_size
             deterministic = self.deterministic
+            whole_task = self._records_are_elements()
 
-            def tag(seqs, indexed):
-                positions, batch = indexed
-                fingerprints = (_fingerprint.batch_fingerprints(batch) if deterministic
-                                else tf.zeros_like(positions))
-                return tf.stack([seqs, positions, fingerprints], axis=1), batch
+            def tagged_chunks_of_task(seq, skip, records):
+                if whole_task:
+                    chunks = tf.data.Dataset.from_tensors(
+                        tf.nest.map_structure(lambda r: r[skip:], records))
+                else:
+                    chunks = records_of(records).skip(skip).batch(batch_size)
 
-            batched = tasks.flat_map(indexed_elements_of_task).batch(
-                self.batch_size, drop_remainder=self.drop_remainder).map(tag)
+                def tag(i, chunk):
+                    n = tf.shape(tf.nest.flatten(chunk)[0], out_type=tf.int64)[0]
+                    positions = skip + i * batch_size + tf.range(n, dtype=tf.int64)
+                    fingerprints = (_fingerprint.batch_fingerprints(chunk)
+                                    if deterministic else tf.zeros_like(positions))
+                    return tf.stack([tf.fill([n], seq), positions, fingerprints],
+                                    axis=1), chunk
+
+                return chunks.enumerate().map(tag)
+
+            batched = tasks.flat_map(tagged_chunks_of_task).rebatch(
+                batch_size, drop_remainder=self.drop_remainder)
         else:
             fingerprint = self._fingerprint_fn()
 
@@ -357,7 +442,11 @@ class ElasticDataset:
                                          drop_remainder=self.drop_remainder)
             else:
                 batched = self._batch_tagged(elements)
-        return batched.prefetch(self.prefetch or tf.data.AUTOTUNE)
+        # Each epoch (and segment) iterates the pipeline anew: tf.data's static
+        # rewrites would run again each time (~15 ms per iterator made).
+        options = tf.data.Options()
+        options.experimental_optimization.apply_default_optimizations = False
+        return batched.prefetch(self.prefetch or tf.data.AUTOTUNE).with_options(options)
 
     def _fingerprint_fn(self) -> Callable:
         if not self.deterministic:
@@ -369,7 +458,7 @@ class ElasticDataset:
         raises `NondeterministicDatasetError` if the elements differ (training
         with `deterministic=True`; done once, by `fit`)."""
         if self._determinism_checked or not self.deterministic or (
-                self.mode != "training"):
+                self.mode != "training") or self._records_are_elements():
             return
         from keras_elastic.worker.replay import NondeterministicDatasetError
 

@@ -68,6 +68,7 @@ from keras.src.utils.naming import auto_name
 
 from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.checkpoint import ps_layout
+from keras_elastic.common.variable_keys import namespace
 from keras_elastic.data import keras_arguments
 from keras_elastic.data.describe import describe_call
 from keras_elastic.dataset import ElasticDataset
@@ -189,7 +190,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
                              "mode as validation_data instead.")
         dataset = x
         if class_weight is not None:
-            dataset = _with_class_weight(dataset, class_weight)
+            dataset = dataset.with_class_weight(class_weight)
     else:
         arrays = (x, y, sample_weight)
         if validation_split and validation_data is None:
@@ -251,14 +252,14 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
     validate = None
     keras_validation = None
     if isinstance(validation, ElasticDataset):
-        val_records = (validation_steps or 0) * validation.batch_size
+        # Keras evaluates the first `validation_steps` batches each time.
+        rounds = validation.take(validation_steps) if validation_steps else validation
 
         def validate(epoch: int) -> dict[str, float] | None:
             if not _should_eval(epoch, validation_freq):
                 return None
-            logs = evaluate_round(self, validation, eval_round=epoch,
-                                  after=dataset.name, records_per_epoch=val_records,
-                                  call=call)
+            logs = evaluate_round(self, rounds, eval_round=epoch,
+                                  after=dataset.name, call=call)
             return {f"val_{k}": v for k, v in logs.items()}
     else:
         keras_validation = validation
@@ -321,14 +322,13 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
             x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs)
     if isinstance(x, ElasticDataset):
-        if steps is not None:
-            raise ValueError("steps cannot be set with an ElasticDataset: evaluation "
-                             "covers the whole dataset once.")
         dataset = x
     else:
         dataset = ElasticDataset(_pack(x, y, sample_weight), batch_size=batch_size or 32,
                                  mode="evaluation", name="evaluate_arrays")
         dataset = _renamed(dataset, dataset.name + _phase(get_cluster(), dataset.name))
+    if steps is not None:  # as Keras: the first `steps` batches
+        dataset = _renamed(dataset.take(int(steps)), f"{dataset.name}.take{int(steps)}")
     logs = evaluate_round(
         self, dataset, callbacks=callbacks, verbose=1 if verbose == "auto" else verbose,
         call=describe_call("evaluate", x, y=y, batch_size=batch_size,
@@ -444,17 +444,6 @@ def _fit_not_elastic(model, keras_fit, x, y, **kwargs):
     return history
 
 
-def _with_class_weight(dataset: ElasticDataset, class_weight: dict) -> ElasticDataset:
-    """A copy of `dataset` whose elements get Keras' class weights (after its
-    `dataset_fn`)."""
-    weigh = keras_arguments.class_weight_map(class_weight)
-    weighted = copy.copy(dataset)
-    weighted._element_spec = None
-    weighted._apply_dataset_fn = lambda records: ElasticDataset._apply_dataset_fn(
-        weighted, records).map(weigh)
-    return weighted
-
-
 def _validation_dataset(validation_data, batch_size) -> Any:
     """`validation_data` as fit uses it: an `ElasticDataset` in evaluation mode
     for NumPy arrays (exact, shared by the workers), else as given (Keras'
@@ -477,6 +466,15 @@ def _phase(cluster, name: str) -> str:
     k = calls.get(name, 0) + 1
     calls[name] = k
     return "" if k == 1 else f"@{k}"
+
+
+def _next_namespace(cluster) -> str:
+    """The namespace of the next model this process connects: a script may
+    train several models (keras.io's guides build one per section); each
+    keeps its own variables on the servers (common/variable_keys.py)."""
+    k = cluster.__dict__.get("_ke_models", 0)
+    cluster.__dict__["_ke_models"] = k + 1
+    return namespace(k)
 
 
 def _renamed(dataset: ElasticDataset, name: str) -> ElasticDataset:
@@ -508,6 +506,8 @@ def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
                        and not model._compile_metrics.built)
     loss_unbuilt = (getattr(model, "_compile_loss", None) is not None
                     and not model._compile_loss.built)
+    if dataset.mode != "prediction" and _keras_steps_with_loss(model):
+        dataset.require_labels()
     try:
         if dataset.mode == "prediction" or not uses_compiled_loss(model):
             if unbuilt:  # build the layers only
@@ -543,7 +543,10 @@ def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
 
         restore_model(model, local_restore.path)
     if state.sync is None or state.sync.ps is not cluster.ps:
-        state.sync = ModelSync(model, cluster.ps, cluster.timer)
+        state.sync = ModelSync(model, cluster.ps, cluster.timer,
+                               namespace=_next_namespace(cluster),
+                               local_store=cluster.local_store())
+        state.sync.exchange_mode = state.exchange
         state.sync.initialize(restore_from or state.restore_from)
         state.restore_from = ""
     else:
@@ -563,6 +566,14 @@ def uses_compiled_loss(model) -> bool:
         is not None
 
 
+def _keras_steps_with_loss(model) -> bool:
+    """Whether Keras' own steps compute a compiled loss (which needs labels)."""
+    from keras_elastic.worker.train_function import uses_keras_train_step
+
+    return uses_keras_train_step(model) and getattr(
+        model, "_compile_loss", None) is not None
+
+
 def _build_layers(model, x_spec) -> None:
     """Builds a model's layers from an input spec without running data."""
     keras.src.backend.compute_output_spec(model, tf.nest.map_structure(
@@ -571,13 +582,12 @@ def _build_layers(model, x_spec) -> None:
 
 def evaluate_round(model, dataset: ElasticDataset, eval_round: int | None = None,
                    after: str = "", callbacks=None, verbose=0,
-                   records_per_epoch: int = 0, call: str = "") -> dict[str, float]:
+                   call: str = "") -> dict[str, float]:
     """Evaluates round `eval_round` of `dataset` (an `ElasticDataset` in
     evaluation mode) with this worker taking part; returns the job's logs.
     None: the next round of this model (its k-th evaluate is round k).
     `after`: a training dataset whose epoch `eval_round` must end first.
-    `records_per_epoch`: records per round (`validation_steps * batch_size`;
-    0: all); `call`: the user's call, quoted if workers differ."""
+    `call`: the user's call, quoted if workers differ."""
     from keras_elastic.worker.evaluation import evaluate_elastic
 
     if dataset.mode != "evaluation":
@@ -587,8 +597,7 @@ def evaluate_round(model, dataset: ElasticDataset, eval_round: int | None = None
         raise ValueError("compile the model (loss and metrics) before evaluate: "
                          "model.compile(loss=..., metrics=[...])")
     cluster = get_cluster()
-    request = dataset.registration(num_epochs=0, records_per_epoch=records_per_epoch,
-                                   call=call)
+    request = dataset.registration(num_epochs=0, call=call)
     request.after_dataset = after
     dataset.registered(cluster.master.register_dataset(request))
     state = _state(model)

@@ -57,9 +57,6 @@ def test_elastic_dataset_argument_errors(kwargs, message):
 
 def test_fit_arguments_that_do_not_apply(embedded_cluster):
     x, y = make_arrays(64)
-    ds = ke.ElasticDataset((x, y), batch_size=8)
-    with pytest.raises(ValueError, match="steps_per_epoch cannot be set"):
-        small_model().fit(ds, steps_per_epoch=3)
     with pytest.raises(ValueError, match="needs an ElasticDataset in 'training' mode"):
         small_model().fit(ke.ElasticDataset((x, y), mode="evaluation"))
 
@@ -93,18 +90,12 @@ def test_task_failing_repeatedly_fails_the_job_naming_task_file_and_cause(
         small_model().fit(ds, epochs=1, verbose=0)
 
 
-def test_datasets_that_differ_between_workers_are_refused(embedded_cluster):
-    x, y = make_arrays(64)
-    small_model().fit(ke.ElasticDataset((x, y), batch_size=8), epochs=1, verbose=0)
-    with pytest.raises(ValueError, match="dataset 'training' of worker 0 differs from "
-                       "the one registered in the job: batch_size is 16 on this "
-                       "worker but 8 in the job"):
-        small_model().fit(ke.ElasticDataset((x, y), batch_size=16), epochs=1, verbose=0)
-
-
 def test_a_different_model_on_the_parameter_server_is_refused(embedded_cluster):
     x, y = make_arrays(64)
     small_model().fit(ke.ElasticDataset((x, y), batch_size=8), epochs=1, verbose=0)
+    # Another worker of the job whose script builds a different first model:
+    # a fresh process numbers its models from the first again.
+    embedded_cluster.__dict__["_ke_models"] = 0
     with pytest.raises(ValueError, match=r"already holds a different model: variable "
                        r"'0000/kernel' is \('float32', \(8, 2\), True\) there but "
                        r"\('float32', \(8, 3\), True\) in this worker's model"):

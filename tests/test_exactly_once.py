@@ -54,28 +54,6 @@ def test_worker_killed_at_any_moment_applies_every_gradient_once(
     check_exact(tmp_path, out, output)
 
 
-@pytest.mark.parametrize("point, nth, step, exchange", [
-    # A train_step of the model's own (issue 23).
-    ("mid_push", 5, "custom", "sync"),
-    # Two optimizer applies per step: the 5th push is the first update of the
-    # 3rd step, so the worker dies between a step's two updates (after_push)
-    # or in the middle of its first one (mid_push).
-    ("after_push", 5, "two_optimizers", "sync"),
-    ("mid_push", 5, "two_optimizers", "sync"),
-    ("after_push", 6, "two_optimizers", "pipelined"),
-])
-def test_custom_train_step_worker_killed_mid_step_applies_every_gradient_once(
-        tmp_path, data, point, nth, step, exchange):
-    out, result = counting_job(
-        tmp_path, data, "--num_ps=2", "--max_worker_restarts=2",
-        script_args=("--sleep_per_batch=0.03", f"--step={step}",
-                     f"--exchange={exchange}"), faults=f"{point}@{nth}:w1")
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    assert f"SIGKILL at '{point}'" in worker_logs(tmp_path), output[-3000:]
-    check_exact(tmp_path, out, output)
-
-
 def test_grads_to_wait_two_and_a_filtering_dataset_fn_with_a_push_cut_in_the_middle(
         tmp_path, data):
     # Updates average 2 pushes, and dataset_fn drops odd records (a task's

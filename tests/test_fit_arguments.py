@@ -106,6 +106,57 @@ def test_steps_per_epoch_continues_through_the_data_as_keras(embedded_cluster):
     assert status["records_per_epoch"] == 128
 
 
+def test_validation_steps_evaluates_that_many_batches_as_keras(embedded_cluster):
+    # 4 validation batches of 16, 2 per evaluation: Keras evaluates the first
+    # two batches each epoch (its evaluate resets the data's iterator).
+    x, y = arrays()
+    vx, vy = arrays(64, seed=1)
+    hp, he = fit_both(x=x, y=y, batch_size=32, epochs=3, shuffle=False,
+                      validation_data=(vx, vy), validation_batch_size=16,
+                      validation_steps=2)
+    status = embedded_cluster.master.status()["datasets"]["fit_validation"]
+    assert status["records_per_epoch"] == 32
+
+
+def test_evaluate_steps_takes_the_first_batches_as_keras(embedded_cluster):
+    x, y = arrays()
+    plain, elastic = model(False), model(True)
+    plain.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    elastic.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    for steps in (2, 3, 2):
+        want = plain.evaluate(x, y, batch_size=16, steps=steps, verbose=0,
+                              return_dict=True)
+        got = elastic.evaluate(x, y, batch_size=16, steps=steps, verbose=0,
+                               return_dict=True)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    dataset = ke.ElasticDataset((x, y), batch_size=16, mode="evaluation", name="held")
+    got = elastic.evaluate(dataset, steps=3, return_dict=True, verbose=0)
+    want = plain.evaluate(x[:48], y[:48], batch_size=16, verbose=0, return_dict=True)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+
+
+def test_shuffle_on_arrays_trains_every_record_once_per_epoch_in_a_new_order(
+        embedded_cluster):
+    # Keras' permutation is its own; an elastic model's is the master's
+    # (seeded, the same on every worker). Each epoch still trains every
+    # record once (the ledger), in an order other than the arrays'.
+    x, y = arrays()
+    ordered = model(True)
+    ordered.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    shuffled = model(True)
+    history = shuffled.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0)
+    assert any(not np.allclose(a, b) for a, b in zip(ordered.get_weights(),
+                                                      shuffled.get_weights()))
+    plain = model(False)
+    keras_history = plain.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0)
+    np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"],
+                               atol=0.05)
+    status = embedded_cluster.master.status()["datasets"]["fit_arrays@2"]
+    assert status["records_per_epoch"] == len(x)
+    assert status["tasks_done_total"] == 2 * status["tasks_per_epoch"]
+
+
 def test_initial_epoch_trains_the_remaining_epochs(embedded_cluster):
     x, y = arrays()
     hp, he = fit_both(x=x, y=y, batch_size=32, epochs=4, initial_epoch=2, shuffle=False)
@@ -174,3 +225,24 @@ def test_a_tf_data_dataset_in_a_job_is_a_clear_error(tmp_path):
     assert "fit() got _BatchDataset in a multi-worker job" in logs + output, (
         output[-3000:])
     assert "ke.ElasticDataset" in logs + output
+
+
+def test_several_models_in_one_script_each_train_as_keras(embedded_cluster):
+    # keras.io's guides build a model per section: each model gets its own
+    # variables and optimizer on the servers (a namespace), so each trains from
+    # its own initial weights, as in Keras; another architecture too.
+    x, y = arrays()
+    for seed in (1, 2):
+        fit_both_seeded = model(False, seed), model(True, seed)
+        plain, elastic = fit_both_seeded
+        plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        elastic.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        assert_same(plain, elastic)
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,))
+    other = ke.wrap(keras.Model(inputs, keras.layers.Dense(2)(
+        keras.layers.Dense(5)(inputs))))
+    other.compile(optimizer="adam", loss="mse")
+    other.fit(x, np.zeros((len(x), 2)), verbose=0)
+    variables = embedded_cluster.ps.call_all("Status", {})[0]["variables"]
+    assert {"0000/kernel", "m1/0000/kernel", "m2/0003/bias"} <= set(variables)

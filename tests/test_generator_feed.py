@@ -102,3 +102,33 @@ def test_the_elastic_pipeline_builds_no_generator_dataset_op():
         assert "GeneratorDataset" not in ops, sorted(ops)
     assert "GeneratorDataset" in _ops(tf.data.Dataset.from_generator(
         lambda: iter(()), output_signature=tf.TensorSpec([], tf.int64)))
+
+
+def test_elements_do_not_share_memory_with_the_generator_arrays():
+    # TensorFlow takes a numpy_function's aligned result without a copy and,
+    # holding the only tensor reference, may reuse the buffer in place for an
+    # op's output: an element aliasing the user's arrays (a task's records are
+    # views of them) wrote over them (sample weights divided by the batch
+    # size in a later epoch of fit). Elements are copies.
+    data = np.linspace(0.5, 2.0, 256).astype(np.float32)
+    original = data.copy()
+
+    def gen():
+        for start in range(0, 256, 64):
+            yield data[start:start + 64]  # views, as a task's records
+
+    iterator = iter(generator_dataset(gen, tf.TensorSpec([None], tf.float32))
+                    .rebatch(32))
+
+    @tf.function
+    def step(iterator):  # as an elastic step takes its batch
+        batch = iterator.get_next_as_optional()
+        return tf.cond(batch.has_value(),
+                       lambda: tf.reduce_sum(batch.get_value() / 32.0),
+                       lambda: tf.constant(-1.0))
+
+    sums = [float(step(iterator)) for _ in range(9)]
+    np.testing.assert_array_equal(data, original)
+    np.testing.assert_allclose(sums[:8], [original[k:k + 32].sum() / 32.0
+                                          for k in range(0, 256, 32)], rtol=1e-6)
+    assert sums[8] == -1.0

@@ -92,8 +92,14 @@ def generator_dataset(generator: Callable[[], Iterator[Any]],
             live.pop(int(key), None)
             raise ValueError(f"the generator yielded {len(values)} components; "
                              f"expected {len(specs)} ({output_signature})")
+        # Copies, always: TensorFlow takes an aligned array a numpy_function
+        # returns without copying and, owning the only tensor reference, may
+        # reuse its buffer for an op's output in place (a view of the user's
+        # arrays would be written over: seen as sample weights divided by the
+        # batch size in a later epoch).
         return [np.bool_(True)] + [
-            np.asarray(v, dtype=object if s.dtype == tf.string else s.dtype.as_numpy_dtype)
+            np.array(v, dtype=object if s.dtype == tf.string else s.dtype.as_numpy_dtype,
+                     copy=True)
             for v, s in zip(values, specs, strict=True)]
 
     def elements(key: tf.Tensor) -> tf.data.Dataset:

@@ -59,6 +59,51 @@ class DataSource(abc.ABC):
             lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype), self.record_spec)
 
 
+class FirstRecords(DataSource):
+    """The first `count` records of another source, in shard order (what
+    `ElasticDataset.take` reads).
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_elastic.data.arrays import ArraySource
+    >>> FirstRecords(ArraySource(np.arange(10)), 4).shards()
+    [('arrays', 4)]
+    """
+
+    def __init__(self, source: DataSource, count: int) -> None:
+        self.source = source
+        self.count = int(count)
+        shards, left = [], self.count
+        for name, n in source.shards():
+            if left <= 0:
+                break
+            shards.append((name, min(n, left)))
+            left -= n
+        self._shards = shards
+
+    def shards(self) -> list[tuple[str, int]]:
+        return list(self._shards)
+
+    def read(self, shard: str, start: int, end: int) -> Any:
+        check_range(type(self).__name__, shard, dict(self._shards).get(shard), start,
+                    end)
+        return self.source.read(shard, start, end)
+
+    @property
+    def record_spec(self) -> Any:
+        return self.source.record_spec
+
+    def decode(self, records: tf.data.Dataset) -> tf.data.Dataset:
+        return self.source.decode(records)
+
+    def describe(self) -> str:
+        return f"the first {self.count} records of {self.source.describe()}"
+
+    def content_fingerprints(self) -> list[tuple[str, int]]:
+        return self.source.content_fingerprints()
+
+
 def optional_module(module: str, needed_for: str, package: str) -> ModuleType:
     """Imports `module`, which only some sources need; if it is missing, an
     `ImportError` saying what needs it and how to install it.

@@ -50,7 +50,7 @@ def named_variables(store: ParameterStore) -> dict[str, tf.Variable]:
             # "adam_3/0002_kernel_momentum": Keras numbers optimizer names per
             # process, so drop the optimizer's name; another group than the
             # model's own optimizer prefixes its own ("g_optimizer/...").
-            relative = variable.path.split("/", 1)[-1]
+            relative = group.relative_name(variable)
             if group_name:
                 relative = f"{group_name}/{relative}"
             named[ps_layout.optimizer_variable_name(relative)] = variable

@@ -195,8 +195,8 @@ class PSClient:
     def init(self, variables: dict[str, tuple[np.ndarray, bool]],
              optimizer_config: dict, restore_from: str = "",
              tables: dict[str, dict] | None = None,
-             optimizer_state: dict[str, tuple[np.ndarray, str | None]] | None = None
-             ) -> dict[str, np.ndarray]:
+             optimizer_state: dict[str, tuple[np.ndarray, str | None]] | None = None,
+             namespace: str = "") -> dict[str, np.ndarray]:
         """Initializes every server (first caller wins; it also loads the
         parameter-server checkpoint `restore_from`, if given); returns the
         servers' current values. `tables`: embedding tables, name -> {"dim",
@@ -204,7 +204,7 @@ class PSClient:
         initializer config)}; every server holds the rows of its ids.
         `optimizer_state`: {server-side name: (value, key of the variable it
         belongs to, or None for every server)} of an optimizer that already
-        trained."""
+        trained. `namespace`: the model's ("" for the job's first)."""
         config = json.dumps(optimizer_config)
         table_specs = [ps_pb2.TableSpec(
             name=n, dim=t["dim"], dtype=t.get("dtype", "float32"),
@@ -223,7 +223,7 @@ class PSClient:
             def requests():
                 yield ps_pb2.InitRequest(header=ps_pb2.InitHeader(
                     optimizer_config=config, worker_id=self.worker_id,
-                    restore_from=restore_from, tables=table_specs,
+                    restore_from=restore_from, tables=table_specs, namespace=namespace,
                     variables=[ps_pb2.VariableSpec(
                         name=n, dtype=str(np.asarray(v).dtype),
                         shape=list(np.shape(v)), trainable=t)
@@ -357,7 +357,7 @@ class PSClient:
         changes = [{k: float(v) for k, v in (hyperparameters or {}).items()
                     if known.get(prefix + k) != v}
                    for known in self.server_hyperparameters]
-        spec = None if not optimizer else ps_pb2.OptimizerSpec(
+        spec = None if not optimizer_spec else ps_pb2.OptimizerSpec(
             config=optimizer_spec[0], variables=list(optimizer_spec[1]))
         extra: set[int] = set()  # servers pushed to for a change only
 

@@ -46,11 +46,10 @@ def ranges_of(header) -> list[Range]:
 def optimizer_spec_of(header) -> tuple[dict, list[str]] | None:
     """(config, variable keys) of the optimizer group a push header names, or
     None for the model's own optimizer; ValueError if malformed."""
-    if not header.optimizer:
-        return None
-    if not header.HasField("optimizer_spec") or not header.optimizer_spec.config:
-        raise ValueError(f"a push for optimizer '{header.optimizer}' must carry its "
-                         "spec (config and variables)")
+    if not header.optimizer or not header.HasField("optimizer_spec"):
+        return None  # the model's own optimizer, or a group made before
+    if not header.optimizer_spec.config:
+        raise ValueError(f"the spec of optimizer '{header.optimizer}' has no config")
     try:
         config = json.loads(header.optimizer_spec.config)
     except ValueError as e:
@@ -234,7 +233,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         try:
             with self.store.lock:  # nobody pushes between creating and restoring
                 created = self.store.init(values, trainable, optimizer_config, tables,
-                                          optimizer_state=state)
+                                          optimizer_state=state,
+                                          namespace=header.namespace)
                 if created and header.restore_from:
                     from keras_elastic.ps.checkpointing import restore_shard
 

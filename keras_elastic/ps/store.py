@@ -51,6 +51,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_elastic.common.variable_keys import namespace_of
 from keras_elastic.ps import hyperparameters as hp
 from keras_elastic.ps.embedding_table import EmbeddingTable
 from keras_elastic.ps.sparse_optimizers import sparse_optimizer_from_config
@@ -108,13 +109,26 @@ class OptimizerGroup:
     its compiled update functions."""
 
     def __init__(self, name: str, optimizer: keras.optimizers.Optimizer,
-                 config: dict, names: list[str]) -> None:
+                 config: dict, names: list[str],
+                 relative_names: dict[int, str] | None = None) -> None:
         self.name = name
         self.optimizer = optimizer
         self.config = config
         self.names = list(names)
         self.apply_fns: dict[tuple[str, ...], tf.types.experimental.Function] = {}
         self.pending: list[tuple[dict[str, np.ndarray], SparseGrads]] = []
+        # A worker's own optimizer shared in process (`init_shared`): its
+        # variables' names as the server's own optimizer would name them.
+        self._relative_names = relative_names
+
+    def relative_name(self, variable) -> str:
+        """`variable`'s name relative to this optimizer, as a server names it
+        (what checkpoints and `optimizer_state` use)."""
+        if self._relative_names is not None:
+            found = self._relative_names.get(id(variable))
+            if found is not None:
+                return found
+        return variable.path.split("/", 1)[-1]
 
 
 def build_optimizer(config: dict) -> keras.optimizers.Optimizer:
@@ -203,14 +217,27 @@ class ParameterStore:
 
     def init(self, values: dict[str, np.ndarray], trainable: dict[str, bool],
              optimizer_config: dict, tables: dict[str, dict] | None = None,
-             optimizer_state: dict[str, np.ndarray] | None = None) -> bool:
+             optimizer_state: dict[str, np.ndarray] | None = None,
+             namespace: str = "") -> bool:
         """Creates the variables, embedding tables (`tables`: name -> {"dim",
         "dtype", "input_dim" (None: unbounded), "initializer"}) and optimizer;
-        returns False if already done."""
+        returns False if already done.
+
+        `namespace`: another model of the job ("m<k>/", keys prefixed with it:
+        `common/variable_keys.py`), added once the job's first model is
+        there, with its own optimizer as group "m<k>/optimizer"."""
         tables = {n: _table_spec(n, t) for n, t in (tables or {}).items()}
         with self._lock:
+            if namespace:
+                if not self.initialized:
+                    raise RuntimeError(
+                        f"model '{namespace}' cannot initialize the parameter server "
+                        "before the job's first model (every worker must build and "
+                        "train the same models in the same order)")
+                return self._add_model(namespace, values, trainable, optimizer_config,
+                                       tables, optimizer_state or {})
             if self.initialized:
-                self._check_same(values, trainable)
+                self._check_same(values, trainable, {""})
                 self._check_same_tables(tables)
                 return False
             optimizer = build_optimizer(optimizer_config)
@@ -231,6 +258,74 @@ class ParameterStore:
             self.updated_at = dict.fromkeys(variables, 0)
             self.optimizers = {"": OptimizerGroup("", optimizer, optimizer_config, names)}
             return True
+
+    def init_shared(self, variables: dict[str, keras.Variable],
+                    optimizer: keras.optimizers.Optimizer, config: dict,
+                    relative_names: dict[int, str], namespace: str = "") -> bool:
+        """`init` for a worker in this process (an embedded cluster): the
+        store holds the worker's own variables and optimizer, not copies, so
+        the worker applies its updates in its own step without a call
+        (`ModelSync.local_push`); every other call (a pull, a checkpoint, a
+        push from elsewhere) sees and changes the same variables. `variables`:
+        key -> the model's variable; `relative_names`: id(optimizer variable)
+        -> its name on a server. Returns False if the model is there already.
+        """
+        with self._lock:
+            group = namespace + "optimizer" if namespace else ""
+            if group in self.optimizers:
+                if any(self.variables.get(k) is not v for k, v in variables.items()):
+                    self._check_same(
+                        variables,  # (a value's dtype and shape: all it reads)
+                        {k: bool(v.trainable) for k, v in variables.items()},
+                        {namespace_of(next(iter(variables)))} if variables else None)
+                    raise ValueError(
+                        "the parameter server already holds another model of the "
+                        f"same structure{' in namespace ' + namespace if namespace else ''}"
+                        ": this process connects each model once.")
+                return False
+            if namespace and not self.initialized:
+                raise RuntimeError(f"model '{namespace}' cannot initialize the "
+                                   "parameter server before the job's first model")
+            names = sorted(k for k, v in variables.items() if v.trainable)
+            if not optimizer.built:
+                optimizer.build([variables[k] for k in names])
+            for key, variable in variables.items():
+                self.variables[key] = variable
+                self.trainable[key] = bool(variable.trainable)
+                self.updated_at[key] = self.version
+            self.optimizers[group] = OptimizerGroup(group, optimizer, config, names,
+                                                    relative_names)
+            return True
+
+    def share_optimizer(self, name: str, optimizer: keras.optimizers.Optimizer,
+                        config: dict, variables: list[str],
+                        relative_names: dict[int, str]) -> None:
+        """Holds a worker's own optimizer (in this process) as group `name`
+        (its first apply, in the worker's traced step); see `init_shared`."""
+        with self._lock:
+            if name not in self.optimizers:
+                self.optimizers[name] = OptimizerGroup(
+                    name, optimizer, config, sorted(set(variables)), relative_names)
+
+    def record_local_push(self, ranges: list[Range], keys: tuple[str, ...]) -> str | None:
+        """The bookkeeping of an update the in-process worker applies itself
+        (`init_shared`): None if it may be applied (then logged, counted, the
+        version advanced), else DUPLICATE or the task log's refusal."""
+        with self._lock:
+            self.pushes += 1
+            if ranges:
+                refusal = self.log.check(ranges)
+                if refusal == DUPLICATE:
+                    self.duplicates += 1
+                    return refusal
+                if refusal is not None:
+                    self.refused += 1
+                    return refusal
+                self.log.record(ranges)
+            self.version += 1
+            for key in keys:
+                self.updated_at[key] = self.version
+            return None
 
     def register_optimizer(self, name: str, config: dict, variables: list[str]) -> bool:
         """Creates optimizer group `name` (not the model's own optimizer "")
@@ -311,9 +406,43 @@ class ParameterStore:
                 f"{got[0]} of shape {list(got[1])}, but the variable is {want[0]} of "
                 f"shape {list(want[1])}")
 
+    def _add_model(self, namespace: str, values: dict[str, np.ndarray],
+                   trainable: dict[str, bool], optimizer_config: dict,
+                   tables: dict[str, dict], optimizer_state: dict[str, np.ndarray]
+                   ) -> bool:
+        """`init` of another model of the job (namespace "m<k>/"): its
+        variables and its own optimizer (group "m<k>/optimizer") are added,
+        or checked if a worker added them before."""
+        group = namespace + "optimizer"
+        if group in self.optimizers or any(
+                namespace_of(n) == namespace for n in self.variables):
+            self._check_same(values, trainable, {namespace})
+            return False
+        outside = sorted(n for n in values if namespace_of(n) != namespace)
+        if outside or tables:
+            raise ValueError(
+                f"the model of namespace '{namespace}' has variables outside it "
+                f"({outside[:3]})" if outside else
+                "a second model with ke.layers.Embedding tables is not supported "
+                "(one model with server tables per job)")
+        optimizer = build_optimizer(optimizer_config)
+        for name, value in values.items():
+            self.variables[name] = keras.Variable(
+                value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
+                trainable=trainable[name])
+            self.trainable[name] = trainable[name]
+            self.updated_at[name] = self.version
+        names = sorted(n for n in values if trainable[n])
+        optimizer.build([self.variables[n] for n in names])
+        load_optimizer_state(optimizer, optimizer_state)
+        self.optimizers[group] = OptimizerGroup(group, optimizer, optimizer_config, names)
+        return True
+
     def _check_same(self, values: dict[str, np.ndarray],
-                    trainable: dict[str, bool]) -> None:
-        mine = self.specs()
+                    trainable: dict[str, bool], spaces: set[str] | None = None
+                    ) -> None:
+        mine = {n: spec for n, spec in self.specs().items()
+                if spaces is None or namespace_of(n) in spaces}
         theirs = {n: (str(np.dtype(v.dtype)), tuple(v.shape), trainable[n])
                   for n, v in values.items()}
         for name in sorted(set(mine) | set(theirs)):
@@ -560,7 +689,7 @@ class ParameterStore:
             out = {}
             for name, group in self.optimizers.items():
                 for variable in group.optimizer.variables:
-                    relative = variable.path.split("/", 1)[-1]
+                    relative = group.relative_name(variable)
                     out[f"{name}/{relative}" if name else relative] = _snapshot(variable)
             return out
 

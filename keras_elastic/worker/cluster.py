@@ -55,6 +55,14 @@ class Cluster:
     def num_ps(self) -> int:
         return len(self.ps_addresses)
 
+    def local_store(self):
+        """The parameter server's store when it runs in this process (an
+        embedded cluster), else None."""
+        from keras_elastic.ps.server import ParameterServer
+
+        servers = [s for s in self._servers if isinstance(s, ParameterServer)]
+        return servers[0].store if len(servers) == 1 else None
+
     def close(self) -> None:
         if self._closed:
             return
@@ -76,7 +84,10 @@ def start_embedded_cluster() -> Cluster:
     from keras_elastic.master.server import MasterServer
     from keras_elastic.ps.server import ParameterServer
 
-    master = MasterServer()
+    # The worker is this process: it cannot be lost while its master lives
+    # (the worker's train step then logs its updates right after applying
+    # them: worker/train_function.py).
+    master = MasterServer(heartbeat_timeout=float("inf"))
     ps = ParameterServer()
     logging.info("keras_elastic: embedded cluster (master %s, PS %s)", master.address,
                  ps.address)

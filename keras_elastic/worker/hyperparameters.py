@@ -86,6 +86,26 @@ class HyperparameterSync:
         the servers cannot follow. `rate`: the value of the learning-rate
         variable `traced`, read by the train step (an eager read of a variable
         costs 0.1 ms); used if that is still the optimizer's."""
+        optimizer = self.check()
+        if (rate is not None and traced is not None
+                and learning_rate_variable(optimizer) is traced):
+            values = {"learning_rate": rate}
+        else:
+            values = current_hyperparameters(optimizer)
+        if self._rate_is_variable and not values:
+            self._refuse(
+                "optimizer.learning_rate was replaced by a LearningRateSchedule (or "
+                "a callable) after the parameter servers were initialized with a "
+                "float learning rate, which they keep. Compile with the schedule "
+                "before the first fit (the servers then evaluate it at their "
+                "iteration count), or set float learning rates from a callback.")
+        self.synced = values
+        return values
+
+    def check(self) -> keras.optimizers.Optimizer:
+        """Raises HyperparameterError if the optimizer's class or one of its
+        fixed hyperparameters changed (a few attribute reads); returns the
+        optimizer."""
         self.error = None
         optimizer = self.optimizer_of()
         if type(optimizer) is not self._class:
@@ -107,20 +127,7 @@ class HyperparameterSync:
                     "as a constant, so a compiled Keras fit ignores such a change too. "
                     f"Build the optimizer with the {name} you want before the first "
                     "fit, or schedule the learning rate instead.")
-        if (rate is not None and traced is not None
-                and learning_rate_variable(optimizer) is traced):
-            values = {"learning_rate": rate}
-        else:
-            values = current_hyperparameters(optimizer)
-        if self._rate_is_variable and not values:
-            self._refuse(
-                "optimizer.learning_rate was replaced by a LearningRateSchedule (or "
-                "a callable) after the parameter servers were initialized with a "
-                "float learning rate, which they keep. Compile with the schedule "
-                "before the first fit (the servers then evaluate it at their "
-                "iteration count), or set float learning rates from a callback.")
-        self.synced = values
-        return values
+        return optimizer
 
     def _refuse(self, message: str) -> None:
         self.error = HyperparameterError(message)

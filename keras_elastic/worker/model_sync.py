@@ -25,6 +25,7 @@ from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.layers.embedding import Embedding
 from keras_elastic.ps.client import PSClient
 from keras_elastic.ps.hyperparameters import learning_rate_variable
+from keras_elastic.ps.task_log import Range
 from keras_elastic.worker.hyperparameters import HyperparameterSync
 from keras_elastic.worker.push_pipeline import PushPipeline
 
@@ -34,14 +35,27 @@ EXCHANGES = ("sync", "pipelined")
 class ModelSync:
     """The link between one model and the parameter servers."""
 
-    def __init__(self, model: keras.Model, ps: PSClient, timer: PhaseTimer) -> None:
+    def __init__(self, model: keras.Model, ps: PSClient, timer: PhaseTimer,
+                 namespace: str = "", local_store=None) -> None:
         self.model = model
         self.ps = ps
         self.timer = timer
+        # The parameter server's store when it runs in this process (an
+        # embedded cluster): it then holds this model's own variables and
+        # optimizers (`ParameterStore.init_shared`), and the train step
+        # applies its updates itself, the store keeping the task log
+        # (`local_push`); nothing is copied or sent. None: over gRPC.
+        self.local_store = local_store
+        self.shared = False
+        # The model's namespace on the servers ("" for the first model a
+        # process connects, "m<k>/" after: common/variable_keys.py), and the
+        # name of its own optimizer's group there.
+        self.namespace = namespace
+        self.main_group = namespace + "optimizer" if namespace else ""
         self.trainable = list(model.trainable_weights)
         self.non_trainable = list(model.non_trainable_weights)
         self.variables = model_variables(model)
-        self.keys = variable_keys(model)
+        self.keys = variable_keys(model, namespace)
         self.trainable_keys = self.keys[:len(self.trainable)]
         self.non_trainable_keys = self.keys[len(self.trainable):]
         self._key_of = {id(v): k for k, v in zip(self.keys, self.variables)}
@@ -49,6 +63,8 @@ class ModelSync:
         # update name -> the servers its pushes reach (noted when the step is
         # traced): who must hold each update's elements (worker/replay.py).
         self.updates: dict[str, frozenset[int]] = {}
+        # update name -> the keys of its gradients; in the step's order.
+        self.update_keys: dict[str, tuple[str, ...]] = {}
         self.tables = embedding_tables(model)
         self._ids_model = None  # (model -> ids of each table, layers), or False
         for name, layer in self.tables.items():
@@ -72,7 +88,16 @@ class ModelSync:
     @property
     def hyperparameters(self) -> HyperparameterSync | None:
         """The model optimizer's hyperparameter sync (None before initialize)."""
-        return self.hyperparameter_syncs.get("")
+        return self.hyperparameter_syncs.get(self.main_group)
+
+    def optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+        """The model's optimizers by their group on the servers: the model's
+        own is `main_group`, another one its attribute's name, in the
+        model's namespace (see worker/remote_optimizer.py)."""
+        from keras_elastic.worker.remote_optimizer import optimizers_of
+
+        return {(self.namespace + attribute if attribute else self.main_group): o
+                for attribute, o in optimizers_of(self.model).items()}
 
     def key_of(self, variable, group: str = "") -> str:
         """The key of a variable of the model; ValueError naming it (and the
@@ -94,6 +119,7 @@ class ModelSync:
         if push.tables:
             servers = set(range(self.ps.num_ps))
         self.updates[push.update] = frozenset(servers)
+        self.update_keys[push.update] = push.grad_keys
 
     def initialize(self, restore_from: str = "") -> None:
         """Initializes the PS with this model (first worker wins; it has the
@@ -108,21 +134,108 @@ class ModelSync:
                   for k, v in zip(self.keys, self.variables)}
         tables = {name: _jsonable(layer.table_spec())
                   for name, layer in self.tables.items()}
+        if self.namespace and tables:
+            raise ValueError(
+                "this process already trained another model on the cluster: a "
+                "second model with ke.layers.Embedding tables is not supported (one "
+                "model with server tables per job)")
+        if (self.local_store is not None and not tables
+                and self.exchange_mode != "pipelined"):
+            self._initialize_shared(optimizer, config, restore_from)
+            return
         state = optimizer_state(optimizer, list(zip(self.trainable,
                                                     self.trainable_keys)))
         self._values = self.ps.init(values, _jsonable(config), restore_from, tables,
-                                    optimizer_state=state)
+                                    optimizer_state=state, namespace=self.namespace)
         self.assign_all()
-        self.hyperparameter_syncs[""] = HyperparameterSync(lambda: self.model.optimizer)
+        self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
+            lambda: self.model.optimizer)
         self.adopt_hyperparameters()
+
+    def _initialize_shared(self, optimizer, config, restore_from: str) -> None:
+        """`initialize` with the store in this process: it takes this model's
+        variables and optimizer themselves."""
+        from keras_elastic.ps.checkpointing import restore_shard
+
+        store = self.local_store
+        store.init_shared(dict(zip(self.keys, self.variables)), optimizer,
+                          _jsonable(config), self.relative_names(optimizer),
+                          self.namespace)
+        self.shared = True
+        # Its fixed hyperparameters are checked before each step, as a push
+        # would (worker/hyperparameters.py); the rate is the variable itself.
+        self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
+            lambda: self.model.optimizer)
+        if restore_from:
+            restore_shard(store, 0, 1, {"path": restore_from})
+
+    def relative_names(self, optimizer) -> dict[int, str]:
+        """id(optimizer variable) -> its name on a server (see `server_name`)."""
+        by_prefix = slot_prefixes(list(zip(self.trainable, self.trainable_keys)))
+        return {id(v): server_name(v, by_prefix) for v in optimizer.variables}
+
+    def model_version(self) -> int:
+        """The model version (updates applied) of the servers, newest known
+        to this worker: the shared store's own, else the last push replies'."""
+        if self.shared:
+            return int(self.local_store.version)
+        return max(self.ps.versions)
+
+    @property
+    def local(self) -> bool:
+        """The train step applies its updates itself (a shared store; with
+        it, exchange="pipelined" has no push to overlap); see `local_push`."""
+        return self.shared
+
+    def local_allow(self, tags: np.ndarray) -> list[bool]:
+        """Before a step whose updates the step applies itself (shared store):
+        the task log's word on each update of the step (in the step's order),
+        each allowed one logged. False: a duplicate (a replay's elements some
+        update applied before) or refused (the batch's tasks are given back)."""
+        allowed = []
+        slices = self.stream.batch_slices(tags) if self.stream is not None else None
+        live = [s[0] for s in slices or ()]
+        for update, keys in self.update_keys.items():
+            if slices is not None and not slices:
+                allowed.append(False)  # every element belongs to an abandoned task
+                continue
+            dataset = self.stream.dataset if self.stream is not None else ""
+            refusal = self.local_store.record_local_push(
+                [Range((dataset, task.epoch, task.task_id), task.lease, start, end,
+                       fingerprint, update)
+                 for _, task, start, end, fingerprint in slices or ()], keys)
+            if refusal is not None and refusal != "duplicate":
+                self.stream.abandon(live, f"push refused: {{0: '{refusal}'}}")
+            allowed.append(refusal is None)
+        faults.reached("after_push")
+        return allowed
+
+    def local_record(self, tags: np.ndarray) -> None:
+        """After a step that applied its updates unconditionally (the batch
+        taken inside the step: `TrainFunction._run_fetching`): logs them.
+        The task log cannot refuse them in this process; if it ever did,
+        that is an error, not a silent double count."""
+        allowed = self.local_allow(tags)
+        if not all(allowed):
+            raise RuntimeError(
+                "keras_elastic: the task log refused an update the train step had "
+                f"already applied (updates {list(self.update_keys)}: {allowed}); "
+                "this is a bug, please report it")
+
+    def share_optimizer(self, group: str, optimizer, keys) -> None:
+        """A group's optimizer seen at its first apply in the traced step:
+        the shared store holds it (for checkpoints and status)."""
+        with tf.init_scope():
+            config = _jsonable(keras.optimizers.serialize(optimizer))
+        self.local_store.share_optimizer(group, optimizer, config, list(keys),
+                                         self.relative_names(optimizer))
+        self.hyperparameter_syncs.setdefault(group, HyperparameterSync(lambda: optimizer))
 
     def hyperparameter_sync(self, push) -> HyperparameterSync | None:
         """The hyperparameter sync of the optimizer group `push.group`."""
         found = self.hyperparameter_syncs.get(push.group)
         if found is None and push.group:
-            from keras_elastic.worker.remote_optimizer import optimizers_of
-
-            optimizer = optimizers_of(self.model).get(push.group)
+            optimizer = self.optimizers().get(push.group)
             if optimizer is not None:
                 found = self.hyperparameter_syncs[push.group] = HyperparameterSync(
                     lambda: optimizer)
@@ -132,7 +245,7 @@ class ModelSync:
         """Sends a learning rate changed after the last push (a callback at the
         end of the last epoch) to the servers not known to hold it, in an
         empty push (per optimizer group)."""
-        if not self.hyperparameter_syncs:
+        if not self.hyperparameter_syncs or self.shared:
             return
         self.flush()
         for group, sync in list(self.hyperparameter_syncs.items()):
@@ -150,10 +263,8 @@ class ModelSync:
     @property
     def group_specs(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """The specs of the optimizer groups other than "" pushed so far."""
-        from keras_elastic.worker.remote_optimizer import optimizers_of
-
         out = {}
-        for group, optimizer in optimizers_of(self.model).items():
+        for group, optimizer in self.optimizers().items():
             link = optimizer.__dict__.get("_ke_remote")
             if group and link is not None and link.spec is not None:
                 out[group] = link.spec
@@ -221,13 +332,18 @@ class ModelSync:
 
     def pull(self) -> None:
         """Loads the newest values from the parameter servers into the model."""
+        if self.shared:
+            self.flush()
+            return  # the store holds the model's own variables
         self._finish_push()
         self._values.update(self.ps.pull())
         self.assign_all()
 
     @property
     def pipelined(self) -> bool:
-        return self.exchange_mode == "pipelined"
+        """Pushes travel while the next step computes (not with a shared
+        store: there is no push to overlap)."""
+        return self.exchange_mode == "pipelined" and not self.shared
 
     def flush(self) -> None:
         """Pipelined exchange: waits for the push in flight and loads its reply
@@ -259,11 +375,9 @@ class ModelSync:
         model's own optimizers (those it built), so that what Keras saves of
         the model (`model.save`, `ModelCheckpoint`, `BackupAndRestore`) holds
         the state the servers train with."""
-        from keras_elastic.worker.remote_optimizer import optimizers_of
-
-        built = {g: o for g, o in optimizers_of(self.model).items()
+        built = {g: o for g, o in self.optimizers().items()
                  if getattr(o, "built", False)}
-        if not built:
+        if not built or self.shared:
             return
         state = self.ps.pull_optimizer_state()
         by_prefix = slot_prefixes(list(zip(self.trainable, self.trainable_keys)))
@@ -279,6 +393,8 @@ class ModelSync:
         """Makes the servers hold this model's current values (after Keras'
         own fit trained it in this process): every variable, assigned."""
         self.flush()
+        if self.shared:
+            return  # they are the store's
         values = {k: np.asarray(keras.ops.convert_to_numpy(v.value))
                   for k, v in zip(self.keys, self.variables)}
         self.take(self.ps.exchange({}, values).values)
@@ -304,6 +420,9 @@ class ModelSync:
         """A batch is ready and its step begins (for the compute/input-wait
         split, and what the pipelined exchange knows was given back)."""
         self.t_data = self._t_mark = time.perf_counter()
+        if self.shared:
+            for sync in list(self.hyperparameter_syncs.values()):
+                sync.check()
         if self.pipelined and self.stream is not None:
             self._dead_at_mark = self.stream.dead()
 

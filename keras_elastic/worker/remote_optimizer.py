@@ -102,8 +102,8 @@ class RemoteOptimizer:
     def _group_spec(self, keys: list[str]) -> tuple[str, tuple[str, ...]] | None:
         """The spec of this group for the servers (None for the model's own
         optimizer, which `init` created): its first apply's variables."""
-        if not self.group:
-            return None
+        if self.group == self.sync.main_group:
+            return None  # the model's own optimizer: made by init
         if self.spec is None:
             with tf.init_scope():  # (traced: the config reads variables eagerly)
                 config = json.dumps(_jsonable(keras.optimizers.serialize(
@@ -128,8 +128,10 @@ class RemoteOptimizer:
                                  "no variables and was never built")
         grads, variables = list(grads), list(variables)
         keys = [sync.key_of(v, self.group) for v in variables]
+        if sync.local and not context.row_grads:
+            return self._apply_in_step(context, grads, variables, keys)
         pairs = [(k, g) for k, g in zip(keys, grads) if g is not None]
-        rows = context.take_row_grads() if not self.group else []
+        rows = context.take_row_grads() if self.group == sync.main_group else []
         rate = learning_rate_variable(self.optimizer)
         push = Push(self.group, context.update_name(self.group),
                     tuple(k for k, _ in pairs), tuple(t for t, _, _ in rows), rate,
@@ -147,6 +149,34 @@ class RemoteOptimizer:
             variable.assign(value)
         self.optimizer.iterations.assign_add(1)
 
+    def _apply_in_step(self, context: step_context.StepContext, grads, variables,
+                       keys: list[str]) -> None:
+        """The update with the store in this process (an embedded cluster,
+        `ModelSync.local`): the store holds the model's own variables and
+        this very optimizer, so the step applies Keras' own update to them,
+        as plain Keras does, once the task log allows it (one small
+        `tf.py_function`: duplicates of a replay and refused pushes are not
+        applied)."""
+        sync = self.sync
+        optimizer = self.optimizer
+        if not optimizer.built:  # (not in the branch below: it makes variables)
+            optimizer.build(variables)
+        if self.group != sync.main_group:
+            sync.share_optimizer(self.group, optimizer, keys)
+        index = context.num_updates
+        push = Push(self.group, context.update_name(self.group),
+                    tuple(k for k, g in zip(keys, grads) if g is not None))
+        sync.note_update(push)
+
+        def apply():
+            type(optimizer).apply(optimizer, grads, variables)
+            return tf.constant(True)
+
+        if context.allowed is None:  # recorded after the step (TrainFunction)
+            apply()
+        else:
+            tf.cond(context.allowed[index], apply, lambda: tf.constant(False))
+
 
 def _hooked_apply(self, grads, trainable_variables=None):
     """`Optimizer.apply`, routed to the servers inside an elastic step."""
@@ -162,7 +192,7 @@ def attach(model: keras.Model, sync: Any) -> dict[str, RemoteOptimizer]:
     """Hooks every optimizer of `model` to `sync` (idempotent; a model
     compiled again gets its new optimizers hooked at its next fit)."""
     links = {}
-    for group, optimizer in optimizers_of(model).items():
+    for group, optimizer in sync.optimizers().items():
         link = optimizer.__dict__.get(_LINK)
         if link is None or link.sync is not sync or link.group != group:
             link = RemoteOptimizer(group, optimizer, sync)

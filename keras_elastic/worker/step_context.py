@@ -39,9 +39,13 @@ from typing import Any
 class StepContext:
     """What one trace of the elastic train step knows."""
 
-    def __init__(self, runtime: Any, tags: Any) -> None:
+    def __init__(self, runtime: Any, tags: Any, allowed: Any = None) -> None:
         self.runtime = runtime   # the model's TrainFunction
         self.tags = tags         # [n, 3] int64: seq, position, fingerprint
+        # [updates] bool: whether each update of the step may be applied, as
+        # the task log said before the step (a store in this process; see
+        # `ModelSync.local_allow`).
+        self.allowed = allowed
         self._applies: dict[str, int] = {}
         # Gradients of embedding-table rows the built-in step computed, pushed
         # with the model optimizer's first update: [(table, ids, rows)].
@@ -55,6 +59,7 @@ class StepContext:
 
     @property
     def num_updates(self) -> int:
+        """The updates traced so far: the index of the next one."""
         return sum(self._applies.values())
 
     def take_row_grads(self) -> list:
@@ -75,10 +80,10 @@ def current() -> StepContext | None:
 
 
 @contextlib.contextmanager
-def stepping(runtime: Any, tags: Any):
+def stepping(runtime: Any, tags: Any, allowed: Any = None):
     """Traces a train step inside a `StepContext` for `runtime` and `tags`."""
     previous = _LOCAL.context
-    _LOCAL.context = context = StepContext(runtime, tags)
+    _LOCAL.context = context = StepContext(runtime, tags, allowed)
     try:
         yield context
     finally:

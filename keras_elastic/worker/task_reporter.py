@@ -82,7 +82,7 @@ class TaskReporter(keras.callbacks.Callback):
         if not self.model.stop_training and logs is not None:
             # First callback of the list: later ones (History, EarlyStopping,
             # ModelCheckpoint, the progress bar) see the job's numbers.
-            logs.update(self.job_metrics.job_logs(self.stream, epoch))
+            logs.update(self.job_metrics.job_logs(self.stream, epoch, logs))
         self.job_metrics.end_epoch()
         if self._sync is not None and not self.model.stop_training:
             # The epoch is over for the job: the model and its optimizers hold
@@ -176,7 +176,8 @@ class JobMetrics:
         self._sent = dict(current)
         return list(encode_all(delta.items())) if delta else None
 
-    def job_logs(self, stream: TaskStream, epoch: int) -> dict[str, float]:
+    def job_logs(self, stream: TaskStream, epoch: int,
+                 logs: dict | None = None) -> dict[str, float]:
         """The job's training metrics of `epoch`, once the master has closed
         it (the workers holding its last tasks report them); {} if the states
         cannot be summed, or no worker sent any, or tasks of the epoch went
@@ -200,9 +201,35 @@ class JobMetrics:
         sums = result[1]
         if not sums:
             return {}
+        # A train_step of the model's own may log a metric under another name
+        # ({"loss": self.total_loss_tracker.result()}): such a log is the
+        # metric whose result it equals now, and gets its job value too.
+        mine = {k: _scalar(v) for k, v in self.model.get_metrics_result().items()}
+        unlogged = {k: v for k, v in mine.items() if k not in (logs or {})}
+        renamed = {}
+        for key, value in (logs or {}).items():
+            value = _scalar(value)
+            if key in mine or value is None:
+                continue
+            same = [m for m, r in unlogged.items() if r is not None and r == value]
+            if len(same) == 1:
+                renamed[key] = same[0]
         for key, variable in variables:
             value = sums.get(key)
             variable.assign(np.zeros(variable.shape, variable.dtype) if value is None
                             else np.asarray(value).astype(variable.dtype))
-        return {k: float(v) if np.ndim(v) == 0 else v
-                for k, v in self.model.get_metrics_result().items()}
+        out = {k: float(v) if np.ndim(v) == 0 else v
+               for k, v in self.model.get_metrics_result().items()}
+        for key, name in renamed.items():
+            if name in out:
+                out[key] = out[name]
+        return out
+
+
+def _scalar(value) -> float | None:
+    """`value` as a float if it is a scalar number, else None."""
+    try:
+        array = np.asarray(keras.ops.convert_to_numpy(value))
+    except (TypeError, ValueError):
+        return None
+    return float(array) if array.ndim == 0 and array.dtype.kind in "fiu" else None

@@ -226,9 +226,19 @@ class TaskStream:
         `tags` is the batch's `[seq, position, fingerprint]` per element; a
         task's elements in a batch are consecutive.
         """
+        slices = self.batch_slices(tags)
+        return [ps_pb2.TaskRange(
+            dataset=self.dataset, epoch=task.epoch, task_id=task.task_id,
+            lease=task.lease, start=start, end=end, fingerprint=fingerprint,
+            update=update) for _, task, start, end, fingerprint in slices], [
+            s[0] for s in slices]
+
+    def batch_slices(self, tags: np.ndarray) -> list[tuple]:
+        """`(seq, task, start, end, fingerprint)` of each live task's elements
+        in a batch (`batch_ranges` without the protos)."""
         seqs, positions, fps = tags[:, 0], tags[:, 1], tags[:, 2]
         cuts = np.flatnonzero(np.diff(seqs)) + 1
-        ranges, live = [], []
+        slices = []
         with self._lock:
             for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(seqs)]):
                 seq = int(seqs[lo])
@@ -239,13 +249,9 @@ class TaskStream:
                 if end - start != hi - lo:
                     raise RuntimeError(f"elements of task {task.task_id} are not "
                                        f"consecutive in a batch ({start}..{end})")
-                ranges.append(ps_pb2.TaskRange(
-                    dataset=self.dataset, epoch=task.epoch, task_id=task.task_id,
-                    lease=task.lease, start=start, end=end,
-                    fingerprint=range_fingerprint(positions[lo:hi], fps[lo:hi]),
-                    update=update))
-                live.append(seq)
-        return ranges, live
+                slices.append((seq, task, start, end,
+                               range_fingerprint(positions[lo:hi], fps[lo:hi])))
+        return slices
 
     def abandon(self, seqs: list[int], reason: str) -> None:
         """Gives up tasks whose pushes were refused: their remaining elements

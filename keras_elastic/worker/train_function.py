@@ -49,6 +49,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_elastic.layers.embedding import embedding_step
 from keras_elastic.worker import step_context
+from keras_elastic.worker.epoch_iterator import SegmentedIterator
 
 
 def uses_keras_train_step(model: keras.Model) -> bool:
@@ -74,11 +75,44 @@ class TrainFunction:
             step = model.train_step
         self._step_fn = step
         self._compiled = tf.function(self._traced_step, reduce_retracing=True)
+        # The step taking its batch itself: an outer function fetching and
+        # calling the step's own function, as Keras nests them (the step's
+        # graph is then optimized alone, as Keras' is: the same arithmetic).
+        self._compiled_unchecked = tf.function(self._traced_unchecked_step,
+                                               reduce_retracing=True)
+        self._compiled_fetching = tf.function(self._traced_fetching_step,
+                                              reduce_retracing=True)
 
     # -- the compiled step ------------------------------------------------
-    def _traced_step(self, tags, data):
-        with step_context.stepping(self, tags):
+    def _traced_step(self, tags, data, allowed):
+        if isinstance(data, tuple) and len(data) == 1:
+            data = data[0]  # `fit(x)` without labels: the step gets x, as in Keras
+        with step_context.stepping(self, tags, allowed):
             return self._step_fn(data)
+
+    def _traced_fetching_step(self, iterator):
+        """The step taking its batch from the pipeline's iterator itself (as
+        Keras' train function does): an `Optional` of (logs, the batch's
+        tags), empty when the pipeline ran out. The step runs only on a batch
+        (a `tf.cond`): a step's updates that do not depend on its data (an
+        optimizer's `iterations`) would otherwise run once more at every end
+        of the data."""
+        next_batch = iterator.get_next_as_optional()
+        # As Keras' train function does: the empty branch takes the spec the
+        # other branch gives (traced first).
+        nothing = tf.experimental.Optional.empty(None)
+
+        def step():
+            tags, data = next_batch.get_value()
+            out = tf.experimental.Optional.from_value(
+                (self._compiled_unchecked(tags, data), tags))
+            nothing._element_spec = out.element_spec
+            return out
+
+        return tf.cond(next_batch.has_value(), step, lambda: nothing)
+
+    def _traced_unchecked_step(self, tags, data):
+        return self._traced_step(tags, data, None)
 
     def _table_step(self, data):
         """Keras' default train step, with the rows of the model's server
@@ -112,13 +146,26 @@ class TrainFunction:
         if self.sync.updates or self.element_spec is None:
             return
         tags_spec, data_spec = self.element_spec
-        self._compiled.get_concrete_function(tags_spec, data_spec)
+        self._compiled.get_concrete_function(tags_spec, data_spec,
+                                             tf.TensorSpec([None], tf.bool))
+
+    def _allowed(self, tags: np.ndarray) -> tf.Tensor:
+        """What the task log says of each update of the step, when the step
+        applies them itself (a store in this process: `ModelSync.local`)."""
+        if not self.sync.local:
+            return _NOTHING
+        if not self.sync.update_keys:
+            self.ensure_traced()
+        return tf.constant(self.sync.local_allow(tags), tf.bool)
 
     # -- what Keras calls ---------------------------------------------------
     def __call__(self, iterator):
         logs = None
         for k in range(max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))):
             try:
+                if self._fetch_in_step():
+                    logs = self._run_fetching(iterator)
+                    continue
                 tags, data = next(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 if k == 0:
@@ -127,9 +174,39 @@ class TrainFunction:
             logs = self.run(tags, data)
         return logs
 
+    def _fetch_in_step(self) -> bool:
+        """The batch can be taken inside the compiled step: the step applies
+        its updates itself (a store in this process) and no task was given
+        back (no element to drop first)."""
+        return self.sync.local and (self.stream is None or not self.stream.has_dead())
+
+    def _run_fetching(self, iterator):
+        """One step whose compiled function takes the batch from the pipeline
+        (no Python between the two); the task log records its updates right
+        after (in this process the worker cannot lose its tasks meanwhile:
+        the embedded master never presumes it lost, and the pipeline never
+        gives elements applied before)."""
+        while True:
+            current = iterator.current if isinstance(iterator, SegmentedIterator) else (
+                iterator)
+            self.sync.begin_step()
+            out = self._compiled_fetching(current)
+            if out.has_value():
+                logs, tags = out.get_value()
+                break
+            if not (isinstance(iterator, SegmentedIterator) and iterator.next_segment()):
+                raise StopIteration
+        tags_np = tags.numpy()
+        self.sync.local_record(tags_np)
+        if len(tags_np):
+            self.trained_seq = max(self.trained_seq, int(tags_np[:, 0].max()))
+        self.last_logs = logs
+        return logs
+
     def run(self, tags, data):
         """One step on one batch of the pipeline."""
-        seqs = tags[:, 0].numpy()
+        tags_np = tags.numpy()
+        seqs = tags_np[:, 0]  # (an eager slice of the tensor costs more)
         if self.stream is not None and self.stream.has_dead():
             keep = self.stream.live_mask(seqs).astype(bool)
             if not keep.all():
@@ -137,9 +214,9 @@ class TrainFunction:
                     return self.last_logs if self.last_logs is not None else {}
                 where = np.flatnonzero(keep)
                 tags, data = take_rows(tags, where), take_rows(data, where)
-                seqs = seqs[where]
+                tags_np, seqs = tags_np[where], seqs[where]
         self.sync.begin_step()
-        logs = self._compiled(tags, data)
+        logs = self._compiled(tags, data, self._allowed(tags_np))
         if not self.sync.pipelined and len(seqs):
             self.trained_seq = max(self.trained_seq, int(seqs.max()))
         self.last_logs = logs
@@ -154,12 +231,15 @@ class TrainFunction:
         self.replaying = self.sync.replaying = True
         try:
             self.sync.begin_step()
-            self._compiled(tf.constant(tags), data)
+            self._compiled(tf.constant(tags), data, self._allowed(tags))
             self.sync.flush()
         finally:
             self.replaying = self.sync.replaying = False
             for variable, value in metrics:
                 variable.assign(value)
+
+
+_NOTHING = tf.constant([], tf.bool)  # `allowed` when updates go to the servers
 
 
 def take_rows(nest: Any, rows: np.ndarray) -> Any:

@@ -148,3 +148,31 @@ def test_silent_worker_is_lost_and_its_tasks_requeued():
         assert other.get_task("train", 0).task_id == task.task_id  # requeued first
     finally:
         server.stop()
+
+
+def test_a_frozen_master_process_does_not_count_its_stall_as_worker_silence():
+    """Liveness is judged on the master's monotonic clock, and a stall of the
+    master itself (its watcher waking up late: a paused VM, a swapped-out
+    process) is not silence of the workers; real silence still is."""
+    from keras_elastic.master.servicer import MasterServicer
+    from keras_elastic.proto import master_pb2
+
+    servicer = MasterServicer(heartbeat_timeout=30.0)
+    servicer.stop()  # the test drives the watcher itself, with its own clock
+    servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=0), None)
+    start = servicer._workers[0]["last_seen"]
+    assert servicer.check_liveness(start + 1, 1.0) == []
+    # The watcher's next tick comes 100 s late: the whole process was frozen.
+    assert servicer.check_liveness(start + 101, 1.0) == []
+    # Then it runs on time, and the worker stays silent: lost once the time
+    # it could have been heard (1 s before the stall, 1 s after) passes 30 s.
+    now = start + 101
+    for _ in range(28):
+        now += 1
+        assert servicer.check_liveness(now, 1.0) == []
+    lost = []
+    for _ in range(3):
+        now += 1
+        lost += servicer.check_liveness(now, 1.0)
+    assert lost == [0]
+    assert servicer._workers[0]["state"] == "lost"

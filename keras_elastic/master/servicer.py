@@ -70,7 +70,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._last_lease = 0
         self._next_worker_id = 0
         self._lost = 0
-        self._started = time.time()
+        self._started = time.monotonic()
         self._starts = 0
         self._journal: Journal | None = None
         # The journal record that ended the last epoch or round: answers that
@@ -154,7 +154,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             ds.finish_replay()
         if records:
             alive = self._alive()
-            now = time.time()
+            now = time.monotonic()
             for worker_id in alive:  # their heartbeats resume once they reconnect
                 self._workers[worker_id]["last_seen"] = now
             logging.warning(
@@ -168,7 +168,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         worker_id, state = record["id"], record["state"]
         self._next_worker_id = max(self._next_worker_id, worker_id + 1)
         if state == "alive":
-            self._workers[worker_id] = {"state": "alive", "last_seen": time.time(),
+            self._workers[worker_id] = {"state": "alive", "last_seen": time.monotonic(),
                                         "timings": {}, "joined": record.get("time", 0)}
         elif worker_id in self._workers:
             if state == "lost" and self._workers[worker_id]["state"] == "alive":
@@ -197,7 +197,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if previous and previous["state"] == "alive":
                 # The same id registering again: its earlier process is gone.
                 self._lose(worker_id, "re-registered")
-            self._workers[worker_id] = {"state": "alive", "last_seen": time.time(),
+            self._workers[worker_id] = {"state": "alive", "last_seen": time.monotonic(),
                                         "timings": {}, "joined": time.time()}
             seq = self._log({"t": "worker", "id": worker_id, "state": "alive",
                              "time": round(time.time(), 3)})
@@ -213,7 +213,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 return master_pb2.WorkerResponse(
                     accepted=False, error=f"worker {request.worker_id} is not part of "
                     "the job (presumed lost); restart it to rejoin")
-            worker["last_seen"] = time.time()
+            worker["last_seen"] = time.monotonic()
             if request.timings:
                 worker["timings"] = dict(request.timings)
             return master_pb2.WorkerResponse(accepted=True, error=self._error or "")
@@ -261,18 +261,38 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             waiting.pop(worker_id, None)
 
     def _watch_heartbeats(self) -> None:
-        while not self._stop.wait(min(1.0, self._heartbeat_timeout / 4)):
-            now = time.time()
-            with self._cond:
-                for worker_id in self._alive():
-                    silent = now - self._workers[worker_id]["last_seen"]
-                    if silent > self._heartbeat_timeout:
-                        self._lose(worker_id, f"no heartbeat for {silent:.0f} s")
+        interval = min(1.0, self._heartbeat_timeout / 4)
+        while not self._stop.wait(interval):
+            self.check_liveness(time.monotonic(), interval)
+
+    def check_liveness(self, now: float, interval: float) -> list[int]:
+        """Declares lost the workers silent for longer than the heartbeat
+        timeout at monotonic time `now`, the watcher running every `interval`
+        seconds; returns their ids.
+
+        Silence is measured on the monotonic clock (a wall-clock step is not
+        silence), and only while this process ran: when the watcher wakes up
+        late (the process or its machine was frozen or starved, as a paused or
+        swapped-out VM is), the workers could not be heard either, so the
+        stall is not counted against them."""
+        last_tick, self._last_tick = getattr(self, "_last_tick", now), now
+        stalled = now - last_tick - interval
+        lost = []
+        with self._cond:
+            for worker_id in self._alive():
+                worker = self._workers[worker_id]
+                if stalled > min(5.0, self._heartbeat_timeout / 4):
+                    worker["last_seen"] += stalled
+                silent = now - worker["last_seen"]
+                if silent > self._heartbeat_timeout:
+                    self._lose(worker_id, f"no heartbeat for {silent:.0f} s")
+                    lost.append(worker_id)
+        return lost
 
     def _touch(self, worker_id: int) -> None:
         worker = self._workers.get(worker_id)
         if worker is not None and worker["state"] == "alive":
-            worker["last_seen"] = time.time()
+            worker["last_seen"] = time.monotonic()
 
     # -- datasets and tasks ----------------------------------------------
     def _sizing_workers(self) -> int:
@@ -387,7 +407,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """Calls `attempt(ds)` under the lock until it returns a response, the
         state changes being signalled on the condition; after LONG_POLL_SECONDS
         answers `timeout_response` (the client asks again)."""
-        deadline = time.time() + LONG_POLL_SECONDS
+        deadline = time.monotonic() + LONG_POLL_SECONDS
         with self._cond:
             ds = self._datasets.get(request.dataset)
             if ds is None:
@@ -398,7 +418,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 response = attempt(ds)
                 if response is not None:
                     return response
-                remaining = deadline - time.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stop.is_set() or not context.is_active():
                     return timeout_response
                 self._cond.wait(remaining)
@@ -572,7 +592,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             errors = [self._error] + [ds.error for ds in self._datasets.values()]
             error = next((e for e in errors if e), None)
             return {
-                "uptime": time.time() - self._started,
+                "uptime": time.monotonic() - self._started,
                 "master_restarts": max(0, self._starts - 1),
                 "error": error,
                 "workers": {

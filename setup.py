@@ -1,9 +1,10 @@
 """keras-elastic: elastic, fault-tolerant parameter-server training for Keras 3.
 
-`pip install -e .` (or `pip install .`) installs the library, its console
-script `keras-elastic`, and `keras_elastic.callbacks` (whose source lives in the
-top-level `callbacks/` folder). A GPU user installs `.[gpu]`, which asks for
-TensorFlow with its CUDA libraries; the plain `tensorflow` wheel runs on CPU.
+`pip install -e .` (or `pip install .`) installs the library and its console
+script `keras-elastic`. (The top-level `callbacks/` folder is a source-tree
+re-export of `keras_elastic.callbacks`, not installed.) A GPU user installs
+`.[gpu]`, which asks for TensorFlow with its CUDA libraries; the plain
+`tensorflow` wheel runs on CPU.
 `.[ray]` adds Ray, for `keras-elastic run --backend ray` (docs/ray.md); the
 test extra includes it, so the test suite runs the Ray tests too.
 """
@@ -39,16 +40,24 @@ setup(
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=packages + ["keras_elastic.callbacks"],
-    package_dir={"keras_elastic.callbacks": "callbacks"},
+    packages=packages,
     package_data={"keras_elastic.proto": ["*.proto"]},
+    # The ranges CI installs and tests, no wider: keras-elastic uses Keras'
+    # private API (keras_elastic/common/keras_compat.py, checked against these
+    # Keras releases; importing it with another says so), and the gRPC modules
+    # are generated at build time by grpcio-tools for the protobuf runtime it
+    # requires.
     install_requires=[
-        "tensorflow>=2.16,<3",
-        "keras>=3.3,<4",
-        "grpcio>=1.60",
-        "grpcio-tools>=1.60",
-        "protobuf>=4.21",
-        "absl-py>=1.0",
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.15,<3.16",
+        "grpcio>=1.85",
+        "grpcio-tools>=1.85",
+        "protobuf>=7.35,<8",
+        "absl-py>=2.0",
+        # ElasticDataset.from_tfds and ArrayRecord files: the project's named
+        # packages, installed with it.
+        "tensorflow-datasets>=4.9.10",
+        "array-record>=0.8",
         "cloudpickle>=2.0",
         "numpy>=1.24",
         "cryptography>=41",  # a job's self-signed TLS certificate
@@ -57,15 +66,14 @@ setup(
         "tensorboard>=2.16",
     ],
     extras_require={
-        "gpu": ["tensorflow[and-cuda]>=2.16,<3"],
-        # ElasticDataset.from_tfds and ArrayRecord files.
-        "datasets": ["tensorflow-datasets>=4.9", "array-record>=0.5"],
+        "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+        # Kept for scripts that install .[datasets]: both are requirements now.
+        "datasets": [],
         "examples": ["scikit-learn>=1.2"],
         "ray": ["ray>=2.9"],  # --backend ray
         # pytest-xdist: the README's test command runs two test files at once.
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.2",
-                 "ruff>=0.4", "ray>=2.9", "tensorflow-datasets>=4.9",
-                 "array-record>=0.5"],
+                 "ruff>=0.4", "ray>=2.9"],
     },
     entry_points={"console_scripts": ["keras-elastic=keras_elastic.cli:run_main"]},
     cmdclass={"build_py": BuildWithProtos},

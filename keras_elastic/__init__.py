@@ -21,42 +21,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
-import sys
-
-
-class _CallbacksFinder:
-    """Finds `keras_elastic.callbacks` in the top-level `callbacks/` folder.
-
-    An installed package maps `keras_elastic.callbacks` to that folder (see
-    setup.py). Used from a source checkout without installing (Bazel,
-    `PYTHONPATH=.`), this finder does the same, lazily: importing keras_elastic
-    does not import Keras.
-    """
-
-    name = "keras_elastic.callbacks"
-
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        if fullname != cls.name:
-            return None
-        init = os.path.join(os.path.dirname(os.path.dirname(__file__)), "callbacks",
-                            "__init__.py")
-        if not os.path.exists(init):  # pragma: no cover
-            return None
-        return importlib.util.spec_from_file_location(
-            fullname, init, submodule_search_locations=[os.path.dirname(init)])
-
-
-def _register_callbacks_package() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.isdir(os.path.join(here, "callbacks")) and not any(
-            isinstance(f, type) and f.__name__ == "_CallbacksFinder"
-            for f in sys.meta_path):
-        sys.meta_path.append(_CallbacksFinder)
-
-
-_register_callbacks_package()
 
 __version__ = "0.1.0"
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 from absl import flags, logging
 
+from keras_elastic.common import errors
+
 FLAGS = flags.FLAGS
 PROG = "keras-elastic"
 
@@ -56,7 +58,7 @@ def subcommand(name: str, summary: str, usage: str, description: str,
     return register
 
 
-class UsageError(Exception):
+class UsageError(errors.JobError):
     """A wrong flag or argument: printed without a traceback, exit code 2."""
 
 

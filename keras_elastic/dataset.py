@@ -32,8 +32,10 @@ import tensorflow as tf
 
 from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.data import fingerprint as _fingerprint
+from keras_elastic.data.errors import NondeterministicDatasetError
+from keras_elastic.data.factory import as_source
 from keras_elastic.data.feed import generator_dataset
-from keras_elastic.data.source import DataSource, as_source
+from keras_elastic.data.source import DataSource
 from keras_elastic.proto import master_pb2
 
 check_tensorflow_backend()
@@ -298,6 +300,21 @@ class ElasticDataset:
         return self.dataset_fn is None and not self._element_maps and (
             type(self.source).decode is DataSource.decode)
 
+    def elements_of(self, records: Any) -> tf.data.Dataset:
+        """The unbatched elements this dataset makes of `records` (a task's
+        raw records, as the source reads them): decoded, through
+        `dataset_fn` and the element maps, as every worker's pipeline makes
+        them. The worker replays a task with it after a failure.
+
+        Example:
+
+        >>> import numpy as np
+        >>> ds = ElasticDataset((np.arange(4.0), np.arange(4)), batch_size=2)
+        >>> [int(y) for _, y in ds.elements_of(ds.source.read("arrays", 1, 3))]
+        [1, 2]
+        """
+        return self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
+
     def _apply_dataset_fn(self, records: tf.data.Dataset) -> tf.data.Dataset:
         out = self._apply_user_dataset_fn(records)
         for element_map in self._element_maps:
@@ -460,8 +477,6 @@ class ElasticDataset:
         if self._determinism_checked or not self.deterministic or (
                 self.mode != "training") or self._records_are_elements():
             return
-        from keras_elastic.worker.replay import NondeterministicDatasetError
-
         shard, n = next(((s, n) for s, n in self.source.shards() if n), (None, 0))
         if shard is None:
             return
@@ -490,24 +505,26 @@ class ElasticDataset:
             "it only augments each record at random (same records, same order), pass "
             "ElasticDataset(..., deterministic=False).")
 
-    def _batch_untagged_pairs(self, tagged: tf.data.Dataset) -> tf.data.Dataset:
-        """Batches `(tag, element)` pairs like the training pipeline does."""
+    def batch_tagged_elements(self, tagged: tf.data.Dataset) -> tf.data.Dataset:
+        """Batches `(tag, element)` pairs as the training pipeline batches its
+        elements (every batch, the last partial one included): the worker
+        replays a task's elements with it after a failure."""
         if self.batching is None:
             return tagged.batch(self.batch_size)
-        from keras_elastic import batching as ke_batching
+        import keras_elastic.batching as ke_batching
 
         return ke_batching.batch(tagged, self.batch_size, components=(None, self.batching))
 
     def _batch_untagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
         if self.batching is None:
             return elements.batch(self.batch_size, drop_remainder=self.drop_remainder)
-        from keras_elastic import batching as ke_batching
+        import keras_elastic.batching as ke_batching
 
         return ke_batching.batch(elements, self.batch_size, components=self.batching,
                                  drop_remainder=self.drop_remainder)
 
     def _batch_tagged(self, elements: tf.data.Dataset) -> tf.data.Dataset:
-        from keras_elastic import batching as ke_batching
+        import keras_elastic.batching as ke_batching
 
         # The task tag is a scalar: batched natively (None) beside the element.
         return ke_batching.batch(elements, self.batch_size,
@@ -536,7 +553,7 @@ def _batching_components(batching: Any, batch_size: int,
     accepts: None, a reducer or nest of reducers, or a `Batching`."""
     if batching is None:
         return None, drop_remainder
-    from keras_elastic import batching as ke_batching
+    import keras_elastic.batching as ke_batching
 
     if isinstance(batching, ke_batching.Batching):
         if batching.batch_size != batch_size:

@@ -60,14 +60,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
-from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
-from keras.src.trainers.data_adapters import data_adapter_utils
-from keras.src.trainers.trainer import Trainer
-from keras.src.utils.naming import auto_name
 
 from keras_elastic._backend import check_tensorflow_backend
 from keras_elastic.checkpoint import ps_layout
+from keras_elastic.common import keras_compat
 from keras_elastic.common.variable_keys import namespace
 from keras_elastic.data import keras_arguments
 from keras_elastic.data.describe import describe_call
@@ -75,7 +71,6 @@ from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers.embedding import Embedding, convert_embeddings
 from keras_elastic.worker import remote_optimizer
 from keras_elastic.worker.cluster import get_cluster
-from keras_elastic.worker.epoch_iterator import elastic_epochs
 from keras_elastic.worker.file_callbacks import JobCallbacks
 from keras_elastic.worker.model_sync import EXCHANGES, ModelSync
 from keras_elastic.worker.ps_checkpoint import resume_info
@@ -272,7 +267,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
     self.train_function = None
     self._initial_epoch = None
     try:
-        with elastic_epochs(segmented={id(tf_dataset): stream.end_segment}):
+        with keras_compat.elastic_epochs(segmented={id(tf_dataset): stream.end_segment}):
             history = keras_fit(
                 tf_dataset, epochs=epochs, verbose=verbose,
                 callbacks=[reporter] + list(callbacks or []),
@@ -367,7 +362,7 @@ def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     stream = TaskStream(cluster.master, x.name, x.source, cluster.timer,
                         start_epoch=prediction_round)
     stream.set_epoch(prediction_round)
-    with elastic_epochs():
+    with keras_compat.elastic_epochs():
         return predict_elastic(self, x, stream, writer, keep=writer is None,
                                callbacks=callbacks,
                                verbose=1 if verbose == "auto" else verbose)
@@ -397,7 +392,7 @@ def _no_jit_with_server_tables(model) -> None:
     `tf.py_function`) cannot be XLA-compiled by Keras' own functions."""
     if getattr(model, "jit_compile", False) and any(
             isinstance(layer, Embedding)
-            for layer in model._flatten_layers(include_self=False)):
+            for layer in keras_compat.all_layers(model, include_self=False)):
         model.jit_compile = False
 
 
@@ -453,7 +448,7 @@ def _validation_dataset(validation_data, batch_size) -> Any:
     if isinstance(validation_data, (tuple, list)) and all(
             a is None or isinstance(a, np.ndarray)
             for a in tf.nest.flatten(tuple(validation_data))):
-        x, y, sw = data_adapter_utils.unpack_x_y_sample_weight(tuple(validation_data))
+        x, y, sw = keras_compat.unpack_x_y_sample_weight(tuple(validation_data))
         return ElasticDataset(_pack(x, y, sw), batch_size=batch_size or 32,
                               mode="evaluation", name="fit_validation")
     return validation_data
@@ -501,28 +496,28 @@ def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
     """
     cluster = get_cluster()
     state = _state(model)
-    unbuilt = not all(layer.built for layer in model._flatten_layers())
-    metrics_unbuilt = (getattr(model, "_compile_metrics", None) is not None
-                       and not model._compile_metrics.built)
-    loss_unbuilt = (getattr(model, "_compile_loss", None) is not None
-                    and not model._compile_loss.built)
+    unbuilt = not all(layer.built for layer in keras_compat.all_layers(model))
+    metrics = keras_compat.compiled_metrics(model)
+    metrics_unbuilt = metrics is not None and not metrics.built
+    loss = keras_compat.compiled_loss(model)
+    loss_unbuilt = loss is not None and not loss.built
     if dataset.mode != "prediction" and _keras_steps_with_loss(model):
         dataset.require_labels()
     try:
         if dataset.mode == "prediction" or not uses_compiled_loss(model):
             if unbuilt:  # build the layers only
-                x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(
+                x, _, _ = keras_compat.unpack_x_y_sample_weight(
                     dataset.batched_spec)
-                _build_layers(model, x)
+                keras_compat.build_from_input_spec(model, x)
         elif unbuilt or metrics_unbuilt or loss_unbuilt:
             # Build from the spec: Keras would otherwise take a batch from the
             # dataset, i.e. a task from the master, and drop it.
-            model._symbolic_build(data_batch=dataset.batched_spec)
+            keras_compat.symbolic_build(model, dataset.batched_spec)
     except (NotImplementedError, RuntimeError) as e:
         # A model without a call() of its own (a GAN whose train_step calls
         # its sub-models): fine if its layers, hence its weights, exist.
-        unbuilt = [layer.name for layer in model._flatten_layers(include_self=False)
-                   if not layer.built]
+        unbuilt = [layer.name for layer in keras_compat.all_layers(
+            model, include_self=False) if not layer.built]
         if unbuilt:
             raise ValueError(
                 f"keras_elastic could not build {type(model).__name__} from the data "
@@ -560,24 +555,14 @@ def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
 
 def uses_compiled_loss(model) -> bool:
     """Whether Keras' default steps (and their compiled loss) are in use."""
-    from keras_elastic.worker.train_function import uses_keras_train_step
-
-    return uses_keras_train_step(model) or getattr(model, "_compile_loss", None) \
-        is not None
+    return keras_compat.uses_keras_train_step(model) or \
+        keras_compat.compiled_loss(model) is not None
 
 
 def _keras_steps_with_loss(model) -> bool:
     """Whether Keras' own steps compute a compiled loss (which needs labels)."""
-    from keras_elastic.worker.train_function import uses_keras_train_step
-
-    return uses_keras_train_step(model) and getattr(
-        model, "_compile_loss", None) is not None
-
-
-def _build_layers(model, x_spec) -> None:
-    """Builds a model's layers from an input spec without running data."""
-    keras.src.backend.compute_output_spec(model, tf.nest.map_structure(
-        lambda s: keras.KerasTensor(s.shape, s.dtype.name), x_spec))
+    return keras_compat.uses_keras_train_step(model) and \
+        keras_compat.compiled_loss(model) is not None
 
 
 def evaluate_round(model, dataset: ElasticDataset, eval_round: int | None = None,
@@ -614,7 +599,7 @@ def evaluate_round(model, dataset: ElasticDataset, eval_round: int | None = None
     _prepare(model, dataset)  # builds if needed; loads the newest model
     stream = TaskStream(cluster.master, dataset.name, dataset.source, cluster.timer,
                         start_epoch=eval_round)
-    with elastic_epochs():
+    with keras_compat.elastic_epochs():
         return evaluate_elastic(model, dataset, stream, eval_round,
                                 callbacks=callbacks, verbose=verbose)
 
@@ -757,28 +742,28 @@ class Model(keras.Model, metaclass=_ElasticMeta):
     # inputs). A subclass of `ke.Model` used functionally is rebased on
     # `_FunctionalModel` instead.
     def __new__(cls, *args, **kwargs):
-        if cls is Model and functional_init_arguments(args, kwargs):
+        if cls is Model and keras_compat.functional_init_arguments(args, kwargs):
             if len(args) < 3 and kwargs.get("name") is None:
-                kwargs["name"] = auto_name("model")
+                kwargs["name"] = keras_compat.auto_name("model")
             return wrap(keras.Model(*args, **kwargs))
         return super().__new__(cls, *args, **kwargs)
 
     def __init__(self, *args, **kwargs):
-        if not functional_init_arguments(args, kwargs):
+        if not keras_compat.functional_init_arguments(args, kwargs):
             super().__init__(*args, **kwargs)
         else:
             if type(self) is Model:  # Model.__new__(Model), then __init__
                 self.__class__ = _FunctionalModel
-            elif not isinstance(self, Functional):
+            elif not isinstance(self, keras_compat.Functional):
                 _inject_functional_model(type(self))
-            Trainer.__init__(self)
+            keras_compat.Trainer.__init__(self)
             if len(args) < 3 and kwargs.get("name") is None:
-                kwargs["name"] = auto_name("model")  # not "_functional_model"
-            Functional.__init__(self, *args, **kwargs)
+                kwargs["name"] = keras_compat.auto_name("model")  # not "_functional_model"
+            keras_compat.Functional.__init__(self, *args, **kwargs)
         _install(self)
 
 
-class _FunctionalModel(Model, Functional):
+class _FunctionalModel(Model, keras_compat.Functional):
     """The base of a `ke.Model` subclass used functionally."""
 
 

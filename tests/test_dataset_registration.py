@@ -18,7 +18,7 @@ import pytest
 import keras_elastic as ke
 from keras_elastic.data.arrays import ArraySource, array_fingerprint
 from keras_elastic.data.describe import describe_call, summarize
-from keras_elastic.data.source import as_source
+from keras_elastic.data.factory import as_source
 from keras_elastic.master.client import MasterClient
 from keras_elastic.master.server import MasterServer
 from keras_elastic.master.servicer import MasterServicer

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from keras_elastic.common import errors
 
-class CheckpointError(ValueError):
+
+class CheckpointError(errors.CheckpointError, ValueError):
     """A checkpoint cannot be written, found, read or restored as asked.
 
     The message names the checkpoint directory or file at fault.

@@ -8,6 +8,8 @@ import uuid
 import keras
 import numpy as np
 
+from keras_elastic.common import keras_compat
+
 
 def export_keras(model: keras.Model, path: str) -> str:
     """Saves `model` as a `.keras` file, written to a temporary name first.
@@ -75,7 +77,7 @@ def with_local_tables(model: keras.Model) -> keras.Model:
     """
     from keras_elastic.layers.embedding import Embedding
 
-    layers = [layer for layer in model._flatten_layers(include_self=False)
+    layers = [layer for layer in keras_compat.all_layers(model, include_self=False)
               if isinstance(layer, Embedding)]
     if not layers:
         return model
@@ -90,7 +92,7 @@ def with_local_tables(model: keras.Model) -> keras.Model:
                 f"cannot export embedding '{layer.name}': its table lives on the "
                 "parameter servers and the model is not connected to them (export "
                 "after fit, evaluate or predict)")
-    from keras.src.models.functional import Functional
+    from keras_elastic.common.keras_compat import Functional
 
     if not isinstance(model, (Functional, keras.Sequential)):
         raise ValueError(

@@ -11,7 +11,7 @@ is reached (in the worker with id ID only). The points:
   server: it was applied, its reply never read);
 - `after_push`: a push was applied everywhere, the trained tasks not reported;
 - `epoch_end`: at the epoch barrier: the worker's stream ran out (or ended a
-  segment, see `worker/epoch_iterator.py`), its last tasks trained and pushed,
+  segment, see `common/keras_compat.py`), its last tasks trained and pushed,
   not reported;
 - `validation`: during a validation round, after the first evaluated task.
 

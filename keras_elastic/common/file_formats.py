@@ -29,6 +29,8 @@ import os
 import re
 import struct
 
+from keras_elastic.common import errors
+
 # Records whose headers are checked per file, and the largest first record
 # whose data CRC is checked (pure Python, about 1 ms per 4 KiB: kept cheap for
 # jobs of thousands of files; the header CRCs already tell another format).
@@ -39,7 +41,7 @@ CHECKED_DATA_BYTES = 1 << 12
 _ARRAY_RECORD_SUFFIX = re.compile(r"\.array_?record(-\d+-of-\d+)?$")
 
 
-class FileFormatError(ValueError):
+class FileFormatError(errors.DataError, ValueError):
     """A data file is not in a format the job can read."""
 
 
@@ -193,8 +195,9 @@ def check_data_files(files: list[str]) -> str:
         from array_record.python import array_record_module
     except ImportError:
         raise FileFormatError(
-            f"reading ArrayRecord files ({files[0]}) needs the array-record package: "
-            "pip install 'keras-elastic[datasets]'") from None
+            f"reading ArrayRecord files ({files[0]}) needs the array-record "
+            "package, a requirement of keras-elastic that is missing here: pip "
+            "install array-record") from None
     for path in files:
         try:
             reader = array_record_module.ArrayRecordReader(

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_elastic.common import errors
 from keras_elastic.proto import tensor_pb2
 
 # gRPC's default message limit is 4 MiB; stay well under it.
@@ -44,7 +45,7 @@ CHUNK_BYTES = 2 << 20
 MAX_MESSAGE_BYTES = 64 << 20
 
 
-class TensorError(ValueError):
+class TensorError(errors.DataError, ValueError):
     """Tensor chunks that do not describe a valid tensor: a header that does not
     match its bytes or the tensor's earlier chunks, a missing or repeated chunk,
     a tensor sent twice, or a stream out of order."""

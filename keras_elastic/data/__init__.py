@@ -8,11 +8,15 @@ arrays); `ArrayRecordSource` reads ArrayRecord files at random (counts from
 their footers, no index); `TFDSSource` reads the files of a prepared
 TensorFlow Datasets split (counts from its dataset info) and decodes them with
 the dataset's features (`ElasticDataset.from_tfds`).
+
+May import: keras_elastic.common. `source.py` is the interface, `factory.py`
+(`as_source`) chooses among the sources.
 """
 
 from keras_elastic.data.array_record import ArrayRecordSource
 from keras_elastic.data.arrays import ArraySource
-from keras_elastic.data.source import DataSource, as_source
+from keras_elastic.data.factory import as_source
+from keras_elastic.data.source import DataSource
 from keras_elastic.data.tfds import TFDSSource
 from keras_elastic.data.tfrecord import TFRecordSource
 

@@ -7,7 +7,7 @@ records, and a task reads its range `[start, end)` directly. Each record is
 returned as it was written (bytes, e.g. a serialized `tf.train.Example`);
 `dataset_fn` parses it.
 
-Needs the `array_record` package (`pip install keras-elastic[datasets]`).
+Uses the `array_record` package (installed with keras-elastic).
 
 Example:
 

@@ -117,8 +117,8 @@ def optional_module(module: str, needed_for: str, package: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(
-            f"{needed_for} needs the {package} package: pip install "
-            f"'keras-elastic[datasets]' (or pip install {package})") from e
+            f"{needed_for} needs the {package} package, a requirement of "
+            f"keras-elastic that is missing here: pip install {package}") from e
 
 
 def check_range(owner: str, shard: str, count: int | None, start: int,
@@ -163,52 +163,3 @@ class PerThreadReaders:
         if path not in readers:
             readers[path] = self._open(path)
         return readers[path]
-
-
-def as_source(data: Any, index_dir: str | None = None) -> DataSource:
-    """Turns what a user passes to `ElasticDataset` into a `DataSource`.
-
-    Accepts a `DataSource`, a file pattern or a list of patterns (TFRecord
-    files; ArrayRecord files when every file matched is named `*.array_record`,
-    `*.arrayrecord` or `*.array_record-NNNNN-of-NNNNN`), or a NumPy array /
-    tuple / dict of arrays.
-
-    Example:
-
-    >>> import numpy as np
-    >>> as_source({"x": np.zeros((4, 2))}).shards()
-    [('arrays', 4)]
-    >>> as_source("data/train-*.array_record")  # doctest: +SKIP
-    <keras_elastic.data.array_record.ArrayRecordSource object at ...>
-    """
-    import numpy as np
-
-    from keras_elastic.data.arrays import ArraySource
-    from keras_elastic.data.tfrecord import TFRecordSource, expand_patterns
-
-    if isinstance(data, DataSource):
-        return data
-    if isinstance(data, (str, bytes)) or (
-            isinstance(data, (list, tuple)) and data
-            and all(isinstance(p, str) for p in data)):
-        from keras_elastic.common.file_formats import is_array_record_path
-        from keras_elastic.data.array_record import ArrayRecordSource
-
-        files = expand_patterns(data)
-        array_records = [f for f in files if is_array_record_path(f)]
-        if array_records and len(array_records) == len(files):
-            return ArrayRecordSource(files)
-        if array_records:
-            other = next(f for f in files if not is_array_record_path(f))
-            raise ValueError(
-                f"the files mix ArrayRecord files ({array_records[0]}) with others "
-                f"read as TFRecord ({other}); one dataset reads one format")
-        return TFRecordSource(files, index_dir=index_dir)
-    leaves = tf.nest.flatten(data)
-    if leaves and all(isinstance(x, np.ndarray) or hasattr(x, "__array__")
-                      for x in leaves):
-        return ArraySource(data)
-    raise TypeError(
-        "ElasticDataset expects a file pattern, a list of file patterns, NumPy "
-        f"arrays (a nest of them) or a keras_elastic.data.DataSource; got "
-        f"{type(data).__name__}.")

@@ -17,8 +17,8 @@ nothing is scanned to cut tasks. Records are the serialized examples; unless
 `tfds.load`) before `dataset_fn` sees them, and `as_supervised=True` makes
 them `(input, target)` tuples from the dataset's `supervised_keys`.
 
-Needs `tensorflow-datasets` (and `array_record` for that format):
-`pip install keras-elastic[datasets]`. Nothing is downloaded: a dataset that
+Uses `tensorflow-datasets` (and `array_record` for that format), both
+installed with keras-elastic. Nothing is downloaded: a dataset that
 is not prepared in `data_dir` is an error.
 
 Example:

@@ -23,8 +23,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.lib.io import tf_record
 
+from keras_elastic.common import errors
 
-class CorruptRecordError(ValueError):
+
+class CorruptRecordError(errors.DataError, ValueError):
     """A TFRecord file holds a record that fails its checksum or is cut short."""
 
 

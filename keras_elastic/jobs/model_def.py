@@ -32,8 +32,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from keras_elastic.common import errors
 
-class ModelDefError(ValueError):
+
+class ModelDefError(errors.JobError, ValueError):
     """--model_def does not name an importable module and function."""
 
 

@@ -156,18 +156,15 @@ def _compile(module, model, optimizer_override=None) -> bool:
 def _build(model, dataset) -> None:
     """Builds an unbuilt (subclassed) model from the dataset's spec, without
     data, so that a checkpoint can be restored into it."""
-    import keras
-    import tensorflow as tf
-    from keras.src.trainers.data_adapters import data_adapter_utils
+    from keras_elastic.common import keras_compat
 
-    if model.built and all(layer.built for layer in model._flatten_layers()):
+    if model.built and all(layer.built for layer in keras_compat.all_layers(model)):
         return
     if dataset.mode == "prediction":
-        x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(dataset.batched_spec)
-        keras.src.backend.compute_output_spec(model, tf.nest.map_structure(
-            lambda s: keras.KerasTensor(s.shape, s.dtype.name), x))
+        x, _, _ = keras_compat.unpack_x_y_sample_weight(dataset.batched_spec)
+        keras_compat.build_from_input_spec(model, x)
     else:
-        model._symbolic_build(data_batch=dataset.batched_spec)
+        keras_compat.symbolic_build(model, dataset.batched_spec)
 
 
 def checkpoint_directory(flag_value: str) -> str:

@@ -34,6 +34,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from keras_elastic.common import keras_compat
 from keras_elastic.prediction.writer import PredictionWriter, TaskRange
 
 # The seed of random ops in an ElasticDL dataset_fn (see seeded()).
@@ -290,7 +291,7 @@ def with_learning_rate(optimizer: keras.optimizers.Optimizer,
                        learning_rate: Any) -> keras.optimizers.Optimizer:
     """A new optimizer like `optimizer` with `learning_rate` (a float or a
     schedule)."""
-    if isinstance(optimizer._learning_rate,
+    if isinstance(keras_compat.optimizer_learning_rate(optimizer),
                   keras.optimizers.schedules.LearningRateSchedule):
         logging.warning("learning_rate_scheduler replaces the learning-rate schedule "
                         "of optimizer()")

@@ -3,8 +3,9 @@
 Roles run on a backend (`backends/`): processes of this machine, or Ray
 actors on the nodes of a Ray cluster (`--backend ray`).
 
-May import: keras_elastic.common, keras_elastic.master (client). Never
-TensorFlow: the launcher stays light. Ray (an optional extra) only when the
+May import: keras_elastic.common, .proto, .master and .ps (their clients),
+.checkpoint (PS checkpoint manifests). Never TensorFlow: the launcher stays
+light (tests/test_architecture.py checks both). Ray (an optional extra) only when the
 Ray backend is chosen.
 """
 

@@ -1,7 +1,7 @@
 """Starting and watching the processes of a local job (kept for existing imports).
 
 The code lives in `keras_elastic.launcher.backends`: `local.ManagedProcess`
-(a role as a child process of this machine) and `base.start_service` (start a
+(a role as a child process of this machine) and `services.start_service` (start a
 service, wait for its ready file), which works on any backend.
 
 Example:
@@ -13,7 +13,8 @@ Example:
 
 from __future__ import annotations
 
-from keras_elastic.launcher.backends.base import ProcessStartError, start_service
+from keras_elastic.launcher.backends.base import ProcessStartError
 from keras_elastic.launcher.backends.local import ManagedProcess
+from keras_elastic.launcher.backends.services import start_service
 
 __all__ = ["ManagedProcess", "ProcessStartError", "start_service"]

@@ -1,6 +1,6 @@
 """Keras layers whose state lives on the parameter servers.
 
-May import: nothing of keras_elastic (TensorFlow and Keras only); the worker
+May import: keras_elastic.common.keras_compat (TensorFlow and Keras only); the worker
 connects a layer to the parameter servers (`worker/model_sync.py`).
 
 `ke.layers.Embedding` is a drop-in for `keras.layers.Embedding` whose table is

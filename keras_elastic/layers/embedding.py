@@ -36,6 +36,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_elastic.common import keras_compat
+
 _UNSUPPORTED = ("embeddings_regularizer", "embeddings_constraint", "weights",
                 "lora_rank")
 
@@ -135,7 +137,7 @@ class Embedding(keras.layers.Layer):
                 f"ke.layers.Embedding '{self.name}': ids must be integers, got a "
                 f"{inputs.dtype.name} tensor; cast or hash them to int64 first (e.g. "
                 "keras.layers.Hashing or tf.cast)")
-        from keras_elastic.worker import step_context
+        from keras_elastic.common import step_context
 
         if _STEP.lookups is None and step_context.current() is not None:
             raise ValueError(
@@ -246,7 +248,7 @@ def convert_embeddings(model: keras.Model, min_rows: int = 0) -> int:
     True
     """
     converted = 0
-    for layer in model._flatten_layers(include_self=False):
+    for layer in keras_compat.all_layers(model, include_self=False):
         if type(layer) is not keras.layers.Embedding:
             continue
         if layer.input_dim < min_rows:
@@ -262,7 +264,7 @@ def convert_embeddings(model: keras.Model, min_rows: int = 0) -> int:
         # Drop the local table (the servers hold it) and make the layer ours.
         table = layer.__dict__.get("_embeddings")
         if table is not None:
-            layer._tracker.untrack(table)
+            keras_compat.untrack(layer, table)
             del layer.__dict__["_embeddings"]
         layer.__class__ = Embedding
         layer.input_dim, layer.output_dim = input_dim, output_dim

@@ -16,17 +16,17 @@ from collections.abc import Callable
 import grpc
 from absl import logging
 
-from keras_elastic.common import rpc
+from keras_elastic.common import errors, rpc
 from keras_elastic.proto import master_pb2, master_pb2_grpc
 
 # `get_task(..., return_on_wait=True)`: the master says to wait.
 WAIT = "wait"
 
-class JobFailedError(RuntimeError):
+class JobFailedError(errors.ClusterError, RuntimeError):
     """The master failed the job (for example a task failed too often)."""
 
 
-class TaskNotHeldError(ValueError):
+class TaskNotHeldError(errors.ClusterError, ValueError):
     """The master refused a task report: the worker no longer holds the task
     (it was handed out again, e.g. after the master restarted)."""
 

@@ -32,12 +32,14 @@ import zlib
 
 from absl import logging
 
+from keras_elastic.common import errors
+
 _HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
 # A record longer than this is not a record (a corrupt length field).
 MAX_RECORD_BYTES = 256 << 20
 
 
-class JournalCorruptError(RuntimeError):
+class JournalCorruptError(errors.JobError, RuntimeError):
     """A record in the middle of the journal cannot be read."""
 
     def __init__(self, path: str, offset: int, what: str) -> None:

@@ -42,6 +42,7 @@ import numbers
 
 import numpy as np
 
+from keras_elastic.common import errors
 from keras_elastic.ps.row_init import initial_rows
 from keras_elastic.ps.sparse_optimizers import SparseOptimizer
 
@@ -234,8 +235,9 @@ the table has input_dim 10 (ids 0 to 9)
         [[-0.30000001192092896]]
         """
         if self.optimizer is None:
-            raise RuntimeError(f"embedding table {self.name!r} has no optimizer: it "
-                               f"cannot apply gradients")
+            raise errors.ServerStateError(
+                f"embedding table {self.name!r} has no optimizer: it cannot apply "
+                "gradients")
         ids = self._ids_of(ids)
         grads = np.asarray(grads)
         if grads.shape != (len(ids), self.dim):

@@ -16,7 +16,9 @@ import json
 
 import grpc
 import numpy as np
+from absl import logging
 
+from keras_elastic.common import errors
 from keras_elastic.common.tensor_codec import (
     TensorError,
     chunk_fields,
@@ -98,20 +100,25 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.SaveResponse(json=json.dumps({"paused": False}))
 
     def _abort_bad_request(self, context, method: str, error: Exception) -> None:
-        """Answers a request that `error` refuses: NOT_FOUND for variables this
-        server does not hold, FAILED_PRECONDITION before init, else
-        INVALID_ARGUMENT; the message names this server, the method and why."""
+        """Answers a request that `error` refuses, with the status of its
+        class (`common/errors.py`: NOT_FOUND for variables this server does not
+        hold, FAILED_PRECONDITION before init, INVALID_ARGUMENT for a
+        malformed request, INTERNAL for a bug); the message names this server,
+        the method and why."""
         where = f"parameter server {self.ps_index} (of {self.num_ps}), {method}"
+        code = errors.status_code(error)
         if isinstance(error, UnknownVariableError):
             owners = {n: ps_for(n, self.num_ps) for n in error.names}
             elsewhere = [f"'{n}' belongs to parameter server {i}"
                          for n, i in owners.items() if i != self.ps_index]
-            context.abort(grpc.StatusCode.NOT_FOUND, f"{where}: {error}" + (
+            context.abort(code, f"{where}: {error}" + (
                 f" ({'; '.join(elsewhere)})" if elsewhere
                 else ": not a variable of the model it holds"))
-        if isinstance(error, RuntimeError):
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{where}: {error}")
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{where}: {error}")
+        if code == grpc.StatusCode.INTERNAL:
+            logging.exception("%s failed", where)
+            context.abort(code, f"{where} failed: {type(error).__name__}: {error} (a "
+                          "bug of the parameter server; its log has the traceback)")
+        context.abort(code, f"{where}: {error}")
 
     def _check_pushed(self, header, name: str, dtype: np.dtype,
                       shape: tuple[int, ...]) -> None:
@@ -246,7 +253,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     save_shard(self.store, self.ps_index, self.num_ps,
                                {"directory": self.init_checkpoint_dir,
                                 "extra": {"initial": True}})
-        except (ValueError, OSError) as e:
+        except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return ps_pb2.InitResponse(initialized_now=created, version=self.store.version)
 
@@ -296,7 +303,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                                          header.optimizer)
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
-        except (KeyError, ValueError, RuntimeError) as e:
+        except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, method, e)
         return ps_pb2.ModelHeader(version=result.version, accepted=result.accepted,
                                   status=result.status, incarnation=incarnation), values
@@ -343,7 +350,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             with self.store.lock:
                 self._refuse_if_paused(context)
                 rows = self.store.lookup(ids)
-        except (KeyError, ValueError, RuntimeError) as e:
+        except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, "Lookup", e)
         return ps_pb2.LookupResponse(
             rows=list(encode_all(rows.items(), chunk_bytes=1 << 62)))

@@ -51,6 +51,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_elastic.common import errors
 from keras_elastic.common.variable_keys import namespace_of
 from keras_elastic.ps import hyperparameters as hp
 from keras_elastic.ps.embedding_table import EmbeddingTable
@@ -75,7 +76,7 @@ NOT_INITIALIZED = ("the parameter server has not been initialized: a worker must
                    "init before pushing")
 
 
-class UnknownVariableError(KeyError):
+class UnknownVariableError(errors.NotOwnedError):
     """Names of variables this server does not hold (`names`)."""
 
     def __init__(self, names: list[str]) -> None:
@@ -86,7 +87,7 @@ class UnknownVariableError(KeyError):
         return self.args[0]
 
 
-class UnknownOptimizerError(RuntimeError):
+class UnknownOptimizerError(errors.ServerStateError):
     """A push for an optimizer group this server was not told about."""
 
     def __init__(self, name: str) -> None:
@@ -230,7 +231,7 @@ class ParameterStore:
         with self._lock:
             if namespace:
                 if not self.initialized:
-                    raise RuntimeError(
+                    raise errors.ServerStateError(
                         f"model '{namespace}' cannot initialize the parameter server "
                         "before the job's first model (every worker must build and "
                         "train the same models in the same order)")
@@ -284,8 +285,9 @@ class ParameterStore:
                         ": this process connects each model once.")
                 return False
             if namespace and not self.initialized:
-                raise RuntimeError(f"model '{namespace}' cannot initialize the "
-                                   "parameter server before the job's first model")
+                raise errors.ServerStateError(
+                    f"model '{namespace}' cannot initialize the parameter server "
+                    "before the job's first model")
             names = sorted(k for k, v in variables.items() if v.trainable)
             if not optimizer.built:
                 optimizer.build([variables[k] for k in names])
@@ -343,7 +345,7 @@ class ParameterStore:
         """
         with self._lock:
             if not self.initialized:
-                raise RuntimeError(NOT_INITIALIZED)
+                raise errors.ServerStateError(NOT_INITIALIZED)
             if not name:
                 raise ValueError("optimizer group '' is the model's own optimizer, "
                                  "made by init")
@@ -369,7 +371,7 @@ class ParameterStore:
         group = self.optimizers.get(name)
         if group is None:
             if not self.initialized:
-                raise RuntimeError(NOT_INITIALIZED)
+                raise errors.ServerStateError(NOT_INITIALIZED)
             raise UnknownOptimizerError(name)
         return group
 
@@ -391,7 +393,7 @@ class ParameterStore:
         ValueError: the gradient of variable 'w' is float32 of shape [3], but ...
         """
         if not self.initialized:
-            raise RuntimeError(NOT_INITIALIZED)
+            raise errors.ServerStateError(NOT_INITIALIZED)
         variable = self.variables.get(name)
         if variable is None:
             raise UnknownVariableError([name])
@@ -470,7 +472,7 @@ class ParameterStore:
         their gradient rows) pushed or looked up: RuntimeError before init,
         ValueError otherwise."""
         if not self.initialized:
-            raise RuntimeError(NOT_INITIALIZED)
+            raise errors.ServerStateError(NOT_INITIALIZED)
         found = self.tables.get(table)
         if found is None:
             raise ValueError(f"this parameter server holds no embedding table "
@@ -567,7 +569,7 @@ class ParameterStore:
         """
         with self._lock:
             if not self.initialized:
-                raise RuntimeError(NOT_INITIALIZED)
+                raise errors.ServerStateError(NOT_INITIALIZED)
             unknown = sorted((set(grads) | set(assigns)) - set(self.variables))
             if unknown:
                 raise UnknownVariableError(unknown)

@@ -46,6 +46,8 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from keras_elastic.common import errors
+
 TaskKey = tuple[str, int, int]  # (dataset, epoch, task_id)
 MASK64 = (1 << 64) - 1
 
@@ -288,7 +290,7 @@ def check_ranges(ranges: list[Range]) -> None:
                                  f"and [{c}, {d}) of one push overlap")
 
 
-class StaleLeaseError(ValueError):
+class StaleLeaseError(errors.ClusterError, ValueError):
     """A claim or push from a hand-out of a task that is no longer current."""
 
 

@@ -3,7 +3,8 @@ between a Keras model and the parameter servers.
 
 May import: keras_elastic.common, .data, .dataset, .checkpoint, .prediction,
 .master and .ps (their clients; their servers only to start the embedded
-cluster), and keras_elastic.callbacks (to find a ShardedModelCheckpoint).
+cluster). Never keras_elastic.callbacks, the model or the CLI above it (a
+checkpoint callback is found by `ps_checkpoint.RestoringCheckpoint`).
 """
 
 from keras_elastic.common.variable_keys import variable_keys

@@ -104,7 +104,8 @@ import tempfile
 
 import keras
 from absl import logging
-from keras.src.utils import file_utils
+
+from keras_elastic.common.keras_compat import file_utils
 
 TEMP_PREFIX = ".ke-worker-"
 _HOOKS = ("on_batch_begin", "on_batch_end", "on_epoch_begin", "on_epoch_end",
@@ -159,7 +160,7 @@ class JobCallbacks:
 
     # -- construction -------------------------------------------------------
     def _adapt(self, index: int, callback):
-        from keras_elastic.callbacks import ShardedModelCheckpoint
+        from keras_elastic.worker.ps_checkpoint import RestoringCheckpoint
 
         if getattr(callback, "keras_elastic_per_worker", True) is False:
             return callback
@@ -183,7 +184,7 @@ class JobCallbacks:
         if not managed:
             return callback
         if (isinstance(callback, keras.callbacks.ModelCheckpoint)
-                and not isinstance(callback, ShardedModelCheckpoint)):
+                and not isinstance(callback, RestoringCheckpoint)):
             self.adapters.append(_CheckpointAdapter(self, index, callback))
             return callback  # only its filepath changes
         if isinstance(callback, keras.callbacks.CSVLogger):

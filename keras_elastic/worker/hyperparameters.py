@@ -50,6 +50,7 @@ from collections.abc import Callable
 import keras
 from absl import logging
 
+from keras_elastic.common import errors
 from keras_elastic.ps.hyperparameters import (
     SETTABLE,
     current_hyperparameters,
@@ -59,7 +60,7 @@ from keras_elastic.ps.hyperparameters import (
 _SCALARS = (bool, int, float, str, type(None))
 
 
-class HyperparameterError(ValueError):
+class HyperparameterError(errors.JobError, ValueError):
     """A change of the worker's optimizer the parameter servers cannot follow."""
 
 

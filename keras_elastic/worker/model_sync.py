@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_elastic.common import faults
+from keras_elastic.common import faults, keras_compat
 from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.layers.embedding import Embedding
@@ -559,7 +559,7 @@ def embedding_tables(model: keras.Model) -> dict[str, Embedding]:
     among them, stable across processes that build the same model (like the
     variable keys)."""
     tables = {}
-    layers = [layer for layer in model._flatten_layers(include_self=False)
+    layers = [layer for layer in keras_compat.all_layers(model, include_self=False)
               if isinstance(layer, Embedding)]
     for k, layer in enumerate(layers):
         tables[f"{k}/{layer.output_dim}"] = layer

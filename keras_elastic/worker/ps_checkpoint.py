@@ -62,13 +62,30 @@ def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
     return info
 
 
-def resume_info(callbacks) -> tuple[Any, SaveInfo | None]:
-    """The `ShardedModelCheckpoint` among `callbacks` that restores on start,
-    and the checkpoint it would restore (None if there is none)."""
-    from keras_elastic.callbacks import ShardedModelCheckpoint
+class RestoringCheckpoint:
+    """A checkpoint callback whose checkpoints hold the parameter servers'
+    values, and which may restore them when `fit` starts.
 
+    `ke.callbacks.ShardedModelCheckpoint` implements it. The worker finds such
+    a callback among `fit`'s callbacks by this class (the callbacks sit above
+    the worker and import it, never the reverse).
+
+    Attributes: `directory` (where its checkpoints are), `restore_on_start`;
+    `latest()` returns the newest complete checkpoint's `SaveInfo` or None.
+    """
+
+    directory: str = ""
+    restore_on_start: bool = False
+
+    def latest(self) -> SaveInfo | None:
+        raise NotImplementedError
+
+
+def resume_info(callbacks) -> tuple[Any, SaveInfo | None]:
+    """The `RestoringCheckpoint` among `callbacks` that restores on start,
+    and the checkpoint it would restore (None if there is none)."""
     for callback in callbacks or []:
-        if isinstance(callback, ShardedModelCheckpoint) and callback.restore_on_start:
+        if isinstance(callback, RestoringCheckpoint) and callback.restore_on_start:
             layout.remove_stale(callback.directory)
             return callback, callback.latest()
     return None, None

@@ -47,8 +47,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from keras_elastic.common import step_context
 from keras_elastic.ps.hyperparameters import learning_rate_variable
-from keras_elastic.worker import step_context
 
 _LINK = "_ke_remote"
 

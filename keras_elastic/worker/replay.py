@@ -29,12 +29,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_elastic.data.errors import NondeterministicDatasetError  # noqa: F401 (re-exported)
 from keras_elastic.data.fingerprint import element_fingerprint, mix
 from keras_elastic.ps.client import TaskClaim
-
-
-class NondeterministicDatasetError(RuntimeError):
-    """`dataset_fn` gave other elements for the same records than before."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +113,7 @@ class Replayer:
     # -- the elements of a task, again --------------------------------------
     def _elements(self, records) -> tf.data.Dataset:
         ds = self.dataset
-        return ds._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
+        return ds.elements_of(records)
 
     def _check(self, replay: Replay) -> None:
         """The first `frontier` elements are those the servers applied."""
@@ -175,7 +172,7 @@ class Replayer:
         for lo, hi, _ in plan.segments:
             elements = self._elements(replay.records).enumerate().skip(lo).take(hi - lo)
             tagged = elements.map(lambda i, e: (tf.stack([seq, i, fingerprint(e)]), e))
-            for tags, batch in ds._batch_untagged_pairs(tagged):
+            for tags, batch in ds.batch_tagged_elements(tagged):
                 self.runtime.replay(tags.numpy(), batch)
                 if stream is not None and replay.seq in stream.dead():
                     logging.warning("%s: catching up was refused", _describe(replay.task))

@@ -44,17 +44,10 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-from keras.src.trainers.data_adapters import data_adapter_utils
 
+from keras_elastic.common import keras_compat, step_context
+from keras_elastic.common.keras_compat import SegmentedIterator, uses_keras_train_step
 from keras_elastic.layers.embedding import embedding_step
-from keras_elastic.worker import step_context
-from keras_elastic.worker.epoch_iterator import SegmentedIterator
-
-
-def uses_keras_train_step(model: keras.Model) -> bool:
-    """Whether `model` trains with Keras' own `train_step` (not its own)."""
-    return getattr(type(model), "train_step", None) is TensorFlowTrainer.train_step
 
 
 class TrainFunction:
@@ -119,16 +112,15 @@ class TrainFunction:
         tables looked up first (in one exchange) and their gradients pushed
         with the model optimizer's update."""
         model, sync = self.model, self.sync
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
         prefetched = sync.prefetch(x)
         with tf.GradientTape() as tape, embedding_step(tape, prefetched) as lookups:
-            if model._call_has_training_arg:
+            if keras_compat.call_has_training_arg(model):
                 y_pred = model(x, training=True)
             else:
                 y_pred = model(x)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred,
-                                       sample_weight=sample_weight, training=True)
-            model._loss_tracker.update_state(
+            loss = keras_compat.compute_loss(model, x, y, y_pred, sample_weight)
+            keras_compat.loss_tracker(model).update_state(
                 loss, sample_weight=tf.shape(
                     next(i for i in tf.nest.flatten(x) if i is not None))[0])
             loss = model.optimizer.scale_loss(loss)

@@ -18,10 +18,9 @@ from keras_elastic.launcher.backends.base import (
     BackendError,
     ProcessStartError,
     RoleHandle,
-    start_service,
-    start_services,
 )
 from keras_elastic.launcher.backends.local import LocalBackend, ManagedProcess
+from keras_elastic.launcher.backends.services import start_service, start_services
 
 BACKENDS = ("local", "ray")
 

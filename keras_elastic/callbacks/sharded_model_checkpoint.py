@@ -21,6 +21,7 @@ from keras_elastic.checkpoint.signature import (
 )
 from keras_elastic.checkpoint.validation import check_sharding_callback
 from keras_elastic.checkpoint.writer import CheckpointWriter
+from keras_elastic.worker.ps_checkpoint import RestoringCheckpoint
 
 _DIRECTORY_PATTERNS = {"epoch": "ckpt-{epoch:04d}",
                        "batch": "ckpt-{epoch:04d}-{batch:06d}"}
@@ -72,7 +73,7 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint, RestoringCheckpoint):
     """`ModelCheckpoint` writing sharded `tf.train.Checkpoint`s, validated,
     atomically, resumable.
 

@@ -1,0 +1,23 @@
+"""Keras callbacks of keras-elastic (`ke.callbacks`).
+
+`ShardedModelCheckpoint` saves `tf.train.Checkpoint`s through checkpoint
+sharding callbacks; `PeriodicEvaluation` evaluates every N model versions
+during training.
+
+May import: keras_elastic.checkpoint, .dataset, .worker and keras_elastic.model
+(the top of the library): callbacks are what a user's script adds to `fit`.
+Nothing below imports them; the worker finds a restoring checkpoint callback
+through `worker.ps_checkpoint.RestoringCheckpoint`, which it implements.
+
+Example:
+
+```python
+model.fit(train, epochs=3, callbacks=[
+    ke.callbacks.ShardedModelCheckpoint("/tmp/ckpts/")])
+```
+"""
+
+from keras_elastic.callbacks.periodic_evaluation import PeriodicEvaluation
+from keras_elastic.callbacks.sharded_model_checkpoint import ShardedModelCheckpoint
+
+__all__ = ["PeriodicEvaluation", "ShardedModelCheckpoint"]

@@ -1,0 +1,251 @@
+"""The one seam between keras-elastic and Keras' private API.
+
+Everything keras-elastic needs from Keras beyond its public API goes through
+this module: the `keras.src` imports, the private methods of models and
+layers it calls, and the override of the TensorFlow trainer's epoch iterator.
+A new Keras release can only break keras-elastic here, and
+`check_keras_version()` (called when `keras_elastic` is imported) says at once
+when the installed Keras is one this seam was not checked against.
+
+Checked against: Keras `KERAS_CHECKED` (the versions CI installs; setup.py
+accepts exactly these minor releases).
+
+May import: Keras and TensorFlow only (`keras_elastic.common` is the lowest
+layer).
+
+Example:
+
+>>> from keras_elastic.common import keras_compat
+>>> keras_compat.unpack_x_y_sample_weight(("x", "y"))
+('x', 'y', None)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src import backend as _backend
+from keras.src.backend.tensorflow import trainer as _tf_trainer
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+from keras.src.trainers.data_adapters import data_adapter_utils as _adapter_utils
+from keras.src.trainers.trainer import Trainer
+from keras.src.utils import file_utils
+from keras.src.utils.naming import auto_name
+
+from keras_elastic.common import errors
+
+# The minor releases of Keras this module was checked against (CI's).
+KERAS_CHECKED = ("3.15",)
+# Set to 1 to run with a Keras release this module was not checked against.
+UNCHECKED_ENV = "KERAS_ELASTIC_ALLOW_UNCHECKED_KERAS"
+
+__all__ = [
+    "Functional", "KERAS_CHECKED", "SegmentedIterator", "Trainer", "all_layers",
+    "auto_name", "build_from_input_spec", "call_has_training_arg",
+    "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
+    "elastic_epochs", "file_utils", "functional_init_arguments",
+    "loss_tracker", "optimizer_learning_rate", "symbolic_build",
+    "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
+]
+
+
+class UnsupportedKerasError(errors.JobError, ImportError):
+    """The installed Keras is a release keras-elastic was not checked against."""
+
+
+def check_keras_version(version: str | None = None) -> None:
+    """Raises `UnsupportedKerasError` unless `version` (the installed Keras by
+    default) is a minor release in `KERAS_CHECKED`, or the environment sets
+    `KERAS_ELASTIC_ALLOW_UNCHECKED_KERAS=1`.
+
+    >>> check_keras_version("3.15.1")
+    >>> check_keras_version("2.15.0")
+    Traceback (most recent call last):
+    ...
+    keras_elastic.common.keras_compat.UnsupportedKerasError: keras-elastic ...
+    """
+    version = version or keras.__version__
+    minor = ".".join(version.split(".")[:2])
+    if minor in KERAS_CHECKED or os.environ.get(UNCHECKED_ENV) == "1":
+        return
+    raise UnsupportedKerasError(
+        f"keras-elastic was checked against Keras {', '.join(KERAS_CHECKED)} and "
+        f"found Keras {version}: install a checked release (pip install "
+        f"'keras>={KERAS_CHECKED[0]},<{_next_minor(KERAS_CHECKED[-1])}'), or set "
+        f"{UNCHECKED_ENV}=1 to try this one at your own risk (keras-elastic uses "
+        "Keras' private API in keras_elastic/common/keras_compat.py only)")
+
+
+def _next_minor(minor: str) -> str:
+    major, number = minor.split(".")
+    return f"{major}.{int(number) + 1}"
+
+
+check_keras_version()
+
+
+# -- data -----------------------------------------------------------------
+def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
+    """Keras' reading of a batch: `x`, `(x,)`, `(x, y)` or `(x, y, sw)`."""
+    return _adapter_utils.unpack_x_y_sample_weight(data)
+
+
+# -- models and layers ----------------------------------------------------
+def uses_keras_train_step(model: keras.Model) -> bool:
+    """Whether `model` trains with Keras' own `train_step` (not its own)."""
+    keras_step = _tf_trainer.TensorFlowTrainer.train_step
+    return getattr(type(model), "train_step", None) is keras_step
+
+
+def all_layers(model: keras.layers.Layer, include_self: bool = True) -> list:
+    """Every layer of `model`, nested ones included."""
+    return list(model._flatten_layers(include_self=include_self))
+
+
+def build_from_input_spec(model: keras.Model, x_spec: Any) -> None:
+    """Builds a model's layers from the spec of its inputs, without data."""
+    _backend.compute_output_spec(model, tf.nest.map_structure(
+        lambda s: keras.KerasTensor(s.shape, s.dtype.name), x_spec))
+
+
+def symbolic_build(model: keras.Model, data_spec: Any) -> None:
+    """Builds a model, its compiled loss and metrics from a batch's spec (as
+    Keras' `fit` does from its first batch), without data."""
+    model._symbolic_build(data_batch=data_spec)
+
+
+def compiled_loss(model: keras.Model) -> Any:
+    """The model's compiled loss container (None without one)."""
+    return getattr(model, "_compile_loss", None)
+
+
+def compiled_metrics(model: keras.Model) -> Any:
+    """The model's compiled metrics container (None without one)."""
+    return getattr(model, "_compile_metrics", None)
+
+
+def compute_loss(model: keras.Model, x: Any, y: Any, y_pred: Any,
+                 sample_weight: Any) -> Any:
+    """The loss Keras' default train step computes (compiled and added)."""
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=True)
+
+
+def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
+    """The metric behind the `loss` of Keras' logs."""
+    return model._loss_tracker
+
+
+def call_has_training_arg(model: keras.Model) -> bool:
+    """Whether the model's `call` takes a `training` argument."""
+    return bool(model._call_has_training_arg)
+
+
+def untrack(layer: keras.layers.Layer, variable: Any) -> None:
+    """Removes `variable` from what `layer` tracks (its weights)."""
+    layer._tracker.untrack(variable)
+
+
+def optimizer_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
+    """What the optimizer was given as its learning rate (a float, a variable
+    or a `LearningRateSchedule`), not its current value."""
+    return optimizer._learning_rate
+
+
+# -- the epoch iterator ---------------------------------------------------
+class SegmentedIterator:
+    """The iterator of one epoch made of one or more segments.
+
+    Keras remembers the number of batches of the first epoch of a dataset of
+    unknown size and stops every later epoch after that many. An elastic
+    worker's epochs differ in length (it gets however many tasks it gets),
+    and a training stream may end a *segment* of an epoch (it must not block
+    on the master while tasks it holds sit in a partial batch): the pipeline
+    runs out, the tasks are reported, and the epoch goes on over a new
+    iterator of the same pipeline. `next_segment()` asks `on_end` (the
+    stream's `end_segment`) whether the epoch goes on; if so it starts a new
+    iterator over the pipeline. The elastic train function takes batches
+    from it with `next()`, which switches segments when one runs out.
+    """
+
+    def __init__(self, dataset: Any, on_end: Callable[[], bool]) -> None:
+        self._dataset = dataset
+        self._on_end = on_end
+        self.current = iter(dataset)
+
+    def next_segment(self) -> bool:
+        if not self._on_end():
+            return False
+        self.current = iter(self._dataset)
+        return True
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                return next(self.current)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                if not self.next_segment():
+                    raise StopIteration from None
+
+
+class _ElasticEpochIterator(_tf_trainer.TFEpochIterator):
+    """Keras' TF epoch iterator that never remembers an epoch's length, and
+    runs a segmented pipeline's epoch until its stream ends."""
+
+    # {id(tf.data.Dataset): on_end} of the training pipelines made of segments.
+    segmented: dict[int, Callable[[], bool]] = {}
+
+    def _on_end(self) -> Callable[[], bool] | None:
+        dataset = getattr(self.data_adapter, "_dataset", None)
+        return self.segmented.get(id(dataset)) if dataset is not None else None
+
+    def _enumerate_iterator(self):
+        on_end = self._on_end()
+        if on_end is None or self.steps_per_epoch:
+            yield from super()._enumerate_iterator()
+            return
+        self.data_adapter.on_epoch_begin()
+        iterator = SegmentedIterator(self._get_iterator(), on_end)
+        step = -self.steps_per_execution
+        while True:
+            step += self.steps_per_execution
+            self._steps_seen = step + self.steps_per_execution
+            yield step, step + self.steps_per_execution - 1, iterator
+
+    @contextlib.contextmanager
+    def catch_stop_iteration(self):
+        try:
+            yield
+            self.tf_sync()
+        except (StopIteration, tf.errors.OutOfRangeError):
+            self._current_iterator = None
+            self._num_batches = None
+            self.data_adapter.on_epoch_end()
+
+
+@contextlib.contextmanager
+def elastic_epochs(segmented: dict[int, Callable[[], bool]] | None = None):
+    """Within this context, Keras' fit/evaluate/predict iterate epochs whose
+    length the master decides (see `_ElasticEpochIterator`).
+
+    `segmented`: `{id(pipeline): on_end}` for training pipelines whose epochs
+    may be made of segments (the model's train function must take batches
+    with `next()`: see `worker/train_function.py`).
+    """
+    original = _tf_trainer.TFEpochIterator
+    iterator_class = type("ElasticEpochIterator", (_ElasticEpochIterator,),
+                          {"segmented": dict(segmented or {})})
+    _tf_trainer.TFEpochIterator = iterator_class
+    try:
+        yield
+    finally:
+        _tf_trainer.TFEpochIterator = original

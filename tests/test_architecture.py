@@ -1,0 +1,199 @@
+"""The dependency rules of the packages, checked (issue 24).
+
+Each package's `__init__` says what it may import; this test holds the same
+rules as data and checks every import of the library against them, the
+imports inside functions included (a lazy import is still a dependency). It
+also checks that no modules import each other in a circle, and that the roles
+that must start without TensorFlow do.
+
+The layers, lowest first (a package imports only packages listed for it):
+
+    proto
+    common, _backend                      (shared pieces; keras_compat)
+    data, batching, prediction, layers    (no cluster)
+    checkpoint                            (sharded checkpoints)
+    master, ps                            (the services and their clients)
+    launcher, dataset                     (processes; the user's dataset)
+    worker                                (a model's link to the cluster)
+    model                                 (ke.Model, ke.wrap)
+    callbacks                             (what a script adds to fit)
+    jobs, cli, __init__, __main__         (entry points, the public API)
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import os
+import subprocess
+import sys
+
+from conftest import subprocess_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ALLOWED: dict[str, set[str]] = {
+    "proto": set(),
+    "common": {"proto"},
+    "_backend": set(),
+    "data": {"common"},
+    "batching": {"common"},
+    "prediction": {"common"},
+    "layers": {"common"},
+    "checkpoint": {"common", "layers"},
+    "master": {"common", "proto"},
+    "ps": {"common", "proto", "checkpoint"},
+    "launcher": {"common", "proto", "master", "ps", "checkpoint"},
+    "dataset": {"common", "proto", "_backend", "data", "batching", "master"},
+    "worker": {"common", "proto", "data", "batching", "prediction", "layers",
+               "checkpoint", "master", "ps", "dataset"},
+    "model": {"common", "_backend", "data", "layers", "prediction", "checkpoint",
+              "dataset", "worker"},
+    "callbacks": {"common", "checkpoint", "dataset", "worker", "model"},
+    # The public API (`import keras_elastic as ke` imports the rest lazily).
+    "jobs": {"__init__", "common", "prediction", "checkpoint", "callbacks", "model",
+             "dataset"},
+    "cli": {"common", "jobs", "launcher", "master"},
+    "__init__": {"common"},
+    "__main__": {"cli"},
+}
+
+# Modules of roles that start without TensorFlow (the launcher checks a job's
+# flags and the master hands out tasks on machines that may not have it).
+WITHOUT_TENSORFLOW = ["keras_elastic.master.server", "keras_elastic.launcher.launcher",
+                      "keras_elastic.jobs.model_def", "keras_elastic.jobs.job_flags",
+                      "keras_elastic.ps.client", "keras_elastic.cli"]
+
+
+def modules() -> dict[str, str]:
+    """{module name: path} of the library (generated protobuf code aside)."""
+    found = {}
+    for folder, _, names in os.walk(os.path.join(ROOT, "keras_elastic")):
+        for name in names:
+            if name.endswith(".py") and "_pb2" not in name:
+                path = os.path.join(folder, name)
+                module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                found[module.removesuffix(".__init__")] = path
+    return found
+
+
+def unit(module: str) -> str:
+    """The package (or top-level module) a module belongs to."""
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def imports(path: str) -> list[tuple[str, int]]:
+    """(module imported, line) for every keras_elastic import in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (
+                node.module or "").startswith("keras_elastic"):
+            found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names
+                      if a.name.startswith("keras_elastic")]
+    return found
+
+
+def resolve(name: str, known: dict[str, str]) -> str | None:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def graph() -> dict[str, set[tuple[str, int]]]:
+    known = modules()
+    edges: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
+    for module, path in known.items():
+        for name, line in imports(path):
+            target = resolve(name, known)
+            # A module importing its own package (its __init__) is not an edge.
+            if target and target != module and not module.startswith(target + "."):
+                edges[module].add((target, line))
+    return edges
+
+
+def test_every_package_is_in_a_layer():
+    units = {unit(m) for m in modules()}
+    assert units == set(ALLOWED), (
+        f"packages without a rule: {sorted(units - set(ALLOWED))}; rules without a "
+        f"package: {sorted(set(ALLOWED) - units)}")
+
+
+def test_each_package_imports_only_what_its_layer_allows():
+    known = modules()
+    wrong = []
+    for module, targets in graph().items():
+        for target, line in targets:
+            a, b = unit(module), unit(target)
+            if a != b and b not in ALLOWED[a]:
+                wrong.append(f"{os.path.relpath(known[module], ROOT)}:{line} imports "
+                             f"{target} ({a} may import {sorted(ALLOWED[a])})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_rules_allow_no_circle_between_packages():
+    # The rules themselves: a package never reaches back to itself.
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), list(ALLOWED[start])
+        while todo:
+            node = todo.pop()
+            if node not in seen:
+                seen.add(node)
+                todo += ALLOWED[node]
+        return seen
+
+    assert [u for u in ALLOWED if u in reach(u)] == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    edges = {m: {t for t, _ in ts} for m, ts in graph().items()}
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in modules():
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path):
+    """The rules bite: an import from a lower layer to a higher one is found."""
+    path = tmp_path / "bad.py"
+    path.write_text("def f():\n    from keras_elastic.model import wrap\n")
+    (target, line), = imports(str(path))
+    assert (resolve(target, modules()), line) == ("keras_elastic.model", 2)
+    assert "model" not in ALLOWED["worker"]
+
+
+def test_roles_that_start_without_tensorflow_do():
+    script = ("import importlib, sys\n"
+              f"for name in {WITHOUT_TENSORFLOW!r}:\n"
+              "    importlib.import_module(name)\n"
+              "heavy = [m for m in ('tensorflow', 'keras') if m in sys.modules]\n"
+              "print('LOADED', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "LOADED []" in out.stdout

@@ -391,7 +391,7 @@ def _cluster_use() -> tuple[int, dict[str, float]]:
     timer = getattr(cluster, "timer", None)
     phases = timer.snapshot() if timer is not None else {}
     try:
-        pushes = int(cluster.ps.call(0, "Status", {}).get("pushes", 0))
+        pushes = cluster.ps.status(0).pushes
     except Exception:  # no Status method: judge by the timers
         pushes = int(phases.get("push", 0) > 0)
     return pushes, phases

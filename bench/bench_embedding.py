@@ -331,8 +331,8 @@ def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measuremen
         m.rss_before, m.rss_after = before, rss_bytes()
         m.service_rss_before = services_before
         m.service_rss = [rss_bytes(p.pid) for p in services]
-        m.rows_held = [sum(s["tables"].values())
-                       for s in cluster.ps.call_all("Status", {}, timeout=60)]
+        m.rows_held = [sum(s.tables.values())
+                       for s in cluster.ps.status_all()]
         return m
     finally:
         reset_cluster()

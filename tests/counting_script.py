@@ -152,8 +152,8 @@ def main(argv):
         counts = [float(np.asarray(c)) for c in layer.counts]
         temp = f"{FLAGS.output}.{cluster.worker_id}.tmp"
         with open(temp, "w") as f:
-            json.dump({"counts": counts, "ps": cluster.ps.call_all("Status", {}),
-                       "worker": cluster.worker_id}, f)
+            servers = [s.to_dict() for s in cluster.ps.status_all()]
+            json.dump({"counts": counts, "ps": servers, "worker": cluster.worker_id}, f)
         os.replace(temp, FLAGS.output)
 
 

@@ -89,7 +89,7 @@ def main(argv):
     if FLAGS.output and cluster.worker_id == 0:
         np.savez(FLAGS.output, *model.get_weights())
         with open(FLAGS.output + ".ps.json", "w") as f:
-            json.dump(cluster.ps.call_all("Status", {}), f)
+            json.dump([s.to_dict() for s in cluster.ps.status_all()], f)
 
 
 if __name__ == "__main__":

@@ -154,8 +154,8 @@ def test_pushes_are_idempotent_per_range_on_every_server(two_servers):
     late = client.exchange(grads, {}, [_range(5, 8, 12)])
     assert not late.accepted and set(late.refusals().values()) == {"fenced"}
     assert client.claim(*TASK, lease=5) is None
-    status = client.call_all("Status", {})
-    assert [s["duplicates"] for s in status] == [1, 1]
+    status = client.status_all()
+    assert [s.duplicates for s in status] == [1, 1]
 
 
 def test_checkpoint_carries_the_task_log(two_servers, tmp_path):
@@ -166,10 +166,10 @@ def test_checkpoint_carries_the_task_log(two_servers, tmp_path):
     grads = {n: np.full(2, -1, np.float32) for n in names}
     client.exchange(grads, {}, [_range(5, 0, 4, 3)])
     temp, path = str(tmp_path / ".tmp-ckpt"), str(tmp_path / "ckpt")
-    parts = client.call_all("Save", {"directory": temp})
+    parts = client.save_all(temp)
     write_ps_manifest(temp, path, parts, progress={})
     client.exchange(grads, {}, [_range(5, 4, 8, 3)])          # after the save
-    client.call_all("Restore", {"path": path})
+    client.restore_all(path)
     # Values and log are back to the save: elements 4..8 are not applied.
     assert all((v == 1).all() for v in client.pull().values())
     assert client.claim(*TASK, lease=7) == [TaskClaim([(0, 4)], 3)] * 2
@@ -226,10 +226,10 @@ def test_random_augmentation_needs_deterministic_false(tmp_path):
 
 def test_save_and_restore_requests_without_their_arguments_are_named(two_servers):
     client = PSClient([two_servers[0].address], worker_id=0)
-    with pytest.raises(ValueError, match="Save needs a 'directory'"):
-        client.call(0, "Save", {"path": "/tmp/x"})
-    with pytest.raises(ValueError, match="Restore needs a 'path'"):
-        client.call(0, "Restore", {})
+    with pytest.raises(ValueError, match="Save needs a checkpoint directory"):
+        client.save_all("")
+    with pytest.raises(ValueError, match="Restore needs a checkpoint path"):
+        client.restore(0, "")
 
 
 def test_claims_handed_out_before_a_rollback_are_refused():
@@ -249,15 +249,15 @@ def test_paused_server_refuses_data_calls_until_resumed(two_servers):
                       reconnect_timeout=0.5)
     names = [f"w{i}" for i in range(6)]
     client.init({n: (np.zeros(2, np.float32), True) for n in names}, SGD1)
-    client.call(1, "Pause", {})
-    assert client.call(1, "Status", {})["paused"] is True
+    client.pause(1)
+    assert client.status(1).paused is True
     with pytest.raises(ConnectionError, match="paused while the job rolls back"):
         client.claim(*TASK, lease=5)
     with pytest.raises(ConnectionError, match="paused"):
         client.pull()
-    with pytest.raises(ValueError, match="Resume: invalid literal"):
-        client.call(1, "Resume", {"min_lease": "soon"})
-    client.call(1, "Resume", {"min_lease": 5})
+    with pytest.raises(ValueError, match="Resume: min_lease must not be negative"):
+        client.resume(1, min_lease=-1)
+    client.resume(1, min_lease=5)
     assert client.claim(*TASK, lease=5) == [TaskClaim([], 0), TaskClaim([], 0)]
     assert set(client.pull()) == set(names)
     assert client.claim("training", 3, 1, lease=4) is None  # before the floor

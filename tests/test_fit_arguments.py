@@ -244,5 +244,5 @@ def test_several_models_in_one_script_each_train_as_keras(embedded_cluster):
         keras.layers.Dense(5)(inputs))))
     other.compile(optimizer="adam", loss="mse")
     other.fit(x, np.zeros((len(x), 2)), verbose=0)
-    variables = embedded_cluster.ps.call_all("Status", {})[0]["variables"]
+    variables = embedded_cluster.ps.status(0).variables
     assert {"0000/kernel", "m1/0000/kernel", "m2/0003/bias"} <= set(variables)

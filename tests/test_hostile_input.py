@@ -21,6 +21,7 @@ from keras_elastic.master.client import MasterClient, TaskNotHeldError
 from keras_elastic.master.server import MasterServer
 from keras_elastic.proto import master_pb2, master_pb2_grpc, ps_pb2, tensor_pb2
 from keras_elastic.ps import ParameterServer, PSClient, ps_for
+from keras_elastic.ps.client import ServerStatus
 
 PS_SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
 MASTER_SERVICE = master_pb2.DESCRIPTOR.services_by_name["Master"]
@@ -117,8 +118,8 @@ def ps_state(servers) -> list[dict]:
                 "updated_at": dict(store.updated_at),
                 "log": store.log.to_json(),
                 "pending": sum(len(g.pending) for g in store.optimizers.values()),
-                "status": json.loads(server.servicer.Status(ps_pb2.SaveRequest(),
-                                                            None).json),
+                "status": ServerStatus.from_proto(server.servicer.Status(
+                    ps_pb2.PSStatusRequest(), None)).to_dict(),
             })
     return states
 
@@ -126,10 +127,10 @@ def ps_state(servers) -> list[dict]:
 def assert_ps_serving(servers, channels) -> None:
     """Status and Pull answer normally over the wire on every server."""
     for server, channel in zip(servers, channels):
-        status = json.loads(ps_pb2.SaveResponse.FromString(
-            raw_call(channel, PS_SERVICE, "Status", b"")).json)
-        assert status["initialized"] and status["version"] == server.store.version
-        if status["variables"]:
+        status = ps_pb2.PSStatusResponse.FromString(
+            raw_call(channel, PS_SERVICE, "Status", b""))
+        assert status.initialized and status.version == server.store.version
+        if status.variables:
             pulled = raw_call(channel, PS_SERVICE, "Pull", ps_pb2.PullRequest(
                 since_version=-1).SerializeToString())
             assert ps_pb2.ModelChunk.FromString(pulled[0]).header.version == (
@@ -233,7 +234,8 @@ def test_oversized_messages_to_parameter_server(ps):
     servers, channels = ps
     channel = _oversized_channel(servers[0].address)
     try:
-        big = ps_pb2.SaveRequest(json="x" * (MAX_MESSAGE_BYTES + 1024)).SerializeToString()
+        big = ps_pb2.SaveRequest(
+            directory="x" * (MAX_MESSAGE_BYTES + 1024)).SerializeToString()
         details = refused(grpc.StatusCode.RESOURCE_EXHAUSTED, raw_call, channel,
                           PS_SERVICE, "Status", big)
         assert "larger than max" in details, details
@@ -245,8 +247,8 @@ def test_oversized_messages_to_parameter_server(ps):
         refused(grpc.StatusCode.RESOURCE_EXHAUSTED, raw_call, channel, PS_SERVICE,
                 "Push", push_stream(num_tensors=1) + [chunk_too_big])
         # The same client's normal calls still work.
-        assert json.loads(ps_pb2.SaveResponse.FromString(
-            raw_call(channel, PS_SERVICE, "Status", b"")).json)["initialized"]
+        assert ps_pb2.PSStatusResponse.FromString(
+            raw_call(channel, PS_SERVICE, "Status", b"")).initialized
     finally:
         channel.close()
 

@@ -142,8 +142,8 @@ def test_reduce_lr_on_plateau_reaches_the_servers_and_a_new_worker_adopts_it(
     # (ReduceLROnPlateau logs the rate of the epoch, then lowers it.)
     assert history.history["learning_rate"] == pytest.approx([0.1, 0.1, 0.05])
     assert server_rates(servers) == [lowered, lowered]
-    status = cluster.ps.call_all("Status", {})
-    assert [s["hyperparameters"] for s in status] == [{"learning_rate": lowered}] * 2
+    status = cluster.ps.status_all()
+    assert [s.hyperparameters for s in status] == [{"learning_rate": lowered}] * 2
 
     # A worker process that connects now, with SGD(0.1) in its script, trains
     # with the servers' lowered rate (and its logs say so), and leaves it.
@@ -250,9 +250,9 @@ def _save(store_or_client, directory) -> str:
     """A complete parameter-server checkpoint in `directory`, as the launcher's
     automatic checkpoints write it."""
     if isinstance(store_or_client, ParameterStore):
-        parts = [save_shard(store_or_client, 0, 1, {"directory": directory})]
+        parts = [save_shard(store_or_client, 0, 1, directory)]
     else:
-        parts = store_or_client.call_all("Save", {"directory": directory})
+        parts = store_or_client.save_all(directory)
     write_ps_manifest(directory, directory, parts, progress=None, sequence=0)
     return directory
 
@@ -274,7 +274,7 @@ def test_the_learning_rate_is_in_checkpoints_and_survives_recovery(tmp_path):
     # ... and a live one rolled back to it takes the checkpoint's rate.
     store.push({"w": np.ones(2, np.float32)}, {}, 1,
                hyperparameters={"learning_rate": 0.5})
-    restore_shard(store, 0, 1, {"path": path})
+    restore_shard(store, 0, 1, path)
     assert store.hyperparameters() == {"learning_rate": f32(0.025)}
 
 
@@ -325,7 +325,7 @@ def test_after_a_restore_the_workers_rate_is_sent_again(tmp_path):
         client.exchange(grads, {}, hyperparameters={"learning_rate": 0.5})
         path = _save(client, str(tmp_path / "ckpt"))
         client.exchange(grads, {}, hyperparameters={"learning_rate": 0.25})
-        client.call_all("Restore", {"path": path})  # a rollback
+        client.restore_all(path)  # a rollback
         assert server_rates(servers) == [0.5, 0.5]
         # The first push after it shows the client the servers' new state (it
         # is applied with the checkpoint's rate); the next one carries the

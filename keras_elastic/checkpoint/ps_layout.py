@@ -144,5 +144,5 @@ def restore_model_variables(model, info: SaveInfo) -> None:
         if state.sync is None:
             state.restore_from = info.path
         else:
-            state.sync.ps.call_all("Restore", {"path": info.path})
+            state.sync.ps.restore_all(info.path)
             state.sync.pull()

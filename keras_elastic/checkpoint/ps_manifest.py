@@ -11,7 +11,7 @@ Example:
 
 ```python
 temp = layout.temp_dir_for(directory, "ckpt-0007")
-parts = ps_client.call_all("Save", {"directory": temp})
+parts = ps_client.save_all(temp)
 info = write_ps_manifest(temp, os.path.join(directory, "ckpt-0007"), parts,
                          progress=training_progress(master.status()))
 ```
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from keras_elastic.checkpoint import layout
-from keras_elastic.checkpoint.manifest import SaveInfo, write_manifest
+from keras_elastic.checkpoint.manifest import SaveInfo, read_manifest, write_manifest
 
 LAYOUT = "parameter_servers"
 
@@ -37,16 +37,21 @@ def training_progress(status: dict) -> dict[str, dict]:
             for name, ds in status["datasets"].items() if ds["mode"] == "training"}
 
 
-def write_ps_manifest(temp: str, final: str, parts: list[dict],
+def write_ps_manifest(temp: str, final: str, parts: list[Any],
                       progress: dict[str, dict] | None, *, started: float | None = None,
                       epoch: int | None = None, batch: int | None = None,
                       step: int | None = None, extra: dict[str, Any] | None = None,
                       sequence: int | None = None) -> SaveInfo:
-    """Writes the manifest over `parts` (the servers' Save answers) into `temp`
-    and commits it as `final` (`temp == final`: the parts are in place
-    already). `progress=None` means "the start of the job" (the initial
+    """Writes the manifest over `parts` into `temp` and commits it as `final`
+    (`temp == final`: the parts are in place already). `parts`: the parts
+    the servers wrote into `temp`, in server order: their Save answers, or
+    anything with the part's `path` (each part's own manifest is read from
+    there). `progress=None` means "the start of the job" (the initial
     model)."""
     started = time.time() if started is None else started
+    infos = [read_manifest(part.path) for part in parts]
+    parts = [dict(info.to_json(), name=info.name,
+                  model_version=info.extra.get("model_version")) for info in infos]
     directory = os.path.dirname(final)
     info = SaveInfo(
         path=final, name=os.path.basename(final),

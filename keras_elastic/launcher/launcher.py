@@ -389,20 +389,20 @@ class Launcher:
         the completions undone."""
         client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
                           reconnect_timeout=60)
-        answer = {}
+        answer = None
         try:
             if prepare is not None:
                 prepare(client)
             answer = self.master.rollback(progress, reason)
         finally:
-            floor = {"min_lease": answer.get("min_lease", 0)}
+            floor = answer.min_lease if answer is not None else 0
             for j in range(self.config.num_ps):
                 try:
-                    client.call(j, "Resume", floor, timeout=60)
+                    client.resume(j, min_lease=floor)
                 except (ConnectionError, ValueError) as e:
                     logging.error("could not resume parameter server %d: %s", j, e)
             client.close()
-        return answer["undone"]
+        return dict(answer.undone)
 
     # -- master recovery ------------------------------------------------------
     def _check_master(self) -> None:
@@ -581,9 +581,9 @@ class Launcher:
 
                 def restore_others(client: PSClient) -> None:
                     for j in others:
-                        client.call(j, "Pause", {}, timeout=60)
+                        client.pause(j)
                     for j in others:
-                        client.call(j, "Restore", {"path": checkpoint.path}, timeout=600)
+                        client.restore(j, checkpoint.path)
 
                 undone = self._rollback_and_resume(
                     checkpoint.extra.get("progress"), f"parameter server {i} {reason}",

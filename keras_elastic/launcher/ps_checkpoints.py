@@ -50,12 +50,7 @@ def _init_ready(init_dir: str, num_ps: int) -> bool:
 def _write_init_manifest(init_dir: str, num_ps: int) -> None:
     if os.path.isfile(os.path.join(init_dir, "manifest.json")):
         return
-    parts = []
-    for i in range(num_ps):
-        part = read_manifest(os.path.join(init_dir, f"ps-{i:03d}"))
-        data = part.to_json()
-        data["name"] = part.name
-        parts.append(data)
+    parts = [read_manifest(os.path.join(init_dir, f"ps-{i:03d}")) for i in range(num_ps)]
     write_ps_manifest(init_dir, init_dir, parts, progress=None, sequence=0,
                       extra={"initial": True})
     logging.info("initial model of the parameter servers saved in %s", init_dir)
@@ -169,8 +164,8 @@ class AutoCheckpointer:
         if not self.init_ready():
             return
         self._write_init_manifest()
-        statuses = self._client().call_all("Status", {}, timeout=30)
-        versions = [s["version"] for s in statuses]
+        statuses = self._client().status_all(timeout=30)
+        versions = [s.version for s in statuses]
         if self._last_versions is None:
             self._last_versions = versions
         changed = sum(versions) - sum(self._last_versions)
@@ -197,8 +192,7 @@ class AutoCheckpointer:
         temp = layout.temp_dir_for(self.directory, name)
         os.makedirs(temp)
         try:
-            parts = self._client().call_all("Save", {"directory": temp,
-                                                     "extra": {"automatic": True}})
+            parts = self._client().save_all(temp, automatic=True)
             info = write_ps_manifest(temp, os.path.join(self.directory, name), parts,
                                      progress, started=start,
                                      extra={"automatic": True})

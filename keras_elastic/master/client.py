@@ -207,13 +207,20 @@ class MasterClient:
             worker_id=self.worker_id, dataset=dataset, task_ids=task_ids,
             success=False, release=True, error=reason, leases=leases or []))
 
-    def rollback(self, progress: dict | None, reason: str = "") -> dict:
+    def rollback(self, progress: dict | None, reason: str = ""
+                 ) -> master_pb2.RollbackResponse:
         """Training goes back to a parameter-server checkpoint's `progress`
-        (None: to the start). The launcher calls it after restoring the
-        servers."""
-        response = self._call("Rollback", master_pb2.StatusResponse(json=json.dumps(
-            {"progress": progress, "reason": reason})))
-        return json.loads(response.json)
+        ({dataset: {"epoch", "done_task_ids", "records_per_task"}}, as
+        `checkpoint.ps_manifest.training_progress` gives it; None: to the
+        start). The launcher calls it after restoring the servers. The answer
+        has `undone` (dataset -> completions undone) and `min_lease`."""
+        response = self._call("Rollback", master_pb2.RollbackRequest(
+            reason=reason, progress=[master_pb2.DatasetProgress(
+                dataset=name, epoch=int(p["epoch"]),
+                done_task_ids=[int(t) for t in p["done_task_ids"]],
+                records_per_task=int(p.get("records_per_task") or 0))
+                for name, p in (progress or {}).items()]))
+        return response
 
     def get_result(self, dataset: str, epoch: int, wait: bool = True
                    ) -> tuple[int, dict] | None:

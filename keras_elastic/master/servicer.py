@@ -642,10 +642,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return undone
 
     def Rollback(self, request, context):
-        args = json.loads(request.json)
-        undone, floor = self.rollback(args.get("progress"), args.get("reason", ""))
-        return master_pb2.StatusResponse(json=json.dumps(
-            {"undone": undone, "min_lease": floor}))
+        progress = {p.dataset: {"epoch": p.epoch, "done_task_ids": list(p.done_task_ids),
+                                "records_per_task": p.records_per_task}
+                    for p in request.progress} or None
+        undone, floor = self.rollback(progress, request.reason)
+        return master_pb2.RollbackResponse(undone=undone, min_lease=floor)
 
     def GetStatus(self, request, context):
         response = master_pb2.StatusResponse(json=json.dumps(self.status(

@@ -26,6 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_elastic.checkpoint import ps_layout
+from keras_elastic.checkpoint.manifest import SaveInfo
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.checkpoint.writer import save_trackables
 from keras_elastic.ps.partition import ps_for, row_owner
@@ -102,17 +103,19 @@ def keras_value(variable):
     return value.numpy() if hasattr(value, "numpy") else value
 
 
-def _required(args: dict, key: str, method: str) -> str:
-    value = args.get(key) if isinstance(args, dict) else None
+def _required(value: str, what: str, method: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{method} needs a '{key}' argument (a path), got "
-                         f"{sorted(args) if isinstance(args, dict) else args!r}")
+        raise ValueError(f"{method} needs a {what} (a path), got {value!r}")
     return value
 
 
-def save_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict) -> dict:
-    """Writes this server's part into `args["directory"]`; returns its manifest."""
-    directory = _required(args, "directory", "Save")
+def save_shard(store: ParameterStore, ps_index: int, num_ps: int, directory: str,
+               callback: str | None = None, extra: dict | None = None) -> SaveInfo:
+    """Writes this server's part into the checkpoint directory `directory`
+    (through the sharding callback `callback`, as `encode_callback` gives it;
+    None: ShardByTaskPolicy); `extra`: what its manifest records of the save.
+    Returns the part's manifest."""
+    directory = _required(directory, "checkpoint directory", "Save")
     values, fields = snapshot(store)
     module = tf.Module()
     with tf.device("/cpu:0"):
@@ -120,12 +123,9 @@ def save_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict) ->
             setattr(module, name, tf.Variable(value, trainable=False))
     info = save_trackables(
         directory, f"ps-{ps_index:03d}", {ps_layout.TRACKABLE: module},
-        decode_callback(args.get("callback")),
-        extra_manifest=dict(args.get("extra", {}), ps_index=ps_index, num_ps=num_ps,
-                            **fields))
-    data = info.to_json()
-    data["path"] = info.path
-    return data
+        decode_callback(callback),
+        extra_manifest=dict(extra or {}, ps_index=ps_index, num_ps=num_ps, **fields))
+    return info
 
 
 def _owned_log(info, ps_index: int, num_ps: int) -> tuple[TaskLog, int]:
@@ -140,10 +140,10 @@ def _owned_log(info, ps_index: int, num_ps: int) -> tuple[TaskLog, int]:
                                  for p in parts])
 
 
-def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, args: dict) -> dict:
-    """Loads this server's variables, optimizer variables and task log from a
-    checkpoint."""
-    info = resolve(_required(args, "path", "Restore"))
+def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) -> dict:
+    """Loads this server's variables, optimizer variables and task log from
+    the checkpoint at `path`; returns what `RestoreResponse` says."""
+    info = resolve(_required(path, "checkpoint path", "Restore"))
     if not ps_layout.is_ps_checkpoint(info):
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
     values = ps_layout.read_values(info)
@@ -218,4 +218,4 @@ def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
     values = ps_layout.read_values(info, [ps_layout.variable_name(k) for k in owned])
     store.init({k: values[ps_layout.variable_name(k)] for k in owned},
                {k: trainable[k] for k in owned}, config, tables)
-    return restore_shard(store, ps_index, num_ps, {"path": info.path})
+    return restore_shard(store, ps_index, num_ps, info.path)

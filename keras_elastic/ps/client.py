@@ -83,6 +83,44 @@ class _StreamStub:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServerStatus:
+    """What a parameter server says of itself (its Status call).
+
+    `restored_from`: the checkpoint it restored last (None if none);
+    `tables`: embedding table -> rows held; `to_dict()` for JSON.
+    """
+
+    ps_index: int
+    num_ps: int
+    initialized: bool
+    version: int
+    variables: list[str]
+    pushes: int
+    tables: dict[str, int]
+    dropped: int
+    duplicates: int
+    refused: int
+    incarnation: int
+    restored_from: str | None
+    tasks_logged: int
+    paused: bool
+    hyperparameters: dict[str, float]
+
+    @classmethod
+    def from_proto(cls, m: ps_pb2.PSStatusResponse) -> ServerStatus:
+        return cls(ps_index=m.ps_index, num_ps=m.num_ps, initialized=m.initialized,
+                   version=m.version, variables=list(m.variables), pushes=m.pushes,
+                   tables=dict(m.tables), dropped=m.dropped, duplicates=m.duplicates,
+                   refused=m.refused, incarnation=m.incarnation,
+                   restored_from=m.restored_from or None,
+                   tasks_logged=m.tasks_logged, paused=m.paused,
+                   hyperparameters=dict(m.hyperparameters))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskClaim:
     """What one server has applied of a task (see `ps/task_log.py`): the ranges
     and fingerprint of update "" (the model's optimizer's first apply of each
@@ -454,20 +492,54 @@ class PSClient:
 
     def flush(self) -> None:
         """Has every server apply the gradients it buffers (grads_to_wait > 1)."""
-        self.call_all("Flush", {}, timeout=600)
+        self._map(lambda i: self._call(i, "Flush", lambda: self._stubs[i].Flush(
+            ps_pb2.FlushRequest(), timeout=600)), range(self.num_ps))
 
-    def call(self, index: int, method: str, payload: dict, timeout: float = 3600
-             ) -> dict:
-        """Calls a JSON method (Save, Restore, Status, Flush) on server `index`."""
-        response = self._call(index, method, lambda: getattr(self._stubs[index], method)(
-            ps_pb2.SaveRequest(json=json.dumps(payload)), timeout=timeout))
-        return json.loads(response.json)
+    # -- administration: checkpoints, status, rollback ---------------------
+    def save_all(self, directory: str, sharding_callback: str = "", *,
+                 epoch: int | None = None, batch: int | None = None,
+                 step: int | None = None, automatic: bool = False,
+                 timeout: float = 3600) -> list[ps_pb2.SaveResponse]:
+        """Has every server write its part of a checkpoint into `directory`
+        (`sharding_callback`: `ps.checkpointing.encode_callback(...)`, empty
+        for ShardByTaskPolicy); returns the parts, in server order."""
+        request = ps_pb2.SaveRequest(directory=directory,
+                                     sharding_callback=sharding_callback,
+                                     automatic=automatic)
+        for field, value in (("epoch", epoch), ("batch", batch), ("step", step)):
+            if value is not None:
+                setattr(request, field, int(value))
+        return self._map(lambda i: self._call(i, "Save", lambda: self._stubs[i].Save(
+            request, timeout=timeout)), range(self.num_ps))
 
-    def call_all(self, method: str, payload: dict, timeout: float = 3600
-                 ) -> list[dict]:
-        """Calls a JSON method on every server."""
-        return self._map(lambda i: self.call(i, method, payload, timeout),
-                         range(self.num_ps))
+    def restore(self, index: int, path: str, timeout: float = 600
+                ) -> ps_pb2.RestoreResponse:
+        """Has server `index` load its share of the checkpoint at `path`."""
+        return self._call(index, "Restore", lambda: self._stubs[index].Restore(
+            ps_pb2.RestoreRequest(path=path), timeout=timeout))
+
+    def restore_all(self, path: str, timeout: float = 600
+                    ) -> list[ps_pb2.RestoreResponse]:
+        return self._map(lambda i: self.restore(i, path, timeout), range(self.num_ps))
+
+    def status(self, index: int, timeout: float = 60) -> ServerStatus:
+        return ServerStatus.from_proto(self._call(
+            index, "Status", lambda: self._stubs[index].Status(
+                ps_pb2.PSStatusRequest(), timeout=timeout)))
+
+    def status_all(self, timeout: float = 60) -> list[ServerStatus]:
+        return self._map(lambda i: self.status(i, timeout), range(self.num_ps))
+
+    def pause(self, index: int, timeout: float = 60) -> None:
+        """Server `index` answers data calls UNAVAILABLE until `resume`."""
+        self._call(index, "Pause", lambda: self._stubs[index].Pause(
+            ps_pb2.PauseRequest(), timeout=timeout))
+
+    def resume(self, index: int, min_lease: int = 0, timeout: float = 60) -> None:
+        """Server `index` serves again; after a rollback, claims with a lease
+        below `min_lease` (handed out before it) are refused."""
+        self._call(index, "Resume", lambda: self._stubs[index].Resume(
+            ps_pb2.ResumeRequest(min_lease=int(min_lease)), timeout=timeout))
 
     def close(self) -> None:
         for channel in self._channels:

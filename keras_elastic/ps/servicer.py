@@ -85,19 +85,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pause(self, request, context):
         with self.store.lock:  # no push, pull or claim is half done
             self.paused = True
-        return ps_pb2.SaveResponse(json=json.dumps({"paused": True}))
+        return ps_pb2.PauseResponse(paused=True)
 
     def Resume(self, request, context):
-        """Serves again; `{"min_lease": L}` (after a rollback): claims with a
-        lease below L, handed out before the rollback, are refused from now."""
-        try:
-            min_lease = int(json.loads(request.json or "{}").get("min_lease", 0))
-        except (ValueError, TypeError, AttributeError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Resume: {e}")
+        """Serves again; after a rollback (`min_lease` L): claims with a lease
+        below L, handed out before the rollback, are refused from now."""
+        if request.min_lease < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"Resume: min_lease must not be negative, got "
+                          f"{request.min_lease}")
         with self.store.lock:
-            self.store.log.min_lease = max(self.store.log.min_lease, min_lease)
+            self.store.log.min_lease = max(self.store.log.min_lease, request.min_lease)
         self.paused = False
-        return ps_pb2.SaveResponse(json=json.dumps({"paused": False}))
+        return ps_pb2.PauseResponse(paused=False)
 
     def _abort_bad_request(self, context, method: str, error: Exception) -> None:
         """Answers a request that `error` refuses, with the status of its
@@ -246,13 +246,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     from keras_elastic.ps.checkpointing import restore_shard
 
                     restore_shard(self.store, self.ps_index, self.num_ps,
-                                  {"path": header.restore_from})
+                                  header.restore_from)
                 if created and self.init_checkpoint_dir:
                     from keras_elastic.ps.checkpointing import save_shard
 
                     save_shard(self.store, self.ps_index, self.num_ps,
-                               {"directory": self.init_checkpoint_dir,
-                                "extra": {"initial": True}})
+                               self.init_checkpoint_dir, extra={"initial": True})
         except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return ps_pb2.InitResponse(initialized_now=created, version=self.store.version)
@@ -378,8 +377,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Flush(self, request, context):
         self._refuse_if_paused(context)
         if not self.store.initialized:
-            return ps_pb2.SaveResponse(json=json.dumps({"version": 0}))
-        return ps_pb2.SaveResponse(json=json.dumps({"version": self.store.flush()}))
+            return ps_pb2.FlushResponse(version=0)
+        return ps_pb2.FlushResponse(version=self.store.flush())
 
     def Pull(self, request, context):
         if not self.store.initialized:
@@ -403,24 +402,29 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def Status(self, request, context):
         store = self.store
-        return ps_pb2.SaveResponse(json=json.dumps({
-            "ps_index": self.ps_index, "num_ps": self.num_ps,
-            "initialized": store.initialized, "version": store.version,
-            "variables": sorted(store.variables), "pushes": store.pushes,
-            "tables": {n: len(t) for n, t in store.tables.items()},
-            "dropped": store.dropped, "duplicates": store.duplicates,
-            "refused": store.refused, "incarnation": store.incarnation,
-            "restored_from": store.restored_from, "tasks_logged": len(store.log),
-            "paused": self.paused, "hyperparameters": store.hyperparameters(),
-        }))
+        return ps_pb2.PSStatusResponse(
+            ps_index=self.ps_index, num_ps=self.num_ps,
+            initialized=store.initialized, version=store.version,
+            variables=sorted(store.variables), pushes=store.pushes,
+            tables={n: len(t) for n, t in store.tables.items()},
+            dropped=store.dropped, duplicates=store.duplicates,
+            refused=store.refused, incarnation=store.incarnation,
+            restored_from=store.restored_from or "", tasks_logged=len(store.log),
+            paused=self.paused, hyperparameters=store.hyperparameters())
 
     def Save(self, request, context):
         from keras_elastic.ps.checkpointing import save_shard
 
+        extra = {f: getattr(request, f) for f in ("epoch", "batch", "step")
+                 if request.HasField(f)}
+        if request.automatic:
+            extra["automatic"] = True
         try:
-            return ps_pb2.SaveResponse(json=json.dumps(save_shard(
-                self.store, self.ps_index, self.num_ps, json.loads(request.json))))
-        except (ValueError, OSError) as e:
+            info = save_shard(self.store, self.ps_index, self.num_ps, request.directory,
+                              request.sharding_callback or None, extra)
+            return ps_pb2.SaveResponse(name=info.name, path=info.path,
+                                       model_version=info.extra["model_version"])
+        except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parameter server {self.ps_index} could not save: {e}")
 
@@ -428,9 +432,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         from keras_elastic.ps.checkpointing import restore_shard
 
         try:
-            return ps_pb2.SaveResponse(json=json.dumps(restore_shard(
-                self.store, self.ps_index, self.num_ps, json.loads(request.json))))
-        except (ValueError, OSError) as e:
+            return ps_pb2.RestoreResponse(**restore_shard(
+                self.store, self.ps_index, self.num_ps, request.path))
+        except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parameter server {self.ps_index} could not restore: {e}")
 

@@ -167,7 +167,7 @@ class ModelSync:
         self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
             lambda: self.model.optimizer)
         if restore_from:
-            restore_shard(store, 0, 1, {"path": restore_from})
+            restore_shard(store, 0, 1, restore_from)
 
     def relative_names(self, optimizer) -> dict[int, str]:
         """id(optimizer variable) -> its name on a server (see `server_name`)."""

@@ -47,9 +47,8 @@ def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
     callback = sharding_callback or __import__(
         "tensorflow").train.experimental.ShardByTaskPolicy()
     progress = master_progress(cluster)  # before the saves: its done tasks are in
-    parts = cluster.ps.call_all("Save", {
-        "directory": temp, "callback": encode_callback(callback),
-        "extra": {k: v for k, v in extra.items() if k in ("epoch", "batch", "step")}})
+    parts = cluster.ps.save_all(temp, encode_callback(callback), epoch=extra.get("epoch"),
+                                batch=extra.get("batch"), step=extra.get("step"))
     sync = model._ke.sync
     info = write_ps_manifest(
         temp, os.path.join(directory, name), parts, progress, started=start,

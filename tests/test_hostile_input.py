@@ -135,7 +135,7 @@ def assert_ps_serving(servers, channels) -> None:
                 since_version=-1).SerializeToString())
             assert ps_pb2.ModelChunk.FromString(pulled[0]).header.version == (
                 server.store.version)
-            assert len(pulled) == 1 + len(status["variables"])
+            assert len(pulled) == 1 + len(status.variables)
 
 
 # -- fixtures ------------------------------------------------------------------

@@ -51,9 +51,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import types
-from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -62,40 +60,17 @@ import tensorflow as tf
 from absl import logging
 
 from keras_elastic._backend import check_tensorflow_backend
-from keras_elastic.checkpoint import ps_layout
 from keras_elastic.common import keras_compat
-from keras_elastic.common.variable_keys import namespace
 from keras_elastic.data import keras_arguments
 from keras_elastic.data.describe import describe_call
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers.embedding import Embedding, convert_embeddings
-from keras_elastic.worker import remote_optimizer
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.file_callbacks import JobCallbacks
-from keras_elastic.worker.model_sync import EXCHANGES, ModelSync
-from keras_elastic.worker.ps_checkpoint import resume_info
-from keras_elastic.worker.task_reporter import TaskReporter
-from keras_elastic.worker.task_stream import TaskStream
-from keras_elastic.worker.tensorboard import per_worker as per_worker_tensorboard
-from keras_elastic.worker.train_function import TrainFunction
+from keras_elastic.worker.model_sync import EXCHANGES
+from keras_elastic.worker.session import session_of, start_session
 
 check_tensorflow_backend()
-
-
-class _ElasticState:
-    """A model's elastic runtime, kept out of Keras' attribute tracking."""
-
-    def __init__(self) -> None:
-        self.sync: ModelSync | None = None
-        self.runtime: TrainFunction | None = None   # during an elastic fit
-        self.jit_compile = False
-        self.eval_step = None        # compiled test_step / predict_step
-        self.predict_step = None
-        self.eval_rounds: dict[str, int] = {}  # dataset -> next standalone round
-        # A parameter-server checkpoint the servers load when the model first
-        # connects to them (set by ke.checkpoint.restore_model).
-        self.restore_from = ""
-        self.exchange = "sync"       # see compile(exchange=...)
 
 
 def is_elastic(model: Any) -> bool:
@@ -104,12 +79,7 @@ def is_elastic(model: Any) -> bool:
     >>> is_elastic(keras.Sequential())
     False
     """
-    return isinstance(getattr(model, "__dict__", None), dict) and (
-        "_ke_state" in model.__dict__)
-
-
-def _state(model) -> _ElasticState:
-    return model.__dict__["_ke_state"]
+    return session_of(model) is not None
 
 
 def _plain(model, method: str):
@@ -139,15 +109,15 @@ def _compile(self, *args, exchange: str | None = None, **kwargs) -> None:
     ```
     """
     _plain(self, "compile")(*args, **kwargs)
-    state = _state(self)
+    session = session_of(self)
     if exchange is not None:
-        state.exchange = _check_exchange(exchange)
-    state.jit_compile = bool(getattr(self, "jit_compile", False))
+        session.exchange = _check_exchange(exchange)
+    session.jit_compile = bool(getattr(self, "jit_compile", False))
     _no_jit_with_server_tables(self)
 
 
 def _make_train_function(self, force: bool = False):
-    runtime = _state(self).runtime
+    runtime = session_of(self).runtime
     if runtime is not None:  # an elastic fit: Keras' loop calls the runtime
         self.train_function = runtime
         return runtime
@@ -212,98 +182,18 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
                              f"'{dataset.name}': give them different names.")
     # ModelCheckpoint, CSVLogger, BackupAndRestore: the chief writes the real
     # paths, the other workers temporary ones (worker/file_callbacks.py).
-    jc = JobCallbacks(self, callbacks, cluster)
-    callbacks = jc.callbacks
-    checkpoint_callback, resume = resume_info(callbacks)
+    job_callbacks = JobCallbacks(self, callbacks, cluster)
     call = describe_call(
         "fit", x, y=y, batch_size=batch_size, epochs=epochs,
         validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
         sample_weight=sample_weight, initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
         validation_freq=validation_freq)
-    request = dataset.registration(
-        epochs, records_per_epoch=(steps_per_epoch or 0) * dataset.batch_size,
-        call=call)
-    restore_from = _resume_request(request, resume)
-    if jc.resume_epoch and not request.resume:  # a BackupAndRestore backup
-        request.resume, request.resume_epoch = True, jc.resume_epoch
-    if initial_epoch and not request.resume:
-        request.resume, request.resume_epoch = True, int(initial_epoch)
-    registered = cluster.master.register_dataset(request)
-    dataset.registered(registered)
-    start_epoch = max(initial_epoch, registered.epoch)
-    local = resume if resume is not None and not restore_from else None
-    sync = _prepare(self, dataset, restore_from=restore_from, local_restore=local,
-                    resume=resume, adopt=True, before_init=jc.restore_weights)
-    if checkpoint_callback is not None:
-        checkpoint_callback.mark_restored(resume, start_epoch, epochs)
-    stream = TaskStream(cluster.master, dataset.name, dataset.source,
-                        cluster.timer, start_epoch=start_epoch,
-                        shuffle_records=dataset.shuffle, seed=dataset.seed)
-    tf_dataset = dataset.build(stream.generator)
-    runtime = TrainFunction(self, sync, stream, tf_dataset.element_spec)
-    _exactly_once(self, dataset, sync, stream, runtime)
-    stream.segmented = True
-    validate = None
-    keras_validation = None
-    if isinstance(validation, ElasticDataset):
-        # Keras evaluates the first `validation_steps` batches each time.
-        rounds = validation.take(validation_steps) if validation_steps else validation
-
-        def validate(epoch: int) -> dict[str, float] | None:
-            if not _should_eval(epoch, validation_freq):
-                return None
-            logs = evaluate_round(self, rounds, eval_round=epoch,
-                                  after=dataset.name, call=call)
-            return {f"val_{k}": v for k, v in logs.items()}
-    else:
-        keras_validation = validation
-    callbacks = per_worker_tensorboard(callbacks, cluster, validate is not None)
-    reporter = TaskReporter(stream, lambda: runtime.trained_seq, sync, validate)
-    state = _state(self)
-    if start_epoch >= epochs:
-        logging.info("keras_elastic: the job is already past epoch %d", epochs)
-    state.runtime = runtime
-    self.train_function = None
-    self._initial_epoch = None
-    try:
-        with keras_compat.elastic_epochs(segmented={id(tf_dataset): stream.end_segment}):
-            history = keras_fit(
-                tf_dataset, epochs=epochs, verbose=verbose,
-                callbacks=[reporter] + list(callbacks or []),
-                validation_data=keras_validation, validation_freq=validation_freq,
-                validation_steps=validation_steps, initial_epoch=start_epoch,
-                shuffle=False, **kwargs)
-    except tf.errors.OpError as e:
-        if stream.error is not None:
-            raise stream.error from None
-        refused = next((s.error for s in sync.hyperparameter_syncs.values()
-                        if s.error is not None), None)
-        if refused:  # an optimizer change the servers cannot follow
-            sync.drop_push()
-            raise refused from None
-        raise e
-    except BaseException:
-        sync.drop_push()
-        raise
-    finally:
-        state.runtime = None
-        self.train_function = None
-        stream.stop()
-        jc.close()  # this worker's temporary files, also when fit failed
-        del tf_dataset
-        gc.collect()  # free the epoch's tf.data iterators now, not at exit
-    # A learning rate set after the last push (e.g. by ReduceLROnPlateau at
-    # the last epoch's end) still reaches the servers: what they hold is
-    # what a worker connecting next takes.
-    sync.send_hyperparameters()
-    if not self.stop_training:
-        # Other workers may still be training their last tasks: wait for
-        # the job's last epoch to complete, then take the final model.
-        cluster.master.wait_for_epoch(dataset.name, epochs)
-    sync.pull()
-    sync.pull_optimizer_state()  # what Keras saves of the model next
-    return history
+    return session_of(self).fit(
+        keras_fit, dataset, validation, epochs=epochs, verbose=verbose,
+        callbacks=callbacks, job_callbacks=job_callbacks, call=call,
+        initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+        validation_steps=validation_steps, validation_freq=validation_freq, **kwargs)
 
 
 def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
@@ -311,7 +201,8 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
               **kwargs):
     """Keras' `evaluate`; on an `ElasticDataset` or NumPy arrays, exact over
     the whole data, each worker evaluating some of its tasks."""
-    if not _is_elastic_data(x, y, sample_weight) or _state(self).runtime is not None:
+    session = session_of(self)
+    if not _is_elastic_data(x, y, sample_weight) or session.training:
         # Keras' own validation inside an elastic fit, or other data.
         return _plain(self, "evaluate")(
             x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
@@ -324,8 +215,8 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
         dataset = _renamed(dataset, dataset.name + _phase(get_cluster(), dataset.name))
     if steps is not None:  # as Keras: the first `steps` batches
         dataset = _renamed(dataset.take(int(steps)), f"{dataset.name}.take{int(steps)}")
-    logs = evaluate_round(
-        self, dataset, callbacks=callbacks, verbose=1 if verbose == "auto" else verbose,
+    logs = session.evaluate_round(
+        dataset, callbacks=callbacks, verbose=1 if verbose == "auto" else verbose,
         call=describe_call("evaluate", x, y=y, batch_size=batch_size,
                            sample_weight=sample_weight, steps=steps))
     if return_dict:
@@ -338,12 +229,10 @@ def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
              **kwargs):
     """Keras' `predict`; on an `ElasticDataset` in 'prediction' mode, each task's
     outputs written once (see `ElasticDataset(output_dir=...)`)."""
-    from keras_elastic.prediction.writer import NumpyWriter
-    from keras_elastic.worker.prediction import predict_elastic
-
+    session = session_of(self)
     if not isinstance(x, ElasticDataset):
-        if _state(self).sync is not None and _state(self).runtime is None:
-            _state(self).sync.pull()  # the servers' newest values
+        if not session.training:
+            session.pull()  # the servers' newest values
         return _plain(self, "predict")(x, batch_size=batch_size, verbose=verbose,
                                        steps=steps, callbacks=callbacks, **kwargs)
     if x.mode != "prediction":
@@ -351,21 +240,9 @@ def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
                          f"'{x.name}' is in '{x.mode}' mode.")
     if steps is not None:
         raise ValueError("steps cannot be set with an ElasticDataset")
-    cluster = get_cluster()
-    x.registered(cluster.master.register_dataset(x.registration(
-        num_epochs=0, call=describe_call("predict", x, batch_size=batch_size))))
-    state = _state(self)
-    prediction_round = state.eval_rounds.get(x.name, 0)  # as in evaluate()
-    state.eval_rounds[x.name] = prediction_round + 1
-    _prepare(self, x)
-    writer = x.output_writer or (NumpyWriter(x.output_dir) if x.output_dir else None)
-    stream = TaskStream(cluster.master, x.name, x.source, cluster.timer,
-                        start_epoch=prediction_round)
-    stream.set_epoch(prediction_round)
-    with keras_compat.elastic_epochs():
-        return predict_elastic(self, x, stream, writer, keep=writer is None,
-                               callbacks=callbacks,
-                               verbose=1 if verbose == "auto" else verbose)
+    return session.predict(x, describe_call("predict", x, batch_size=batch_size),
+                           callbacks=callbacks,
+                           verbose=1 if verbose == "auto" else verbose)
 
 
 _METHODS = {"compile": _compile, "make_train_function": _make_train_function,
@@ -376,13 +253,11 @@ def _install(model: keras.Model) -> keras.Model:
     """Gives `model` its elastic runtime and methods (idempotent)."""
     if is_elastic(model):
         return model
-    state = _ElasticState()
-    object.__setattr__(model, "_ke_state", state)
-    object.__setattr__(model, "_ke", state)
+    session = start_session(model)
     for name, method in _METHODS.items():
         object.__setattr__(model, name, types.MethodType(method, model))
     if getattr(model, "compiled", False):
-        state.jit_compile = bool(getattr(model, "jit_compile", False))
+        session.jit_compile = bool(getattr(model, "jit_compile", False))
     _no_jit_with_server_tables(model)
     return model
 
@@ -430,12 +305,10 @@ def _fit_not_elastic(model, keras_fit, x, y, **kwargs):
         "keras_elastic: fit() got %s, not an ElasticDataset or NumPy arrays: training "
         "with Keras' own loop in this process (an embedded cluster; in a launched "
         "job this is an error).", type(x).__name__)
-    state = _state(model)
-    if state.sync is not None:
-        state.sync.pull()
+    session = session_of(model)
+    session.pull()
     history = keras_fit(x, y, **kwargs)
-    if state.sync is not None:  # the servers hold what this process trained
-        state.sync.push_values()
+    session.push_local_values()  # the servers hold what this process trained
     return history
 
 
@@ -463,196 +336,12 @@ def _phase(cluster, name: str) -> str:
     return "" if k == 1 else f"@{k}"
 
 
-def _next_namespace(cluster) -> str:
-    """The namespace of the next model this process connects: a script may
-    train several models (keras.io's guides build one per section); each
-    keeps its own variables on the servers (common/variable_keys.py)."""
-    k = cluster.__dict__.get("_ke_models", 0)
-    cluster.__dict__["_ke_models"] = k + 1
-    return namespace(k)
-
-
 def _renamed(dataset: ElasticDataset, name: str) -> ElasticDataset:
     if dataset.name == name:
         return dataset
     out = copy.copy(dataset)
     out.name = name
     return out
-
-
-def _prepare(model, dataset: ElasticDataset, restore_from: str = "",
-             local_restore=None, resume=None, adopt: bool = False,
-             before_init: Callable[[keras.Model], None] | None = None) -> ModelSync:
-    """Builds the model from the dataset spec and syncs it with the PS.
-
-    `restore_from`: a parameter-server checkpoint the servers load when they
-    initialize. `local_restore`: a plain checkpoint loaded into this model
-    first (whose values then initialize the servers). `adopt` (the start of
-    a `fit`): take the servers' learning rate into the optimizer unless it
-    was changed here since (a first connection always takes it).
-    `before_init(model)`: called once the model is built, before the local
-    restore and the servers' initialization (a `BackupAndRestore` backup's
-    weights: see worker/file_callbacks.py).
-    """
-    cluster = get_cluster()
-    state = _state(model)
-    unbuilt = not all(layer.built for layer in keras_compat.all_layers(model))
-    metrics = keras_compat.compiled_metrics(model)
-    metrics_unbuilt = metrics is not None and not metrics.built
-    loss = keras_compat.compiled_loss(model)
-    loss_unbuilt = loss is not None and not loss.built
-    if dataset.mode != "prediction" and _keras_steps_with_loss(model):
-        dataset.require_labels()
-    try:
-        if dataset.mode == "prediction" or not uses_compiled_loss(model):
-            if unbuilt:  # build the layers only
-                x, _, _ = keras_compat.unpack_x_y_sample_weight(
-                    dataset.batched_spec)
-                keras_compat.build_from_input_spec(model, x)
-        elif unbuilt or metrics_unbuilt or loss_unbuilt:
-            # Build from the spec: Keras would otherwise take a batch from the
-            # dataset, i.e. a task from the master, and drop it.
-            keras_compat.symbolic_build(model, dataset.batched_spec)
-    except (NotImplementedError, RuntimeError) as e:
-        # A model without a call() of its own (a GAN whose train_step calls
-        # its sub-models): fine if its layers, hence its weights, exist.
-        unbuilt = [layer.name for layer in keras_compat.all_layers(
-            model, include_self=False) if not layer.built]
-        if unbuilt:
-            raise ValueError(
-                f"keras_elastic could not build {type(model).__name__} from the data "
-                f"({type(e).__name__}: {e}) and its layers {unbuilt[:5]} have no "
-                "weights yet. The parameter servers need every weight before "
-                "training starts: build the model first (call it on a batch, or "
-                "model.build(input_shape), or build its sub-models).") from e
-    if resume is not None:
-        # The checkpoint a ShardedModelCheckpoint resumes from must be of
-        # this model: an error naming the difference, before any restore.
-        from keras_elastic.checkpoint.signature import check_model_matches
-
-        check_model_matches(model, resume)
-    if before_init is not None:
-        before_init(model)
-    if local_restore is not None:
-        from keras_elastic.checkpoint import restore_model
-
-        restore_model(model, local_restore.path)
-    if state.sync is None or state.sync.ps is not cluster.ps:
-        state.sync = ModelSync(model, cluster.ps, cluster.timer,
-                               namespace=_next_namespace(cluster),
-                               local_store=cluster.local_store())
-        state.sync.exchange_mode = state.exchange
-        state.sync.initialize(restore_from or state.restore_from)
-        state.restore_from = ""
-    else:
-        state.sync.pull()
-        if adopt:
-            state.sync.adopt_hyperparameters()
-    remote_optimizer.attach(model, state.sync)
-    state.sync.exchange_mode = state.exchange
-    return state.sync
-
-
-def uses_compiled_loss(model) -> bool:
-    """Whether Keras' default steps (and their compiled loss) are in use."""
-    return keras_compat.uses_keras_train_step(model) or \
-        keras_compat.compiled_loss(model) is not None
-
-
-def _keras_steps_with_loss(model) -> bool:
-    """Whether Keras' own steps compute a compiled loss (which needs labels)."""
-    return keras_compat.uses_keras_train_step(model) and \
-        keras_compat.compiled_loss(model) is not None
-
-
-def evaluate_round(model, dataset: ElasticDataset, eval_round: int | None = None,
-                   after: str = "", callbacks=None, verbose=0,
-                   call: str = "") -> dict[str, float]:
-    """Evaluates round `eval_round` of `dataset` (an `ElasticDataset` in
-    evaluation mode) with this worker taking part; returns the job's logs.
-    None: the next round of this model (its k-th evaluate is round k).
-    `after`: a training dataset whose epoch `eval_round` must end first.
-    `call`: the user's call, quoted if workers differ."""
-    from keras_elastic.worker.evaluation import evaluate_elastic
-
-    if dataset.mode != "evaluation":
-        raise ValueError(f"evaluate() needs an ElasticDataset in 'evaluation' "
-                         f"mode; '{dataset.name}' is in '{dataset.mode}' mode.")
-    if getattr(model, "compiled", False) is False:
-        raise ValueError("compile the model (loss and metrics) before evaluate: "
-                         "model.compile(loss=..., metrics=[...])")
-    cluster = get_cluster()
-    request = dataset.registration(num_epochs=0, call=call)
-    request.after_dataset = after
-    dataset.registered(cluster.master.register_dataset(request))
-    state = _state(model)
-    if eval_round is None:
-        # The k-th evaluate() of every worker process is round k: a worker
-        # relaunched (or joining) after round k ended gets its result at once
-        # instead of starting a round nobody else takes part in.
-        eval_round = state.eval_rounds.get(dataset.name, 0)
-        state.eval_rounds[dataset.name] = eval_round + 1
-    if after:
-        # Wait for the training epoch's end before pulling the model: every
-        # worker then evaluates the same weights.
-        cluster.master.wait_for_epoch(after, eval_round + 1)
-    _prepare(model, dataset)  # builds if needed; loads the newest model
-    stream = TaskStream(cluster.master, dataset.name, dataset.source, cluster.timer,
-                        start_epoch=eval_round)
-    with keras_compat.elastic_epochs():
-        return evaluate_elastic(model, dataset, stream, eval_round,
-                                callbacks=callbacks, verbose=verbose)
-
-
-def _exactly_once(model, dataset: ElasticDataset, sync: ModelSync,
-                  stream: TaskStream, runtime: TrainFunction) -> None:
-    """Links the training stream and the model's PS link for exactly-once
-    updates: claims, replays, abandoned tasks, flushes (see worker/replay.py)."""
-    from keras_elastic.worker.replay import Replayer
-
-    dataset.check_deterministic()
-    sync.stream = stream
-    replayer = Replayer(model, dataset, sync, runtime)
-    stream.claimer = sync.claim
-    sync.completed_seq = -1  # the new stream's seqs start at 0
-
-    def replay(task_replay) -> bool:
-        sync.flush()  # the push in flight first (pipelined exchange)
-        return replayer.run(task_replay)
-
-    def flush() -> None:
-        sync.flush()
-        sync.ps.flush()
-
-    stream.replayer = replay
-    stream.flusher = flush
-
-
-def _resume_request(request, resume) -> str:
-    """Adds the resume point of checkpoint `resume` (or None) to a dataset
-    registration; returns the parameter-server checkpoint to restore ("")."""
-    if resume is None:
-        return ""
-    if not ps_layout.is_ps_checkpoint(resume):  # a plain Keras checkpoint
-        request.resume = True
-        request.resume_epoch = resume.initial_epoch
-        return ""
-    # The servers load it as they initialize; the master skips the tasks it
-    # records as done (a resume mid-epoch).
-    progress = (resume.extra.get("progress") or {}).get(request.dataset)
-    if progress is not None:
-        request.resume = True
-        request.resume_epoch = progress["epoch"]
-        request.resume_done.extend(progress["done_task_ids"])
-        # The done ids name tasks of that size (a new job may choose another).
-        request.resume_records_per_task = progress.get("records_per_task", 0)
-    return resume.path
-
-
-def _should_eval(epoch: int, validation_freq) -> bool:
-    if isinstance(validation_freq, int):
-        return (epoch + 1) % validation_freq == 0
-    return epoch + 1 in validation_freq
 
 
 def _check_exchange(exchange: str) -> str:
@@ -700,7 +389,7 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None,
         exchange = _check_exchange(exchange)
     _install(model)
     if exchange is not None:
-        _state(model).exchange = exchange
+        session_of(model).exchange = exchange
     return model
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import keras
 from absl import logging
 
+from keras_elastic.worker.session import session_of
+
 
 class PeriodicEvaluation(keras.callbacks.Callback):
     """Evaluates an `ElasticDataset` every `every_n_versions` model versions.
@@ -58,12 +60,12 @@ class PeriodicEvaluation(keras.callbacks.Callback):
         self._last_round = 0
 
     def _version(self) -> int:
-        sync = getattr(self.model, "_ke", None) and self.model._ke.sync
-        if sync is None:
+        session = session_of(self.model)
+        if session is None or not session.connected:
             raise ValueError("PeriodicEvaluation works with keras_elastic models "
                              "(ke.Model, ke.Sequential, ke.wrap) trained on an "
                              "ElasticDataset")
-        return sync.model_version()
+        return session.model_version()
 
     def on_train_batch_end(self, batch, logs=None):
         version = self._version()
@@ -71,7 +73,6 @@ class PeriodicEvaluation(keras.callbacks.Callback):
         if eval_round <= self._last_round:
             return
         self._last_round = eval_round
-        from keras_elastic.model import evaluate_round
         from keras_elastic.worker.evaluation import (
             assign_states,
             metric_variables,
@@ -82,8 +83,8 @@ class PeriodicEvaluation(keras.callbacks.Callback):
         variables = metric_variables(self.model)
         training_states = read_states(variables)
         try:
-            results = evaluate_round(self.model, self.validation_data,
-                                     eval_round=eval_round)
+            results = session_of(self.model).evaluate_round(
+                self.validation_data, eval_round=eval_round)
         finally:
             assign_states(variables, training_states)
         self.history.append((eval_round, version, results))

@@ -22,6 +22,7 @@ from keras_elastic.checkpoint.signature import (
 from keras_elastic.checkpoint.validation import check_sharding_callback
 from keras_elastic.checkpoint.writer import CheckpointWriter
 from keras_elastic.worker.ps_checkpoint import RestoringCheckpoint
+from keras_elastic.worker.session import session_of
 
 _DIRECTORY_PATTERNS = {"epoch": "ckpt-{epoch:04d}",
                        "batch": "ckpt-{epoch:04d}-{batch:06d}"}
@@ -56,8 +57,8 @@ def _split_filepath(filepath: str, save_freq: Any) -> tuple[str, str]:
 
 def _cluster_of(model) -> Any:
     """The cluster an elastic model is training on, or None (plain Keras)."""
-    state = getattr(model, "__dict__", {}).get("_ke_state")
-    if state is None or state.sync is None:
+    session = session_of(model)
+    if session is None or not session.connected:
         return None
     from keras_elastic.worker.cluster import get_cluster
 

@@ -122,6 +122,13 @@ def read_table(info: SaveInfo, table: str, slot_names: tuple[str, ...] | list[st
             {s: np.concatenate(found[f"slot_{s}"]) for s in slot_names})
 
 
+# Called as `listener(model, path)` once a parameter-server checkpoint's
+# variables are loaded into a model: an elastic model's session then has the
+# servers restore the whole checkpoint (worker/session.py registers itself; a
+# reader of checkpoints sends no RPC of its own).
+RESTORE_LISTENERS: list = []
+
+
 def restore_model_variables(model, info: SaveInfo) -> None:
     """Loads a parameter-server checkpoint's model variables into `model`
     (weights only: the optimizer's slots live on the servers). An elastic
@@ -139,10 +146,5 @@ def restore_model_variables(model, info: SaveInfo) -> None:
                 f"{tuple(variable.shape)} in the model but "
                 f"{values[variable_name(key)].shape} in the checkpoint")
         variable.assign(values[variable_name(key)])
-    state = getattr(model, "_ke", None)  # an elastic model (ke.Model, ke.wrap)
-    if state is not None:
-        if state.sync is None:
-            state.restore_from = info.path
-        else:
-            state.sync.ps.restore_all(info.path)
-            state.sync.pull()
+    for listener in RESTORE_LISTENERS:
+        listener(model, info.path)

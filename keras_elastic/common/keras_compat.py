@@ -49,7 +49,7 @@ __all__ = [
     "Functional", "KERAS_CHECKED", "SegmentedIterator", "Trainer", "all_layers",
     "auto_name", "build_from_input_spec", "call_has_training_arg",
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
-    "elastic_epochs", "file_utils", "functional_init_arguments",
+    "elastic_epochs", "file_utils", "functional_init_arguments", "reset_fit_state",
     "loss_tracker", "optimizer_learning_rate", "symbolic_build",
     "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
 ]
@@ -145,6 +145,12 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
 def call_has_training_arg(model: keras.Model) -> bool:
     """Whether the model's `call` takes a `training` argument."""
     return bool(model._call_has_training_arg)
+
+
+def reset_fit_state(model: keras.Model) -> None:
+    """Forgets the train function and initial epoch of a previous `fit`."""
+    model.train_function = None
+    model._initial_epoch = None
 
 
 def untrack(layer: keras.layers.Layer, variable: Any) -> None:

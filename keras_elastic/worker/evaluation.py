@@ -20,7 +20,6 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_elastic.common import faults
 from keras_elastic.common.tensor_codec import encode_all
@@ -97,14 +96,12 @@ class _TaskSwitcher:
         self.stream.report_through(before)
 
 
-def evaluate_elastic(model: keras.Model, dataset: ElasticDataset, stream: TaskStream,
-                     eval_round: int, callbacks=None, verbose=0) -> dict[str, float]:
-    """Evaluates this worker's share of round `eval_round`; returns global logs."""
+def evaluate_elastic(model: keras.Model, eval_step, dataset: ElasticDataset,
+                     stream: TaskStream, eval_round: int, callbacks=None,
+                     verbose=0) -> dict[str, float]:
+    """Evaluates this worker's share of round `eval_round` with `eval_step`
+    (the model's compiled `test_step`); returns global logs."""
     variables = metric_variables(model)
-    state = model._ke
-    if state.eval_step is None:
-        state.eval_step = tf.function(model.test_step, jit_compile=state.jit_compile,
-                                      reduce_retracing=True)
     callback_list = keras.callbacks.CallbackList(
         callbacks, add_history=False, add_progbar=verbose != 0, model=model,
         verbose=verbose, epochs=1, steps=None)
@@ -117,7 +114,7 @@ def evaluate_elastic(model: keras.Model, dataset: ElasticDataset, stream: TaskSt
     for seq, batch in dataset.build(stream.generator, per_task=True):
         switcher.batch_of(int(seq))
         callback_list.on_test_batch_begin(step)
-        logs = state.eval_step(batch)
+        logs = eval_step(batch)
         callback_list.on_test_batch_end(step, logs)
         step += 1
     switcher.flush()

@@ -268,10 +268,11 @@ class JobCallbacks:
             return
         finally:
             self._drop_copy()
-        state = model.__dict__.get("_ke_state")
-        sync = getattr(state, "sync", None)
-        if self.embedded and sync is not None and sync.ps is self.cluster.ps:
-            sync.push_values()
+        from keras_elastic.worker.session import session_of
+
+        session = session_of(model)
+        if self.embedded and session is not None:
+            session.push_local_values()
 
     def close(self) -> None:
         """Best effort, idempotent: deletes this worker's temporary files (a

@@ -71,7 +71,7 @@ class ModelSync:
             layer.connect(name, lambda ids, name=name: self.rows_of(name, ids))
         self.t_data = 0.0   # when the step's batch was ready (the step began)
         self._t_mark = 0.0  # the step's compute resumed (its start or last push)
-        self.stream = None  # the training TaskStream (set by fit)
+        self.stream = None  # the training TaskStream (begin_training)
         # The exchange (see worker/push_pipeline.py): "sync" pushes and waits
         # in the step; "pipelined" lets the push travel during the next step.
         self.exchange_mode = "sync"
@@ -405,6 +405,12 @@ class ModelSync:
         for key, variable in zip(self.keys, self.variables):
             if key in values:
                 variable.assign(values[key])
+
+    def begin_training(self, stream) -> None:
+        """A `fit` starts on the training stream `stream`: the tasks of its
+        pushes (their ranges, those given back) are the stream's."""
+        self.stream = stream
+        self.completed_seq = -1  # the new stream's seqs start at 0
 
     def claim(self, task):
         """Claims a task on every server (see `PSClient.claim`)."""

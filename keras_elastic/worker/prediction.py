@@ -25,15 +25,11 @@ def _concat(outputs: list):
     return tf.nest.map_structure(lambda *a: np.concatenate(a), *outputs)
 
 
-def predict_elastic(model: keras.Model, dataset: ElasticDataset, stream: TaskStream,
-                    writer: PredictionWriter | None, keep: bool, callbacks=None,
-                    verbose=0):
-    """Predicts this worker's tasks; returns its predictions if `keep`."""
-    state = model._ke
-    if state.predict_step is None:
-        state.predict_step = tf.function(model.predict_step,
-                                         jit_compile=state.jit_compile,
-                                         reduce_retracing=True)
+def predict_elastic(model: keras.Model, predict_step, dataset: ElasticDataset,
+                    stream: TaskStream, writer: PredictionWriter | None, keep: bool,
+                    callbacks=None, verbose=0):
+    """Predicts this worker's tasks with `predict_step` (the model's compiled
+    `predict_step`); returns its predictions if `keep`."""
     callback_list = keras.callbacks.CallbackList(
         callbacks, add_history=False, add_progbar=verbose != 0, model=model,
         verbose=verbose, epochs=1, steps=None)
@@ -69,7 +65,7 @@ def predict_elastic(model: keras.Model, dataset: ElasticDataset, stream: TaskStr
             finish(before=seq)
             current = seq
         callback_list.on_predict_batch_begin(step)
-        out = state.predict_step(batch)
+        out = predict_step(batch)
         out = tf.nest.map_structure(lambda t: t.numpy(), out)
         outputs.append(out)
         callback_list.on_predict_batch_end(step, {"outputs": out})

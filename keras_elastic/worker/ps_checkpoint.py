@@ -49,7 +49,9 @@ def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
     progress = master_progress(cluster)  # before the saves: its done tasks are in
     parts = cluster.ps.save_all(temp, encode_callback(callback), epoch=extra.get("epoch"),
                                 batch=extra.get("batch"), step=extra.get("step"))
-    sync = model._ke.sync
+    from keras_elastic.worker.session import session_of
+
+    sync = session_of(model).sync
     info = write_ps_manifest(
         temp, os.path.join(directory, name), parts, progress, started=start,
         epoch=extra.get("epoch"), batch=extra.get("batch"), step=extra.get("step"),

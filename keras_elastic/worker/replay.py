@@ -104,11 +104,12 @@ class Replayer:
     caught up as exactly as Keras' default step.
     """
 
-    def __init__(self, model, dataset, sync, runtime) -> None:
+    def __init__(self, model, dataset, sync, runtime, stream=None) -> None:
         self.model = model
         self.dataset = dataset
         self.sync = sync
         self.runtime = runtime
+        self.stream = stream  # the training TaskStream (its tasks given back)
 
     # -- the elements of a task, again --------------------------------------
     def _elements(self, records) -> tf.data.Dataset:
@@ -168,7 +169,7 @@ class Replayer:
         fingerprint = element_fingerprint if ds.deterministic else (
             lambda e: tf.constant(0, tf.int64))
         seq = tf.constant(replay.seq, tf.int64)
-        stream = self.sync.stream
+        stream = self.stream
         for lo, hi, _ in plan.segments:
             elements = self._elements(replay.records).enumerate().skip(lo).take(hi - lo)
             tagged = elements.map(lambda i, e: (tf.stack([seq, i, fingerprint(e)]), e))

@@ -29,7 +29,7 @@ from keras_elastic.worker.task_stream import TaskStream
 
 class TaskReporter(keras.callbacks.Callback):
     def __init__(self, stream: TaskStream, trained_seq, sync=None,
-                 validate=None) -> None:
+                 validate=None, job_metrics: JobMetrics | None = None) -> None:
         super().__init__()
         self.stream = stream
         self._sync = sync
@@ -37,14 +37,15 @@ class TaskReporter(keras.callbacks.Callback):
         self._trained_seq = trained_seq  # () -> largest task seq trained
         self._batch_start = 0.0
         self._last_seq = -1
-        self.job_metrics = JobMetrics()
+        # The stream's training hooks send its states with each report.
+        self.job_metrics = job_metrics if job_metrics is not None else JobMetrics()
 
     def set_model(self, model):
         super().set_model(model)
         self.job_metrics.model = model
 
     def on_train_begin(self, logs=None):
-        self.stream.report_states = self.job_metrics.states_since_last_report
+        self.job_metrics.active = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self.stream.set_epoch(epoch)
@@ -96,7 +97,7 @@ class TaskReporter(keras.callbacks.Callback):
                 logs.update(val_logs)
 
     def on_train_end(self, logs=None):
-        self.stream.report_states = None
+        self.job_metrics.active = False
 
 
 class JobMetrics:
@@ -117,6 +118,14 @@ class JobMetrics:
         self._frozen: dict[str, np.ndarray] | None = None
         self._in_epoch = False
         self._warned = False
+        self.active = False  # between the fit's on_train_begin and on_train_end
+
+    def report_states(self) -> list | None:
+        """What to send with a report of tasks done: the states' change since
+        the previous report while training runs, else None."""
+        if not self.active or self.model is None:
+            return None
+        return self.states_since_last_report()
 
     def variables(self) -> list[tuple[str, object]] | None:
         """`(key, variable)` of the model's metric states (keys as evaluation

@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from absl import logging
@@ -42,10 +42,36 @@ from keras_elastic.proto import ps_pb2
 from keras_elastic.worker.replay import Replay, plan_replay
 
 
+class TrainingHooks(Protocol):
+    """What a training stream asks of the model it feeds (exactly-once
+    updates; `worker/session.py` implements it)."""
+
+    def claim(self, task: Any) -> list | None:
+        """Claims `task` on every server: what each applied of it (a list of
+        `TaskClaim`), or None if a newer hand-out holds it."""
+
+    def replay(self, replay: Replay) -> bool:
+        """Catches up the servers that lack some of a task's elements; False
+        if a server refused (the task is no longer this worker's)."""
+
+    def flush(self) -> None:
+        """Every gradient pushed so far is applied (before tasks are reported)."""
+
+    def report_states(self) -> list | None:
+        """The metric states to send with the next report of tasks done."""
+
+
 class TaskStream:
+    """The tasks of one dataset as this worker's pipeline reads them.
+
+    `hooks` (training only): the model's `TrainingHooks`. `segmented`
+    (training only): the stream ends a segment rather than block while it
+    holds tasks (see `end_segment`)."""
+
     def __init__(self, master: MasterClient, dataset: str, source: DataSource,
                  timer: PhaseTimer, start_epoch: int = 0,
-                 shuffle_records: bool = False, seed: int = 0) -> None:
+                 shuffle_records: bool = False, seed: int = 0,
+                 hooks: TrainingHooks | None = None, segmented: bool = False) -> None:
         self.master = master
         self.dataset = dataset
         self.source = source
@@ -59,20 +85,12 @@ class TaskStream:
         self._exhausted = False
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        # Training only (set by fit): claim(task) -> [TaskClaim] or None; the
-        # replay runner; flush() before the last report of an epoch.
-        self.claimer = None
-        self.replayer = None
-        self.flusher = None
-        # Training (set by TaskReporter): () -> metric states to send with the
-        # next report of tasks done (this worker's share of the epoch's
-        # training metrics, summed by the master), or None.
-        self.report_states = None
+        self.hooks = hooks
         self._replays: dict[int, Any] = {}  # seq -> Replay not yet run
         self._dead: set[int] = set()        # seqs abandoned
         # Training streams end a *segment* rather than block while holding
         # tasks; `end_segment()` then reports them and the epoch goes on.
-        self.segmented = False
+        self.segmented = segmented
         self._segment_break = False
 
     # -- epochs -----------------------------------------------------------
@@ -122,8 +140,8 @@ class TaskStream:
                     order = rng.permutation(task.end - task.start)
                     records = _take(records, order)
                 replay = None
-                if self.claimer is not None:
-                    claims = self.claimer(task)
+                if self.hooks is not None:
+                    claims = self.hooks.claim(task)
                     if claims is None:
                         # The servers refuse this hand-out (a newer one holds the
                         # task): give it back, the master decides again.
@@ -161,8 +179,8 @@ class TaskStream:
         """The pipeline was exhausted and every batch trained: report the rest."""
         if self._exhausted:
             self.run_replays()
-            if self.flusher is not None:
-                self.flusher()  # buffered gradients applied before the report
+            if self.hooks is not None:
+                self.hooks.flush()  # buffered gradients applied before the report
             faults.reached("epoch_end")
             self._report(lambda seq: True)
 
@@ -174,8 +192,8 @@ class TaskStream:
             return False
         self._segment_break = False
         self.run_replays()
-        if self.flusher is not None:
-            self.flusher()
+        if self.hooks is not None:
+            self.hooks.flush()
         faults.reached("epoch_end")
         self._report(lambda seq: True)
         return True
@@ -186,7 +204,7 @@ class TaskStream:
                     if is_done(s) and s not in self._replays]
             tasks = [self._outstanding.pop(s) for s in done]
         if tasks:
-            states = self.report_states() if self.report_states is not None else None
+            states = self.hooks.report_states() if self.hooks is not None else None
             self.master.report_tasks(self.dataset, [t.task_id for t in tasks],
                                      success=True, leases=[t.lease for t in tasks],
                                      metric_states=states)
@@ -197,7 +215,7 @@ class TaskStream:
         while self._replays:
             with self._lock:
                 seq, replay = next(iter(self._replays.items()))
-            ok = self.replayer(replay) if self.replayer is not None else True
+            ok = self.hooks.replay(replay) if self.hooks is not None else True
             with self._lock:
                 self._replays.pop(seq, None)
             if not ok:

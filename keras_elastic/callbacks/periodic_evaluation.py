@@ -73,7 +73,7 @@ class PeriodicEvaluation(keras.callbacks.Callback):
         if eval_round <= self._last_round:
             return
         self._last_round = eval_round
-        from keras_elastic.worker.evaluation import (
+        from keras_elastic.worker.metric_states import (
             assign_states,
             metric_variables,
             read_states,

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.prediction.writer import PredictionWriter, TaskRange
+from keras_elastic.worker.per_task import run_per_task
 from keras_elastic.worker.task_stream import TaskStream
 
 
@@ -35,21 +36,27 @@ def predict_elastic(model: keras.Model, predict_step, dataset: ElasticDataset,
         verbose=verbose, epochs=1, steps=None)
     callback_list.on_predict_begin()
     kept: list = []
-    current: int | None = None
-    outputs: list = []
+    outputs: list = []  # of the current task
 
-    def finish(before: int | None) -> None:
-        nonlocal current, outputs
-        if current is not None:
-            task = stream.task_of(current)
-            result = _concat(outputs)
-            if writer is not None and task is not None:
-                writer.write(TaskRange(task.task_id, task.shard, task.start, task.end),
-                             result)
-            if keep and result is not None:
-                kept.append(result)
-            stream.report_one(current)
-            current, outputs = None, []
+    def on_batch(step: int, batch) -> None:
+        callback_list.on_predict_batch_begin(step)
+        out = tf.nest.map_structure(lambda t: t.numpy(), predict_step(batch))
+        outputs.append(out)
+        callback_list.on_predict_batch_end(step, {"outputs": out})
+
+    def on_task_end(seq: int) -> None:
+        """The task's outputs written once (then reported)."""
+        task = stream.task_of(seq)
+        result = _concat(outputs)
+        outputs.clear()
+        if writer is not None and task is not None:
+            writer.write(TaskRange(task.task_id, task.shard, task.start, task.end),
+                         result)
+        if keep and result is not None:
+            kept.append(result)
+        stream.report_one(seq)
+
+    def on_empty(before: int | None) -> None:
         # Tasks with no element left by dataset_fn: an empty part each.
         for seq, task in stream.pending(before):
             if writer is not None:
@@ -58,19 +65,7 @@ def predict_elastic(model: keras.Model, predict_step, dataset: ElasticDataset,
             stream.report_one(seq)
 
     start = time.perf_counter()
-    step = 0
-    for seq, batch in dataset.build(stream.generator, per_task=True):
-        seq = int(seq)
-        if seq != current:
-            finish(before=seq)
-            current = seq
-        callback_list.on_predict_batch_begin(step)
-        out = predict_step(batch)
-        out = tf.nest.map_structure(lambda t: t.numpy(), out)
-        outputs.append(out)
-        callback_list.on_predict_batch_end(step, {"outputs": out})
-        step += 1
-    finish(before=None)
+    run_per_task(dataset, stream, on_batch, on_task_end, on_empty)
     stream.timer.add("predict", time.perf_counter() - start)
     callback_list.on_predict_end()
     return _concat(kept) if keep else None

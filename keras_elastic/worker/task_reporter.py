@@ -24,6 +24,7 @@ import numpy as np
 from absl import logging
 
 from keras_elastic.common.tensor_codec import encode_all
+from keras_elastic.worker.metric_states import is_additive, state_variables
 from keras_elastic.worker.task_stream import TaskStream
 
 
@@ -130,21 +131,17 @@ class JobMetrics:
     def variables(self) -> list[tuple[str, object]] | None:
         """`(key, variable)` of the model's metric states (keys as evaluation
         uses them), or None if one of them is not additive."""
-        from keras_elastic.worker.evaluation import _leaf_metrics
-
         out = []
-        for i, metric in enumerate(_leaf_metrics(self.model.metrics)):
-            for j, variable in enumerate(metric.variables):
-                aggregation = getattr(variable, "aggregation", "sum")
-                if aggregation != "sum":
-                    if not self._warned:
-                        self._warned = True
-                        logging.warning(
-                            "metric '%s' has a state with aggregation='%s', which "
-                            "cannot be summed over workers: each worker logs its own "
-                            "training metrics", metric.name, aggregation)
-                    return None
-                out.append((f"{i:03d}/{j:03d}/{variable.name}", variable))
+        for key, variable, metric in state_variables(self.model):
+            if not is_additive(variable):
+                if not self._warned:
+                    self._warned = True
+                    logging.warning(
+                        "metric '%s' has a state with aggregation='%s', which "
+                        "cannot be summed over workers: each worker logs its own "
+                        "training metrics", metric.name, variable.aggregation)
+                return None
+            out.append((key, variable))
         return out
 
     def _read(self) -> dict[str, np.ndarray] | None:

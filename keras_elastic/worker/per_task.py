@@ -1,0 +1,57 @@
+"""The per-task loop of evaluation and prediction.
+
+Both run a compiled step over this worker's tasks of a round, batch by batch
+(a batch never straddles two tasks: `ElasticDataset.build(per_task=True)`),
+and do something once a task's batches are over: evaluation reports the
+task's metric states, prediction writes the task's outputs. Tasks whose
+records `dataset_fn` filtered out entirely have no batch at all; they are
+handed to `on_empty` in order, so that each is reported (and, in prediction,
+gets its empty part).
+
+Example:
+
+```python
+run_per_task(dataset, stream,
+             on_batch=lambda step, batch: step_fn(batch),
+             on_task_end=lambda seq: stream.report_one(seq),
+             on_empty=stream.report_through)
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from keras_elastic.dataset import ElasticDataset
+from keras_elastic.worker.task_stream import TaskStream
+
+
+def run_per_task(dataset: ElasticDataset, stream: TaskStream,
+                 on_batch: Callable[[int, Any], None],
+                 on_task_end: Callable[[int], None],
+                 on_empty: Callable[[int | None], None]) -> int:
+    """Runs `on_batch(step, batch)` on every batch of the stream's current
+    round, `on_task_end(seq)` when the batches of the task `seq` are over,
+    and `on_empty(before)` for the tasks without batches before task
+    `before` (None: all that are left, at the end). Returns the number of
+    batches."""
+    current: int | None = None
+    step = 0
+
+    def finish(before: int | None) -> None:
+        nonlocal current
+        if current is not None:
+            on_task_end(current)
+            current = None
+        on_empty(before)
+
+    for seq, batch in dataset.build(stream.generator, per_task=True):
+        seq = int(seq)
+        if seq != current:
+            finish(before=seq)
+            current = seq
+        on_batch(step, batch)
+        step += 1
+    finish(before=None)
+    return step

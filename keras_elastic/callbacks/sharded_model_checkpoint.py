@@ -408,9 +408,9 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint, RestoringCheckpoin
             if not is_chief(cluster):
                 return
             info = save_parameter_servers(
-                self.model, cluster, self.directory, os.path.basename(filepath),
-                self.sharding_callback, extra, max_to_keep=self.max_to_keep,
-                select=self.owns)
+                session_of(self.model).sync, cluster, self.directory,
+                os.path.basename(filepath), self.sharding_callback, extra,
+                max_to_keep=self.max_to_keep, select=self.owns)
             self._ps_last_info = info
             logging.info("Saved parameter-server checkpoint %s: %d parts, %d shards "
                          "of %s bytes; sharding callback '%s' took %.3f ms",

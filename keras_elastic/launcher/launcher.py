@@ -59,6 +59,17 @@ from keras_elastic.launcher.backends import (
     start_service,
     start_services,
 )
+from keras_elastic.launcher.policy import (
+    FAIL_BUDGET,
+    FAIL_SAME_FAILURE,
+    IGNORE,
+    WAIT_FOR_ROOM,
+    FailurePolicy,
+    JobView,
+    WorkerDeath,
+    desired_workers,
+    scale_steps,
+)
 from keras_elastic.launcher.ps_checkpoints import (
     INIT,
     AutoCheckpointer,
@@ -253,8 +264,10 @@ class Launcher:
         self.resumed_from: dict | None = None
         self._pending_dead: list[tuple[int, str]] = []  # not yet told to the master
         self.recoveries: list[dict] = []
-        # (worker, last line of its log, tasks done then) per worker death
-        self.failures: list[tuple[int, str, int]] = []
+        # Every worker death, for the failure policy (launcher/policy.py).
+        self.failures: list[WorkerDeath] = []
+        self.policy = FailurePolicy(config.max_worker_restarts, config.num_workers,
+                                    config.max_ps_restarts, config.max_master_restarts)
         self.checkpointer: AutoCheckpointer | None = None
         self.finished_ok: list[int] = []
         self.error: str | None = None
@@ -411,7 +424,7 @@ class Launcher:
             return
         self.master_proc.close()
         reason = self.master_proc.describe_exit(code)
-        if self.master_restarts >= self.config.max_master_restarts:
+        if not self.policy.restart_service("master", self.master_restarts):
             self.error = (f"the master {reason} and was already restarted "
                           f"{self.master_restarts} time(s) (--max_master_restarts="
                           f"{self.config.max_master_restarts}); its log "
@@ -531,7 +544,7 @@ class Launcher:
         proc = self.ps_procs[i]
         proc.close()
         reason = proc.describe_exit(code)
-        if self.ps_restarts >= self.config.max_ps_restarts:
+        if not self.policy.restart_service("ps", self.ps_restarts):
             self.error = (f"parameter server {i} {reason} and was already restarted "
                           f"{self.ps_restarts} time(s) (--max_ps_restarts="
                           f"{self.config.max_ps_restarts}); its log ({proc.log_path}) "
@@ -631,16 +644,14 @@ class Launcher:
         """`keras-elastic scale`'s number (clamped to the bounds), unless nodes
         joined since: then --max_workers; else --num_workers."""
         path = os.path.join(self.job_dir, DESIRED_WORKERS_FILE)
-        lo, hi = self.config.bounds
         try:
             written = os.path.getmtime(path)
             with open(path) as f:
                 wanted = int(f.read().strip())
         except (OSError, ValueError):
-            wanted = None
-        if wanted is not None and written >= self._grown_at:
-            return min(max(wanted, lo), hi)
-        return self._grown_to or self.config.num_workers
+            wanted, written = None, 0.0
+        return desired_workers(self.config.num_workers, self.config.bounds, wanted,
+                               written, self._grown_to, self._grown_at)
 
     def _check_workers(self) -> None:
         for worker_id, proc in list(self.workers.items()):
@@ -658,14 +669,18 @@ class Launcher:
             tail = proc.tail()
             done = (self._last_status or {}).get("tasks_done", 0)
             # A role lost with its node is not the script failing the same way.
-            self.failures.append((worker_id, proc.lost_reason or _last_line(tail), done))
+            self.failures.append(WorkerDeath(
+                worker_id, proc.lost_reason or _last_line(tail), done))
             logging.warning("worker %d %s; log: %s", worker_id, reason, proc.log_path)
             self._report_dead(worker_id, reason)
-            if self._job_over():
+            decision = self.policy.on_worker_death(JobView(
+                deaths=self.failures, job_over=self._job_over(),
+                restarts_used=self.restarts, pending_slots=self.pending_slots,
+                room_for_worker=self._room_for_worker()))
+            if decision.action == IGNORE:
                 continue
-            if self.restarts + self.pending_slots >= self.config.max_worker_restarts:
-                # The budget is a hard bound: one more death fails the job.
-                causes = {line for _, line, _ in self.failures}
+            if decision.action == FAIL_BUDGET:
+                causes = {d.cause for d in self.failures}
                 same = (f" Every worker that died failed the same way: "
                         f"{causes.pop()}" if len(causes) == 1 else "")
                 self.error = (
@@ -674,16 +689,15 @@ class Launcher:
                     f"(--max_worker_restarts).{same} Its log ({proc.log_path}) ends "
                     f"with:\n{tail}")
                 return
-            streak = self._same_failure_streak()
-            if streak:
+            if decision.action == FAIL_SAME_FAILURE:
                 self.error = (
-                    f"worker {worker_id} {reason}: the last {streak} workers all failed "
-                    f"the same way with no task done in between, so relaunching "
-                    f"cannot help (restart {self.restarts} of "
+                    f"worker {worker_id} {reason}: the last {decision.streak} workers "
+                    f"all failed the same way with no task done in between, so "
+                    f"relaunching cannot help (restart {self.restarts} of "
                     f"{self.config.max_worker_restarts} used). Its log "
                     f"({proc.log_path}) ends with:\n{tail}")
                 return
-            if not self._room_for_worker():
+            if decision.action == WAIT_FOR_ROOM:
                 self.pending_slots += 1
                 logging.warning("no room for a new worker on %s now: worker %d is "
                                 "relaunched when a node has room", self.backend.name,
@@ -694,18 +708,6 @@ class Launcher:
             logging.warning("relaunched worker %d as worker %d (restart %d of %d)",
                             worker_id, new_id, self.restarts,
                             self.config.max_worker_restarts)
-
-    def _same_failure_streak(self) -> int:
-        """N if the last N = num_workers + 1 worker deaths had the same cause
-        and no task was done from the first to the last (a script that
-        crashes deterministically); else 0."""
-        n = self.config.num_workers + 1
-        last = self.failures[-n:]
-        if len(last) < n or len({line for _, line, _ in last}) != 1:
-            return 0
-        if not last[0][1] or last[-1][2] != last[0][2]:
-            return 0
-        return n
 
     def _job_over(self) -> bool:
         """Every registered dataset is done: a lost worker need not come back."""
@@ -722,19 +724,19 @@ class Launcher:
             logging.info("node(s) joined: scaling toward %d workers (--max_workers) "
                          "as they fit", hi)
         desired = self._desired_workers()
-        while self.pending_slots and self._room_for_worker():
+        steps = scale_steps(len(self.workers), self.pending_slots, desired,
+                            self.backend.worker_capacity())
+        for _ in range(steps.fill_pending):
             self.pending_slots -= 1
             self.restarts += 1
             new_id = self._start_worker()
             logging.warning("room again: started worker %d for a lost one (restart %d "
                             "of %d)", new_id, self.restarts,
                             self.config.max_worker_restarts)
-        while len(self.workers) + self.pending_slots < desired and self._room_for_worker():
+        for _ in range(steps.start):
             self._start_worker()
-        while len(self.workers) + self.pending_slots > desired:
-            if self.pending_slots:
-                self.pending_slots -= 1
-                continue
+        self.pending_slots -= steps.drop_pending
+        for _ in range(steps.stop):
             worker_id = max(self.workers)
             logging.info("scaling down: stopping worker %d", worker_id)
             proc = self.workers.pop(worker_id)

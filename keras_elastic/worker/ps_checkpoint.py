@@ -19,8 +19,6 @@ import os
 import time
 from typing import Any
 
-import keras
-
 from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import SaveInfo
 from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
@@ -33,11 +31,12 @@ def master_progress(cluster: Cluster) -> dict[str, dict]:
     return training_progress(cluster.master.status())
 
 
-def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
+def save_parameter_servers(sync: Any, cluster: Cluster, directory: str,
                            name: str, sharding_callback, extra: dict[str, Any],
                            max_to_keep: int | None = None,
                            select=None) -> SaveInfo:
-    """Writes one checkpoint of every parameter server's share."""
+    """Writes one checkpoint of every parameter server's share (`sync`: the
+    model's `ModelSync`, whose variable keys the manifest records)."""
     start = time.time()
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -49,9 +48,6 @@ def save_parameter_servers(model: keras.Model, cluster: Cluster, directory: str,
     progress = master_progress(cluster)  # before the saves: its done tasks are in
     parts = cluster.ps.save_all(temp, encode_callback(callback), epoch=extra.get("epoch"),
                                 batch=extra.get("batch"), step=extra.get("step"))
-    from keras_elastic.worker.session import session_of
-
-    sync = session_of(model).sync
     info = write_ps_manifest(
         temp, os.path.join(directory, name), parts, progress, started=start,
         epoch=extra.get("epoch"), batch=extra.get("batch"), step=extra.get("step"),

@@ -1,0 +1,175 @@
+"""What the launcher decides, as functions of what it observed.
+
+The launcher (`launcher.py`) is the mechanism: it starts, watches, stops and
+recovers roles on a backend. Every decision it takes about them is made here,
+from a plain description of the job's state, so that each rule can be tested
+without a process (tests/test_launcher_policy.py), in the manner of Ray
+Train's `FailurePolicy` and torch elastic's agent:
+
+- `FailurePolicy.on_worker_death`: relaunch a worker that died, wait for room
+  on the backend, ignore it (the job is over), or fail the job (restart
+  budget spent; every recent worker failed the same way with no progress);
+- `FailurePolicy.restart_service`: restart a dead parameter server or master,
+  or fail the job (its restart budget spent);
+- `desired_workers` and `scale_steps`: how many workers the job should have
+  (`--num_workers`, `keras-elastic scale`, nodes that joined) and what to
+  start or stop to get there.
+
+Example:
+
+>>> policy = FailurePolicy(max_worker_restarts=3, num_workers=2)
+>>> death = WorkerDeath(worker_id=0, cause="Killed", tasks_done=5)
+>>> policy.on_worker_death(JobView(deaths=[death])).action
+'relaunch'
+>>> policy.on_worker_death(JobView(deaths=[death], restarts_used=3)).action
+'fail_budget'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+RELAUNCH = "relaunch"
+WAIT_FOR_ROOM = "wait_for_room"
+IGNORE = "ignore"
+FAIL_BUDGET = "fail_budget"
+FAIL_SAME_FAILURE = "fail_same_failure"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerDeath:
+    """A worker that exited with an error or was lost.
+
+    `cause`: the last line of its log, or why its node lost it (two deaths
+    with the same cause failed the same way); `tasks_done`: the job's tasks
+    done when it died."""
+
+    worker_id: int
+    cause: str
+    tasks_done: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobView:
+    """What the launcher knows when a worker dies.
+
+    `deaths`: every worker death so far, the new one last; `job_over`: every
+    dataset is done (a lost worker need not come back); `restarts_used`:
+    relaunches so far; `pending_slots`: lost workers waiting for room;
+    `room_for_worker`: the backend has room for one more now."""
+
+    deaths: list[WorkerDeath]
+    job_over: bool = False
+    restarts_used: int = 0
+    pending_slots: int = 0
+    room_for_worker: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: str
+    streak: int = 0   # FAIL_SAME_FAILURE: how many deaths failed the same way
+
+
+class FailurePolicy:
+    """The restart budgets and the rules for spending them."""
+
+    def __init__(self, max_worker_restarts: int, num_workers: int,
+                 max_ps_restarts: int = 0, max_master_restarts: int = 0) -> None:
+        self.max_worker_restarts = max_worker_restarts
+        self.num_workers = num_workers
+        self.max_ps_restarts = max_ps_restarts
+        self.max_master_restarts = max_master_restarts
+
+    def on_worker_death(self, view: JobView) -> Decision:
+        if view.job_over:
+            return Decision(IGNORE)
+        if view.restarts_used + view.pending_slots >= self.max_worker_restarts:
+            # The budget is a hard bound: one more death fails the job.
+            return Decision(FAIL_BUDGET)
+        streak = self.same_failure_streak(view.deaths)
+        if streak:
+            return Decision(FAIL_SAME_FAILURE, streak)
+        if not view.room_for_worker:
+            return Decision(WAIT_FOR_ROOM)
+        return Decision(RELAUNCH)
+
+    def same_failure_streak(self, deaths: list[WorkerDeath]) -> int:
+        """N if the last N = num_workers + 1 worker deaths had the same cause
+        and no task was done from the first to the last (a script that
+        crashes deterministically: relaunching cannot help); else 0."""
+        n = self.num_workers + 1
+        last = deaths[-n:]
+        if len(last) < n or len({d.cause for d in last}) != 1:
+            return 0
+        if not last[0].cause or last[-1].tasks_done != last[0].tasks_done:
+            return 0
+        return n
+
+    def restart_service(self, kind: str, restarts_used: int) -> bool:
+        """Whether a dead parameter server (`kind="ps"`, the budget shared by
+        the servers) or master (`"master"`) is restarted; False: the job
+        fails."""
+        budget = {"ps": self.max_ps_restarts, "master": self.max_master_restarts}[kind]
+        return restarts_used < budget
+
+
+def desired_workers(num_workers: int, bounds: tuple[int, int],
+                    requested: int | None = None, requested_at: float = 0.0,
+                    grown_to: int = 0, grown_at: float = 0.0) -> int:
+    """How many workers the job should run: `keras-elastic scale`'s
+    `requested` number (clamped to `bounds`), unless nodes joined after it
+    was written (`grown_at`; the job then grows to `grown_to`,
+    `--max_workers`); else `--num_workers`.
+
+    >>> desired_workers(2, (1, 4), requested=9, requested_at=5.0)
+    4
+    >>> desired_workers(2, (1, 4), requested=3, requested_at=5.0, grown_to=4,
+    ...                 grown_at=6.0)
+    4
+    """
+    lo, hi = bounds
+    if requested is not None and requested_at >= grown_at:
+        return min(max(requested, lo), hi)
+    return grown_to or num_workers
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSteps:
+    """What to do to reach the desired number of workers: relaunch
+    `fill_pending` lost workers that waited for room, start `start` new
+    ones, drop `drop_pending` waiting slots, and stop `stop` running
+    workers (the highest ids)."""
+
+    fill_pending: int = 0
+    start: int = 0
+    drop_pending: int = 0
+    stop: int = 0
+
+
+def scale_steps(running: int, pending: int, desired: int, room: int | None) -> ScaleSteps:
+    """`room`: how many more workers the backend can place now (None: no
+    limit).
+
+    >>> scale_steps(running=1, pending=1, desired=3, room=None)
+    ScaleSteps(fill_pending=1, start=1, drop_pending=0, stop=0)
+    >>> scale_steps(running=3, pending=1, desired=2, room=0)
+    ScaleSteps(fill_pending=0, start=0, drop_pending=1, stop=1)
+    """
+    def take(wanted: int) -> int:
+        nonlocal room
+        if room is None:
+            return wanted
+        got = max(0, min(wanted, room))
+        room -= got
+        return got
+
+    fill = take(pending)
+    pending -= fill
+    running += fill
+    start = take(max(0, desired - running - pending))
+    running += start
+    drop = min(pending, max(0, running + pending - desired))
+    pending -= drop
+    stop = max(0, running + pending - desired)
+    return ScaleSteps(fill_pending=fill, start=start, drop_pending=drop, stop=stop)

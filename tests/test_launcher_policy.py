@@ -1,0 +1,112 @@
+"""The launcher's decisions, as pure functions of what it observed (issue 24):
+no process is started here. The launcher's tests (test_elastic_job.py,
+test_master_recovery.py, test_exactly_once_ps.py, test_ray_backend.py) run
+the same rules with real processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from keras_elastic.launcher.policy import (
+    FAIL_BUDGET,
+    FAIL_SAME_FAILURE,
+    IGNORE,
+    RELAUNCH,
+    WAIT_FOR_ROOM,
+    FailurePolicy,
+    JobView,
+    ScaleSteps,
+    WorkerDeath,
+    desired_workers,
+    scale_steps,
+)
+
+
+def deaths(*causes_and_done: tuple[str, int]) -> list[WorkerDeath]:
+    return [WorkerDeath(i, cause, done) for i, (cause, done) in enumerate(causes_and_done)]
+
+
+def test_a_dead_worker_is_relaunched_while_the_budget_lasts():
+    policy = FailurePolicy(max_worker_restarts=2, num_workers=2)
+    view = JobView(deaths=deaths(("Killed", 3)))
+    assert policy.on_worker_death(view).action == RELAUNCH
+    assert policy.on_worker_death(JobView(deaths=view.deaths, restarts_used=1)
+                                  ).action == RELAUNCH
+    # The budget is a hard bound, lost workers waiting for room included.
+    assert policy.on_worker_death(JobView(deaths=view.deaths, restarts_used=2)
+                                  ).action == FAIL_BUDGET
+    assert policy.on_worker_death(JobView(deaths=view.deaths, restarts_used=1,
+                                          pending_slots=1)).action == FAIL_BUDGET
+
+
+def test_a_worker_lost_after_the_job_is_over_is_not_replaced():
+    policy = FailurePolicy(max_worker_restarts=0, num_workers=1)
+    view = JobView(deaths=deaths(("Killed", 9)), job_over=True)
+    assert policy.on_worker_death(view).action == IGNORE
+
+
+def test_no_room_on_the_backend_waits_for_room():
+    policy = FailurePolicy(max_worker_restarts=5, num_workers=2)
+    view = JobView(deaths=deaths(("node lost", 1)), room_for_worker=False)
+    assert policy.on_worker_death(view).action == WAIT_FOR_ROOM
+
+
+@pytest.mark.parametrize("history, streak", [
+    # num_workers + 1 = 3 deaths, same cause, no task done in between: fail.
+    ((("ValueError: bad", 4), ("ValueError: bad", 4), ("ValueError: bad", 4)), 3),
+    # Progress in between: a flaky cause, not a deterministic crash.
+    ((("ValueError: bad", 4), ("ValueError: bad", 5), ("ValueError: bad", 6)), 0),
+    # Different causes.
+    ((("ValueError: bad", 4), ("Killed", 4), ("ValueError: bad", 4)), 0),
+    # Too few deaths to tell.
+    ((("ValueError: bad", 4), ("ValueError: bad", 4)), 0),
+    # A death without a cause (an empty log) proves nothing.
+    ((("", 4), ("", 4), ("", 4)), 0),
+])
+def test_workers_failing_the_same_way_with_no_progress_fail_the_job(history, streak):
+    policy = FailurePolicy(max_worker_restarts=10, num_workers=2)
+    decision = policy.on_worker_death(JobView(deaths=deaths(*history), restarts_used=2))
+    assert (decision.action, decision.streak) == (
+        (FAIL_SAME_FAILURE, streak) if streak else (RELAUNCH, 0))
+
+
+def test_services_are_restarted_within_their_own_budgets():
+    policy = FailurePolicy(max_worker_restarts=0, num_workers=1, max_ps_restarts=2,
+                           max_master_restarts=1)
+    assert [policy.restart_service("ps", n) for n in range(3)] == [True, True, False]
+    assert [policy.restart_service("master", n) for n in range(2)] == [True, False]
+    with pytest.raises(KeyError):
+        policy.restart_service("worker", 0)
+
+
+def test_the_desired_number_of_workers():
+    bounds = (1, 4)
+    assert desired_workers(2, bounds) == 2                        # --num_workers
+    assert desired_workers(2, bounds, requested=3, requested_at=1.0) == 3  # scale
+    assert desired_workers(2, bounds, requested=0, requested_at=1.0) == 1  # clamped
+    assert desired_workers(2, bounds, requested=9, requested_at=1.0) == 4
+    # Nodes joined after the request: grow to --max_workers.
+    assert desired_workers(2, bounds, requested=3, requested_at=1.0, grown_to=4,
+                           grown_at=2.0) == 4
+    # A request after the nodes joined wins again.
+    assert desired_workers(2, bounds, requested=3, requested_at=3.0, grown_to=4,
+                           grown_at=2.0) == 3
+
+
+@pytest.mark.parametrize("running, pending, desired, room, steps", [
+    (2, 0, 2, None, ScaleSteps()),
+    (1, 0, 3, None, ScaleSteps(start=2)),
+    (1, 0, 3, 1, ScaleSteps(start=1)),              # only as many as fit
+    (1, 1, 2, 1, ScaleSteps(fill_pending=1)),       # a lost worker first
+    (1, 2, 2, 1, ScaleSteps(fill_pending=1, drop_pending=1)),
+    (3, 0, 1, None, ScaleSteps(stop=2)),
+    (3, 1, 2, 0, ScaleSteps(drop_pending=1, stop=1)),
+    (0, 0, 2, 0, ScaleSteps()),                     # no room at all
+])
+def test_scale_steps(running, pending, desired, room, steps):
+    got = scale_steps(running, pending, desired, room)
+    assert got == steps
+    # Afterwards the job has what it wants, or as much as fits.
+    after = running + got.fill_pending + got.start - got.stop
+    left = pending - got.fill_pending - got.drop_pending
+    assert after + left == desired or (room is not None and after + left < desired)

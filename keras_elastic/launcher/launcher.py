@@ -76,6 +76,7 @@ from keras_elastic.launcher.ps_checkpoints import (
     latest_checkpoint,
 )
 from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.checkpoints import restore_servers
 from keras_elastic.ps.client import PSClient
 
 DESIRED_WORKERS_FILE = "desired_workers"
@@ -593,10 +594,7 @@ class Launcher:
                 others = [j for j in range(self.config.num_ps) if j != i]
 
                 def restore_others(client: PSClient) -> None:
-                    for j in others:
-                        client.pause(j)
-                    for j in others:
-                        client.restore(j, checkpoint.path)
+                    restore_servers(client, others, checkpoint.path)
 
                 undone = self._rollback_and_resume(
                     checkpoint.extra.get("progress"), f"parameter server {i} {reason}",

@@ -37,6 +37,7 @@ from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import read_manifest
 from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
 from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.checkpoints import save_checkpoint
 from keras_elastic.ps.client import PSClient
 
 INIT = "init"
@@ -189,22 +190,12 @@ class AutoCheckpointer:
         status = status or self.master.status()
         progress = training_progress(status)
         name = f"ckpt-{layout.next_sequence(self.directory):06d}"
-        temp = layout.temp_dir_for(self.directory, name)
-        os.makedirs(temp)
-        try:
-            parts = self._client().save_all(temp, automatic=True)
-            info = write_ps_manifest(temp, os.path.join(self.directory, name), parts,
-                                     progress, started=start,
-                                     extra={"automatic": True})
-        except BaseException:
-            import shutil
-
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
+        info, parts = save_checkpoint(self._client(), self.directory, name, progress,
+                                      automatic=True, extra={"automatic": True},
+                                      max_to_keep=self.keep, started=start)
         self._last_save = time.time()
-        self._last_versions = [p.get("model_version", 0) for p in parts]
+        self._last_versions = [p.model_version for p in parts]
         self.saves += 1
-        layout.prune(self.directory, self.keep)
         logging.info("automatic parameter-server checkpoint %s (%.2f s)", info.path,
                      time.time() - start)
         return info

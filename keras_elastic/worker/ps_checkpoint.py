@@ -15,14 +15,14 @@ tasks already done.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import SaveInfo
-from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
+from keras_elastic.checkpoint.ps_manifest import training_progress
 from keras_elastic.ps.checkpointing import encode_callback
+from keras_elastic.ps.checkpoints import save_checkpoint
 from keras_elastic.worker.cluster import Cluster, is_chief  # noqa: F401 (re-exported)
 
 
@@ -38,24 +38,16 @@ def save_parameter_servers(sync: Any, cluster: Cluster, directory: str,
     """Writes one checkpoint of every parameter server's share (`sync`: the
     model's `ModelSync`, whose variable keys the manifest records)."""
     start = time.time()
-    directory = os.path.abspath(directory)
-    os.makedirs(directory, exist_ok=True)
-    layout.check_name(name)
-    temp = layout.temp_dir_for(directory, name)
-    os.makedirs(temp)
     callback = sharding_callback or __import__(
         "tensorflow").train.experimental.ShardByTaskPolicy()
     progress = master_progress(cluster)  # before the saves: its done tasks are in
-    parts = cluster.ps.save_all(temp, encode_callback(callback), epoch=extra.get("epoch"),
-                                batch=extra.get("batch"), step=extra.get("step"))
-    info = write_ps_manifest(
-        temp, os.path.join(directory, name), parts, progress, started=start,
+    info, _ = save_checkpoint(
+        cluster.ps, directory, name, progress, sharding_callback=encode_callback(callback),
         epoch=extra.get("epoch"), batch=extra.get("batch"), step=extra.get("step"),
         extra=dict({k: v for k, v in extra.items() if k not in ("epoch", "batch",
                                                                  "step")},
-                   variable_keys=dict(zip(sync.keys, (v.path for v in sync.variables)))))
-    if max_to_keep:
-        layout.prune(directory, max_to_keep, select)
+                   variable_keys=dict(zip(sync.keys, (v.path for v in sync.variables)))),
+        max_to_keep=max_to_keep, select=select, started=start)
     return info
 
 

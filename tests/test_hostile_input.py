@@ -19,6 +19,7 @@ from keras_elastic.common import rpc
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES, encode
 from keras_elastic.master.client import MasterClient, TaskNotHeldError
 from keras_elastic.master.server import MasterServer
+from keras_elastic.master.status import JobStatus
 from keras_elastic.proto import master_pb2, master_pb2_grpc, ps_pb2, tensor_pb2
 from keras_elastic.ps import ParameterServer, PSClient, ps_for
 from keras_elastic.ps.client import ServerStatus
@@ -181,8 +182,9 @@ def master():
 
 
 def master_state(stub) -> dict:
-    status = json.loads(stub.GetStatus(master_pb2.StatusRequest(include_ledger=True),
-                                       timeout=10).json)
+    status = JobStatus.from_proto(stub.GetStatus(
+        master_pb2.StatusRequest(include_ledger=True), timeout=10),
+        include_ledger=True).to_dict()
     status.pop("uptime")
     return status
 

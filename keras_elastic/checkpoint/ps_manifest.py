@@ -13,7 +13,7 @@ Example:
 temp = layout.temp_dir_for(directory, "ckpt-0007")
 parts = ps_client.save_all(temp)
 info = write_ps_manifest(temp, os.path.join(directory, "ckpt-0007"), parts,
-                         progress=training_progress(master.status()))
+                         progress=training_progress(master.job_status()))
 ```
 """
 
@@ -29,12 +29,12 @@ from keras_elastic.checkpoint.manifest import SaveInfo, read_manifest, write_man
 LAYOUT = "parameter_servers"
 
 
-def training_progress(status: dict) -> dict[str, dict]:
-    """Per training dataset of a master status: the epoch in progress and its
-    tasks done."""
-    return {name: {"epoch": ds["epoch"], "done_task_ids": ds["done_task_ids"],
-                   "records_per_task": ds.get("records_per_task", 0)}
-            for name, ds in status["datasets"].items() if ds["mode"] == "training"}
+def training_progress(status: Any) -> dict[str, dict]:
+    """Per training dataset of a master status (`master.status.JobStatus`):
+    the epoch in progress and its tasks done."""
+    return {name: {"epoch": ds.epoch, "done_task_ids": list(ds.done_task_ids),
+                   "records_per_task": ds.records_per_task}
+            for name, ds in status.datasets.items() if ds.mode == "training"}
 
 
 def write_ps_manifest(temp: str, final: str, parts: list[Any],

@@ -76,6 +76,7 @@ from keras_elastic.launcher.ps_checkpoints import (
     latest_checkpoint,
 )
 from keras_elastic.master.client import MasterClient
+from keras_elastic.master.status import JobStatus
 from keras_elastic.ps.checkpoints import restore_servers
 from keras_elastic.ps.client import PSClient
 
@@ -274,7 +275,7 @@ class Launcher:
         self.error: str | None = None
         self.master: MasterClient | None = None
         self._stop_requested = False
-        self._last_status: dict | None = None
+        self._last_status: JobStatus | None = None
         self.started = time.time()
         # Last: fails early (Ray missing or unreachable, resources no node has,
         # a job directory some node cannot see), before anything starts.
@@ -665,7 +666,7 @@ class Launcher:
             self.lost += 1
             reason = proc.describe_exit(code)
             tail = proc.tail()
-            done = (self._last_status or {}).get("tasks_done", 0)
+            done = self._last_status.tasks_done if self._last_status else 0
             # A role lost with its node is not the script failing the same way.
             self.failures.append(WorkerDeath(
                 worker_id, proc.lost_reason or _last_line(tail), done))
@@ -709,9 +710,9 @@ class Launcher:
 
     def _job_over(self) -> bool:
         """Every registered dataset is done: a lost worker need not come back."""
-        datasets = (self._last_status or {}).get("datasets", {})
+        datasets = self._last_status.datasets if self._last_status else {}
         return bool(datasets) and bool(self.finished_ok) and all(
-            ds["finished"] or not ds["num_epochs"] for ds in datasets.values())
+            ds.finished or not ds.num_epochs for ds in datasets.values())
 
     def _scale(self) -> None:
         if self._job_over():
@@ -741,21 +742,20 @@ class Launcher:
             proc.terminate()
             self._report_dead(worker_id, "scaled down")
 
-    def _progress(self, status: dict) -> str:
+    def _progress(self, status: JobStatus) -> str:
         parts = []
-        for name, ds in status["datasets"].items():
-            if ds["num_epochs"]:
-                where = f"epoch {min(ds['epoch'] + 1, ds['num_epochs'])}/{ds['num_epochs']}"
+        for name, ds in status.datasets.items():
+            if ds.num_epochs:
+                where = f"epoch {min(ds.epoch + 1, ds.num_epochs)}/{ds.num_epochs}"
             else:  # evaluation / prediction: rounds
-                where = f"round {ds['epoch']}"
-            parts.append(f"{name}: {where}, tasks {ds['done']}/"
-                         f"{ds['tasks_per_epoch']} done, {ds['doing']} doing")
-        workers = status["workers"]
+                where = f"round {ds.epoch}"
+            parts.append(f"{name}: {where}, tasks {ds.done}/"
+                         f"{ds.tasks_per_epoch} done, {ds.doing} doing")
         waiting = (f", {self.pending_slots} waiting for room" if self.pending_slots
                    else "")
-        parts.append(f"workers {len(workers['alive'])} alive, {workers['lost']} lost"
-                     f"{waiting}")
-        parts.append(f"requeued {status['requeued']}")
+        parts.append(f"workers {len(status.workers.alive)} alive, "
+                     f"{status.workers.lost} lost{waiting}")
+        parts.append(f"requeued {status.requeued}")
         return "[launcher] " + " | ".join(parts)
 
     def run(self) -> int:
@@ -789,15 +789,14 @@ class Launcher:
                 self._note_placements()
                 try:
                     self._flush_dead_reports()
-                    status = self._last_status = self.master.status()
+                    status = self._last_status = self.master.job_status()
                 except ConnectionError as e:
                     logging.log_every_n_seconds(logging.WARNING, "%s", 10, e)
                     continue  # the master is down: the next round restarts it
-                if status["error"]:
-                    self.error = f"the master failed the job: {status['error']}"
+                if status.error:
+                    self.error = f"the master failed the job: {status.error}"
                     break
-                if not self.workers and self.finished_ok and not status["workers"][
-                        "alive"]:
+                if not self.workers and self.finished_ok and not status.workers.alive:
                     break  # every worker is done, joined ones included
                 self._scale()
                 if time.time() - last_progress >= self.config.progress_interval:

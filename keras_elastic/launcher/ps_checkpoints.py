@@ -170,9 +170,9 @@ class AutoCheckpointer:
         if self._last_versions is None:
             self._last_versions = versions
         changed = sum(versions) - sum(self._last_versions)
-        status = self.master.status()
-        training = [ds for ds in status["datasets"].values() if ds["mode"] == "training"]
-        finished = bool(training) and all(ds["finished"] for ds in training)
+        status = self.master.job_status()
+        training = list(status.training_datasets().values())
+        finished = bool(training) and all(ds.finished for ds in training)
         if finished:
             if not self._finished_saved and changed:
                 self.save(status)
@@ -187,7 +187,7 @@ class AutoCheckpointer:
     def save(self, status: dict | None = None):
         """Saves every server now (the master's progress first)."""
         start = time.time()
-        status = status or self.master.status()
+        status = status or self.master.job_status()
         progress = training_progress(status)
         name = f"ckpt-{layout.next_sequence(self.directory):06d}"
         info, parts = save_checkpoint(self._client(), self.directory, name, progress,

@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 
@@ -17,6 +16,7 @@ import grpc
 from absl import logging
 
 from keras_elastic.common import errors, rpc
+from keras_elastic.master.status import JobStatus
 from keras_elastic.proto import master_pb2, master_pb2_grpc
 
 # `get_task(..., return_on_wait=True)`: the master says to wait.
@@ -245,20 +245,27 @@ class MasterClient:
         import time
 
         while True:
-            status = self.status()
-            if status["error"]:
-                raise JobFailedError(status["error"])
-            ds = status["datasets"].get(dataset)
+            status = self.job_status()
+            if status.error:
+                raise JobFailedError(status.error)
+            ds = status.datasets.get(dataset)
             if ds is None:
                 raise ValueError(f"dataset '{dataset}' is not registered")
-            if ds["epoch"] >= epoch or ds["finished"]:
+            if ds.epoch >= epoch or ds.finished:
                 return
             time.sleep(poll)
 
-    def status(self, include_ledger: bool = False, timeout: float = 10.0) -> dict:
+    def job_status(self, include_ledger: bool = False, timeout: float = 10.0
+                   ) -> JobStatus:
+        """The job's status (`master/status.py`); with `include_ledger`, every
+        completed task of each dataset."""
         response = self._call("GetStatus", master_pb2.StatusRequest(
             include_ledger=include_ledger), timeout=timeout)
-        return json.loads(response.json)
+        return JobStatus.from_proto(response, include_ledger)
+
+    def status(self, include_ledger: bool = False, timeout: float = 10.0) -> dict:
+        """`job_status()` as a JSON-ready dict (what `summary.json` holds)."""
+        return self.job_status(include_ledger, timeout).to_dict()
 
     def close(self) -> None:
         self._heartbeat_stop.set()

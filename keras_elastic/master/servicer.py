@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import threading
 import time
 
@@ -32,6 +31,7 @@ from absl import logging
 
 from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.journal import Journal
+from keras_elastic.master.status import JobStatus
 from keras_elastic.master.task_queue import (
     END_OF_EPOCH,
     LEDGER_FIELDS,
@@ -649,8 +649,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.RollbackResponse(undone=undone, min_lease=floor)
 
     def GetStatus(self, request, context):
-        response = master_pb2.StatusResponse(json=json.dumps(self.status(
-            include_ledger=request.include_ledger)))
+        response = JobStatus.from_dict(self.status(
+            include_ledger=request.include_ledger)).to_proto()
         if self._journal is not None:  # the launcher ends the job on it
             self._durable(self._journal.appended)
         return response

@@ -18,7 +18,7 @@ Example:
 
 ```python
 info = save_checkpoint(client, "/tmp/ckpts", "ckpt-000003",
-                       progress=training_progress(master.status()))
+                       progress=training_progress(master.job_status()))
 restore_servers(client, [0, 1], info.path)
 ```
 """

@@ -132,7 +132,7 @@ def is_chief(cluster: Cluster | None = None) -> bool:
     cluster = cluster if cluster is not None else get_cluster()
     if cluster.embedded:
         return True
-    alive = cluster.master.status()["workers"]["alive"]
+    alive = cluster.master.job_status().workers.alive
     return not alive or cluster.worker_id == min(alive)
 
 

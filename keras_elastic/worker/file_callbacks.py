@@ -347,7 +347,7 @@ class _ChiefTracker(keras.callbacks.Callback):
         """Temporary directories of workers no longer alive (killed workers
         leave theirs)."""
         try:
-            alive = set(self.job.cluster.master.status()["workers"]["alive"])
+            alive = set(self.job.cluster.master.job_status().workers.alive)
         except ConnectionError:
             return
         alive.add(self.job.worker_id)

@@ -28,7 +28,7 @@ from keras_elastic.worker.cluster import Cluster, is_chief  # noqa: F401 (re-exp
 
 def master_progress(cluster: Cluster) -> dict[str, dict]:
     """Per training dataset: the epoch in progress and its tasks done."""
-    return training_progress(cluster.master.status())
+    return training_progress(cluster.master.job_status())
 
 
 def save_parameter_servers(sync: Any, cluster: Cluster, directory: str,

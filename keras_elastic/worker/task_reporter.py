@@ -197,12 +197,12 @@ class JobMetrics:
             result = stream.master.get_result(stream.dataset, epoch, wait=False)
             if result is not None:
                 break
-            ds = stream.master.status()["datasets"].get(stream.dataset, {})
-            if ds.get("epoch") == epoch and ds.get("todo", 0) > 0:
+            ds = stream.master.job_status().datasets.get(stream.dataset)
+            if ds is not None and ds.epoch == epoch and ds.todo > 0:
                 logging.warning(
                     "epoch %d: %d task(s) went back to the master's queue (a worker "
                     "left); this worker trains them now and logs its own training "
-                    "metrics for the epoch", epoch + 1, ds["todo"])
+                    "metrics for the epoch", epoch + 1, ds.todo)
                 return {}
         sums = result[1]
         if not sums:

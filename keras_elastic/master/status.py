@@ -1,0 +1,152 @@
+"""The job's status as the master reports it: typed, on the wire and here.
+
+`MasterServicer.status()` builds it as a dict (the form the launcher writes to
+`summary.json` and `keras-elastic status` prints); `GetStatus` sends it as a
+`StatusResponse` message (`to_proto`), and `MasterClient.job_status()` gives
+a `JobStatus` (`from_proto`), whose `to_dict()` is that dict again.
+
+Example:
+
+>>> status = JobStatus.from_dict({
+...     "uptime": 1.5, "master_restarts": 0, "error": None,
+...     "workers": {"alive": [0], "lost": 0, "exited": [], "registered": 1},
+...     "datasets": {}, "tasks_done": 0, "requeued": 0, "timings": {}})
+>>> status.workers.alive, status.error
+([0], None)
+>>> JobStatus.from_proto(status.to_proto()) == status
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from keras_elastic.proto import master_pb2
+
+# A ledger entry's fields (one completed task), as `DatasetTasks` records them.
+LEDGER_KEYS = ("epoch", "task_id", "worker", "attempt", "lease", "shard", "start",
+               "end", "time")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetStatus:
+    """One dataset of the job: where it is, and its tasks."""
+
+    mode: str
+    epoch: int
+    num_epochs: int
+    tasks_per_epoch: int
+    records_per_epoch: int
+    records_per_task: int
+    todo: int
+    doing: int
+    done: int
+    tasks_done_total: int
+    requeued: int
+    released: int
+    late_reports: int
+    rollbacks: int
+    finished: bool
+    done_task_ids: list[int]
+    doing_by_worker: dict[str, int]
+    # Every completed task (asked for with include_ledger), else None.
+    ledger: list[dict] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.ledger is None:
+            del data["ledger"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DatasetStatus:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    def to_proto(self) -> master_pb2.DatasetStatus:
+        data = self.to_dict()
+        ledger = data.pop("ledger", None) or []
+        return master_pb2.DatasetStatus(
+            **data, ledger=[master_pb2.LedgerEntry(**e) for e in ledger])
+
+    @classmethod
+    def from_proto(cls, m: master_pb2.DatasetStatus,
+                   include_ledger: bool = False) -> DatasetStatus:
+        ledger = None
+        if include_ledger:
+            ledger = []
+            for e in m.ledger:
+                entry = {k: getattr(e, k) for k in LEDGER_KEYS}
+                if e.rolled_back:
+                    entry["rolled_back"] = True
+                ledger.append(entry)
+        return cls(mode=m.mode, epoch=m.epoch, num_epochs=m.num_epochs,
+                   tasks_per_epoch=m.tasks_per_epoch,
+                   records_per_epoch=m.records_per_epoch,
+                   records_per_task=m.records_per_task, todo=m.todo, doing=m.doing,
+                   done=m.done, tasks_done_total=m.tasks_done_total,
+                   requeued=m.requeued, released=m.released,
+                   late_reports=m.late_reports, rollbacks=m.rollbacks,
+                   finished=m.finished, done_task_ids=list(m.done_task_ids),
+                   doing_by_worker=dict(m.doing_by_worker), ledger=ledger)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkersStatus:
+    alive: list[int]
+    lost: int
+    exited: list[int]
+    registered: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """The job: its workers, its datasets, whether it failed (`error`)."""
+
+    uptime: float
+    master_restarts: int
+    error: str | None
+    workers: WorkersStatus
+    datasets: dict[str, DatasetStatus]
+    tasks_done: int
+    requeued: int
+    timings: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["datasets"] = {n: ds.to_dict() for n, ds in self.datasets.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobStatus:
+        return cls(uptime=data["uptime"], master_restarts=data["master_restarts"],
+                   error=data["error"], workers=WorkersStatus(**data["workers"]),
+                   datasets={n: DatasetStatus.from_dict(d)
+                             for n, d in data["datasets"].items()},
+                   tasks_done=data["tasks_done"], requeued=data["requeued"],
+                   timings=dict(data["timings"]))
+
+    def to_proto(self) -> master_pb2.StatusResponse:
+        return master_pb2.StatusResponse(
+            uptime=self.uptime, master_restarts=self.master_restarts,
+            error=self.error or "",
+            workers=master_pb2.WorkersStatus(**dataclasses.asdict(self.workers)),
+            datasets={n: ds.to_proto() for n, ds in self.datasets.items()},
+            tasks_done=self.tasks_done, requeued=self.requeued, timings=self.timings)
+
+    @classmethod
+    def from_proto(cls, m: master_pb2.StatusResponse,
+                   include_ledger: bool = False) -> JobStatus:
+        w = m.workers
+        return cls(uptime=m.uptime, master_restarts=m.master_restarts,
+                   error=m.error or None,
+                   workers=WorkersStatus(alive=list(w.alive), lost=w.lost,
+                                         exited=list(w.exited), registered=w.registered),
+                   datasets={n: DatasetStatus.from_proto(d, include_ledger)
+                             for n, d in m.datasets.items()},
+                   tasks_done=m.tasks_done, requeued=m.requeued,
+                   timings=dict(m.timings))
+
+    def training_datasets(self) -> dict[str, DatasetStatus]:
+        return {n: ds for n, ds in self.datasets.items() if ds.mode == "training"}

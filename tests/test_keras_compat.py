@@ -77,6 +77,9 @@ def test_the_installed_keras_is_a_checked_release_and_setup_py_accepts_only_thos
     assert (low, high) == (keras_compat.KERAS_CHECKED[0],
                            keras_compat._next_minor(keras_compat.KERAS_CHECKED[-1]))
     assert ".".join(keras.__version__.split(".")[:2]) in keras_compat.KERAS_CHECKED
+    low, high = re.search(r'"tensorflow>=([\d.]+),<([\d.]+)"', setup).groups()
+    assert (low, high) == (keras_compat.TENSORFLOW_CHECKED[0], keras_compat._next_minor(
+        keras_compat.TENSORFLOW_CHECKED[-1]))
 
 
 @pytest.mark.parametrize("version", ["3.3.3", "3.99.0", "2.15.0"])
@@ -85,11 +88,19 @@ def test_an_unchecked_keras_release_is_a_clear_error(version, monkeypatch):
     with pytest.raises(keras_compat.UnsupportedKerasError) as e:
         keras_compat.check_keras_version(version)
     message = str(e.value)
-    assert f"found Keras {version}" in message
+    assert f"found keras {version}" in message
     assert "pip install 'keras>=3.15,<3.16'" in message
     assert keras_compat.UNCHECKED_ENV in message
     monkeypatch.setenv(keras_compat.UNCHECKED_ENV, "1")
     keras_compat.check_keras_version(version)  # at the user's own risk
+
+
+def test_an_unchecked_tensorflow_release_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(keras_compat.UNCHECKED_ENV, raising=False)
+    with pytest.raises(keras_compat.UnsupportedKerasError,
+                       match=r"found tensorflow 2\.17\.0: install a checked release "
+                             r"\(pip install 'tensorflow>=2\.21,<2\.22'\)"):
+        keras_compat.check_keras_version(keras.__version__, "2.17.0")
 
 
 def test_importing_the_library_with_an_unchecked_keras_names_it():
@@ -106,4 +117,4 @@ def test_importing_the_library_with_an_unchecked_keras_names_it():
                          env=subprocess_env(), cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "REFUSED UnsupportedKerasError" in out.stdout
-    assert "found Keras 3.99.0" in out.stdout
+    assert "found keras 3.99.0" in out.stdout

@@ -40,8 +40,10 @@ from keras.src.utils.naming import auto_name
 
 from keras_elastic.common import errors
 
-# The minor releases of Keras this module was checked against (CI's).
+# The minor releases of Keras (and of TensorFlow, its backend) this module was
+# checked against: CI's. setup.py accepts exactly these.
 KERAS_CHECKED = ("3.15",)
+TENSORFLOW_CHECKED = ("2.21",)
 # Set to 1 to run with a Keras release this module was not checked against.
 UNCHECKED_ENV = "KERAS_ELASTIC_ALLOW_UNCHECKED_KERAS"
 
@@ -59,27 +61,33 @@ class UnsupportedKerasError(errors.JobError, ImportError):
     """The installed Keras is a release keras-elastic was not checked against."""
 
 
-def check_keras_version(version: str | None = None) -> None:
+def check_keras_version(version: str | None = None,
+                        tensorflow_version: str | None = None) -> None:
     """Raises `UnsupportedKerasError` unless `version` (the installed Keras by
-    default) is a minor release in `KERAS_CHECKED`, or the environment sets
-    `KERAS_ELASTIC_ALLOW_UNCHECKED_KERAS=1`.
+    default) and `tensorflow_version` (the installed TensorFlow) are minor
+    releases in `KERAS_CHECKED` and `TENSORFLOW_CHECKED`, or the environment
+    sets `KERAS_ELASTIC_ALLOW_UNCHECKED_KERAS=1`.
 
-    >>> check_keras_version("3.15.1")
-    >>> check_keras_version("2.15.0")
+    >>> check_keras_version("3.15.1", "2.21.0")
+    >>> check_keras_version("2.15.0", "2.21.0")
     Traceback (most recent call last):
     ...
     keras_elastic.common.keras_compat.UnsupportedKerasError: keras-elastic ...
     """
-    version = version or keras.__version__
-    minor = ".".join(version.split(".")[:2])
-    if minor in KERAS_CHECKED or os.environ.get(UNCHECKED_ENV) == "1":
+    if os.environ.get(UNCHECKED_ENV) == "1":
         return
-    raise UnsupportedKerasError(
-        f"keras-elastic was checked against Keras {', '.join(KERAS_CHECKED)} and "
-        f"found Keras {version}: install a checked release (pip install "
-        f"'keras>={KERAS_CHECKED[0]},<{_next_minor(KERAS_CHECKED[-1])}'), or set "
-        f"{UNCHECKED_ENV}=1 to try this one at your own risk (keras-elastic uses "
-        "Keras' private API in keras_elastic/common/keras_compat.py only)")
+    for package, found, checked in (
+            ("keras", version or keras.__version__, KERAS_CHECKED),
+            ("tensorflow", tensorflow_version or tf.__version__, TENSORFLOW_CHECKED)):
+        if ".".join(found.split(".")[:2]) in checked:
+            continue
+        raise UnsupportedKerasError(
+            f"keras-elastic was checked against Keras {', '.join(KERAS_CHECKED)} on "
+            f"TensorFlow {', '.join(TENSORFLOW_CHECKED)} and found {package} "
+            f"{found}: install a checked release (pip install '{package}>="
+            f"{checked[0]},<{_next_minor(checked[-1])}'), or set {UNCHECKED_ENV}=1 "
+            "to try this one at your own risk (keras-elastic uses Keras' private "
+            "API in keras_elastic/common/keras_compat.py only)")
 
 
 def _next_minor(minor: str) -> str:

@@ -24,8 +24,7 @@ class BuildWithProtos(build_py):
 
     def run(self):
         subprocess.check_call(
-            [sys.executable, "-c",
-             "import keras_elastic.proto as p; p.generate(force=True)"],
+            [sys.executable, os.path.join("keras_elastic", "proto", "_generate.py")],
             cwd=HERE,
         )
         super().run()

@@ -1,10 +1,11 @@
 """Protocol buffers and gRPC stubs of the keras-elastic services.
 
 The `*_pb2.py` / `*_pb2_grpc.py` modules are generated from the `.proto` files
-beside this file by `grpcio-tools`: at install time by `setup.py`, and, when
-they are missing or older than their `.proto` (a fresh clone, an edited proto),
-here at import time, so that the generated code always matches the protobuf
-runtime that is installed.
+beside this file by `grpcio-tools` when the package is installed (`setup.py`)
+or built (Bazel's `//:proto_modules`), so that the generated code matches the
+protobuf runtime installed with it. Importing never writes files: without the
+modules (or, in a source checkout, with a `.proto` newer than them) it stops
+with an error that says to run `python keras_elastic/proto/_generate.py`.
 
 Example:
 
@@ -17,62 +18,29 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
-import tempfile
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PROTOS = ("tensor", "master", "ps")
+from keras_elastic.proto._generate import _HERE, _PROTOS, _stale, generate
 
 
-def _stale(name: str) -> bool:
-    proto = os.path.join(_HERE, f"{name}.proto")
-    outputs = [os.path.join(_HERE, f"{name}_pb2.py"),
-               os.path.join(_HERE, f"{name}_pb2_grpc.py")]
-    return any(
-        not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(proto)
-        for out in outputs
-    )
-
-
-def generate(force: bool = False) -> None:
-    """Generates the Python modules of every `.proto` file in this package.
-
-    Writes into a temporary directory and renames into place, so that
-    processes importing the package at the same time never see a half-written
-    module.
-    """
-    if not force and not any(_stale(name) for name in _PROTOS):
-        return
-    try:
-        import grpc_tools
-    except ImportError as e:  # pragma: no cover - grpcio-tools is a dependency
+def _check_generated() -> None:
+    """Refuses to go on without generated modules, or, in a source checkout,
+    with modules older than their `.proto` files (an edited protocol)."""
+    root = os.path.dirname(os.path.dirname(_HERE))
+    checkout = os.path.exists(os.path.join(root, "setup.py"))
+    missing = [n for n in _PROTOS if not os.path.exists(
+        os.path.join(_HERE, f"{n}_pb2.py"))]
+    stale = [n for n in _PROTOS if checkout and n not in missing and _stale(n)]
+    if missing or stale:
+        what = (f"missing ({', '.join(missing)})" if missing
+                else f"older than their .proto files ({', '.join(stale)})")
         raise ImportError(
-            "keras_elastic needs `grpcio-tools` to generate its gRPC code: "
-            "`pip install grpcio-tools`."
-        ) from e
-
-    root = os.path.dirname(os.path.dirname(_HERE))  # the folder holding keras_elastic/
-    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    with tempfile.TemporaryDirectory(dir=_HERE) as tmp:
-        # In a subprocess: protoc's C++ runtime crashes next to TensorFlow's.
-        args = [
-            sys.executable, "-m", "grpc_tools.protoc",
-            f"-I{root}",
-            f"-I{include}",
-            f"--python_out={tmp}",
-            f"--grpc_python_out={tmp}",
-        ] + [os.path.join(root, "keras_elastic", "proto", f"{n}.proto") for n in _PROTOS]
-        result = subprocess.run(args, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"protoc failed to compile {_PROTOS} in {_HERE}:\n"
-                               f"{result.stderr}")
-        out_dir = os.path.join(tmp, "keras_elastic", "proto")
-        for fname in sorted(os.listdir(out_dir)):
-            os.replace(os.path.join(out_dir, fname), os.path.join(_HERE, fname))
+            f"the gRPC modules of keras_elastic.proto in {_HERE} are {what}. They "
+            "are generated when the package is installed (pip install -e . in a "
+            "source checkout) or built (Bazel's //:proto_modules); to generate "
+            f"them now: python {os.path.join(_HERE, '_generate.py')}")
 
 
-generate()
+_check_generated()
 
 tensor_pb2 = importlib.import_module("keras_elastic.proto.tensor_pb2")
 master_pb2 = importlib.import_module("keras_elastic.proto.master_pb2")

@@ -57,3 +57,37 @@ def test_service_that_dies_at_start_is_reported_with_its_log(tmp_path):
                        "code 1 before serving.*No module named "
                        "keras_elastic.no_such_service"):
         start_service("master", "keras_elastic.no_such_service", [], str(tmp_path))
+
+
+def test_missing_grpc_modules_are_a_clear_error_and_the_named_command_makes_them(
+        tmp_path):
+    """Importing never generates code: a copy of the package without its
+    generated modules says what to run, and running it makes them."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    copy = tmp_path / "keras_elastic"
+    shutil.copytree(os.path.join(REPO, "keras_elastic"), copy,
+                    ignore=shutil.ignore_patterns("*_pb2.py", "*_pb2_grpc.py",
+                                                  "__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    probe = [sys.executable, "-c", "import keras_elastic.proto as p; "
+             "print(p.master_pb2.GetTaskResponse.WAIT)"]
+    refused = subprocess.run(probe, capture_output=True, text=True, env=env,
+                             cwd=str(tmp_path), timeout=120)
+    assert refused.returncode != 0
+    generator = copy / "proto" / "_generate.py"
+    assert ("the gRPC modules of keras_elastic.proto in "
+            f"{copy / 'proto'} are missing (tensor, master, ps)") in refused.stderr
+    assert f"to generate them now: python {generator}" in refused.stderr
+    assert not list((copy / "proto").glob("*_pb2.py"))  # nothing written
+    subprocess.run([sys.executable, str(generator)], check=True, env=env,
+                   timeout=120)
+    made = subprocess.run(probe, capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path), timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert made.stdout.strip() == "1"

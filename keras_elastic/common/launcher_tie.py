@@ -4,10 +4,11 @@ The launcher puts its pid in `KERAS_ELASTIC_LAUNCHER_PID` for every process it
 starts. `tie_to_launcher()`, called when `keras_elastic` is imported, then:
 
 - on Linux, when the launcher is the direct parent, asks the kernel for
-  SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`): immediate;
-- in every case, watches the launcher from a daemon thread (once a second)
-  and kills this process when it is gone (a worker started through a shell,
-  or another OS).
+  SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`): immediate, and
+  no thread;
+- otherwise (a worker started through a shell, a Ray actor, another OS),
+  watches the launcher from a daemon thread (once a second) and kills this
+  process when it is gone.
 
 So a launcher killed with SIGKILL leaves no master, parameter server or
 worker behind. (Done in the child rather than between fork and exec: a
@@ -36,14 +37,15 @@ _PR_SET_PDEATHSIG = 1
 _tied = False
 
 
-def _set_parent_death_signal() -> None:
+def _set_parent_death_signal() -> bool:
+    """Whether the kernel now kills this process when its parent dies."""
     if not sys.platform.startswith("linux"):
-        return
+        return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0
     except (OSError, AttributeError):
-        pass  # the watchdog below still applies
+        return False  # the watchdog below applies
 
 
 def tie_to_launcher(interval: float = 1.0) -> bool:
@@ -60,10 +62,11 @@ def tie_to_launcher(interval: float = 1.0) -> bool:
     if launcher == os.getpid():
         return False  # the launcher itself (its environment is inherited)
     _tied = True
-    if os.getppid() == launcher:
-        _set_parent_death_signal()
-    if not pid_alive(launcher):
+    by_kernel = os.getppid() == launcher and _set_parent_death_signal()
+    if not pid_alive(launcher):  # it died before the signal was set
         os.kill(os.getpid(), signal.SIGKILL)
+    if by_kernel:
+        return True
 
     def watch() -> None:
         stop = threading.Event()

@@ -193,8 +193,11 @@ class FakeCluster:
         self.alive = alive
         self.master = self
 
-    def status(self) -> dict:
-        return {"workers": {"alive": list(self.alive)}}
+    def job_status(self):
+        """As `MasterClient.job_status()` (typed) answers it, workers only."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(workers=SimpleNamespace(alive=list(self.alive)))
 
 
 class Kill(keras.callbacks.Callback):

@@ -13,7 +13,9 @@ The launcher keeps them in `JOB_DIR/ps_checkpoints/`:
 
 Each part holds its server's task log with the variables, so a restore is
 exact even though the servers do not save at the very same instant (see
-`ps/task_log.py`). The newest `keep` checkpoints are kept.
+`ps/task_log.py`). The newest `keep` checkpoints are kept, and `init/`
+always (the recovery point of last resort; pruning it once stopped every later
+automatic checkpoint, which waited for it).
 
 Example:
 
@@ -92,6 +94,7 @@ class AutoCheckpointer:
         self._last_save = time.time()
         self._last_versions: list[int] | None = None
         self._finished_saved = False
+        self._init_seen = False
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -127,8 +130,11 @@ class AutoCheckpointer:
 
     # -- what a recovery restores ---------------------------------------------
     def init_ready(self) -> bool:
-        """Every server saved its share of the initial model."""
-        return _init_ready(self.init_dir, len(self.ps_addresses))
+        """Every server saved its share of the initial model (once true, for
+        good: a save afterwards never waits for it again)."""
+        if not self._init_seen:
+            self._init_seen = _init_ready(self.init_dir, len(self.ps_addresses))
+        return self._init_seen
 
     def _write_init_manifest(self) -> None:
         _write_init_manifest(self.init_dir, len(self.ps_addresses))
@@ -192,7 +198,8 @@ class AutoCheckpointer:
         name = f"ckpt-{layout.next_sequence(self.directory):06d}"
         info, parts = save_checkpoint(self._client(), self.directory, name, progress,
                                       automatic=True, extra={"automatic": True},
-                                      max_to_keep=self.keep, started=start)
+                                      max_to_keep=self.keep, started=start,
+                                      select=lambda c: c.name != INIT)
         self._last_save = time.time()
         self._last_versions = [p.model_version for p in parts]
         self.saves += 1

@@ -191,7 +191,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
         validation_freq=validation_freq)
     return session_of(self).fit(
         keras_fit, dataset, validation, epochs=epochs, verbose=verbose,
-        callbacks=callbacks, job_callbacks=job_callbacks, call=call,
+        job_callbacks=job_callbacks, call=call,
         initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
         validation_steps=validation_steps, validation_freq=validation_freq, **kwargs)
 

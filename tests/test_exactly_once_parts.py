@@ -224,6 +224,27 @@ def test_random_augmentation_needs_deterministic_false(tmp_path):
                       batch_size=8).check_deterministic()
 
 
+def test_an_unexpected_server_error_is_internal_and_named_a_bug(two_servers,
+                                                                monkeypatch):
+    """An exception that is not a KerasElasticError (a bug of the server) is
+    answered INTERNAL with the server, the method and the exception, never as
+    a refusal of the request."""
+    client = PSClient([s.address for s in two_servers], worker_id=0)
+    names = [f"w{i}" for i in range(6)]
+    client.init({n: (np.zeros(2, np.float32), True) for n in names}, SGD1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the store broke")
+
+    monkeypatch.setattr(two_servers[0].store, "push", broken)
+    with pytest.raises(ValueError) as e:
+        client.exchange({n: np.ones(2, np.float32) for n in names}, {},
+                        [_range(5, 0, 4)])
+    message = str(e.value)
+    assert "parameter server 0 (of 2), Push" in message
+    assert "RuntimeError: the store broke (a bug of the parameter server" in message
+
+
 def test_save_and_restore_requests_without_their_arguments_are_named(two_servers):
     client = PSClient([two_servers[0].address], worker_id=0)
     with pytest.raises(ValueError, match="Save needs a checkpoint directory"):

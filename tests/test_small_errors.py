@@ -91,3 +91,12 @@ def test_missing_grpc_modules_are_a_clear_error_and_the_named_command_makes_them
                           cwd=str(tmp_path), timeout=120)
     assert made.returncode == 0, made.stderr[-2000:]
     assert made.stdout.strip() == "1"
+    # In a checkout (setup.py beside the package), an edited .proto is found.
+    (tmp_path / "setup.py").write_text("")
+    proto = copy / "proto" / "ps.proto"
+    later = os.path.getmtime(copy / "proto" / "ps_pb2.py") + 10
+    os.utime(proto, (later, later))
+    stale = subprocess.run(probe, capture_output=True, text=True, env=env,
+                           cwd=str(tmp_path), timeout=120)
+    assert stale.returncode != 0
+    assert "are older than their .proto files (ps)" in stale.stderr

@@ -81,6 +81,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self._journal = Journal(journal_path, flush_secs=JOURNAL_FLUSH_SECS)
             self._starts += 1
             self._log({"t": "start", "time": round(time.time(), 3)})
+        self._last_tick: float | None = None  # the liveness watcher's last check
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch_heartbeats, daemon=True,
                                          name="master-heartbeats")
@@ -275,7 +276,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         late (the process or its machine was frozen or starved, as a paused or
         swapped-out VM is), the workers could not be heard either, so the
         stall is not counted against them."""
-        last_tick, self._last_tick = getattr(self, "_last_tick", now), now
+        last_tick, self._last_tick = self._last_tick or now, now
         stalled = now - last_tick - interval
         lost = []
         with self._cond:
@@ -603,8 +604,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     "registered": len(self._workers),
                 },
                 "datasets": datasets,
-                "tasks_done": sum(ds.status()["tasks_done_total"]
-                                  for ds in self._datasets.values()),
+                "tasks_done": sum(d["tasks_done_total"] for d in datasets.values()),
                 "requeued": sum(ds.requeued for ds in self._datasets.values()),
                 "timings": timings,
             }

@@ -83,9 +83,6 @@ class UnknownVariableError(errors.NotOwnedError):
         self.names = sorted(names)
         super().__init__(f"this parameter server does not own {self.names}")
 
-    def __str__(self) -> str:
-        return self.args[0]
-
 
 class UnknownOptimizerError(errors.ServerStateError):
     """A push for an optimizer group this server was not told about."""

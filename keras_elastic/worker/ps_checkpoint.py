@@ -15,6 +15,7 @@ tasks already done.
 
 from __future__ import annotations
 
+import abc
 import time
 from typing import Any
 
@@ -51,7 +52,7 @@ def save_parameter_servers(sync: Any, cluster: Cluster, directory: str,
     return info
 
 
-class RestoringCheckpoint:
+class RestoringCheckpoint(abc.ABC):
     """A checkpoint callback whose checkpoints hold the parameter servers'
     values, and which may restore them when `fit` starts.
 
@@ -66,8 +67,9 @@ class RestoringCheckpoint:
     directory: str = ""
     restore_on_start: bool = False
 
+    @abc.abstractmethod
     def latest(self) -> SaveInfo | None:
-        raise NotImplementedError
+        """The newest complete checkpoint, or None."""
 
 
 def resume_info(callbacks) -> tuple[Any, SaveInfo | None]:

@@ -46,6 +46,7 @@ from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker import remote_optimizer
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.model_sync import ModelSync
+from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import JobMetrics, TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
 from keras_elastic.worker.tensorboard import per_worker as per_worker_tensorboard
@@ -213,7 +214,7 @@ class ElasticSession:
 
     # -- fit ----------------------------------------------------------------
     def fit(self, keras_fit: Callable, dataset: ElasticDataset,
-            validation: Any, *, epochs: int, verbose: Any, callbacks: Any,
+            validation: Any, *, epochs: int, verbose: Any,
             job_callbacks: Any, call: str, initial_epoch: int = 0,
             steps_per_epoch: int | None = None, validation_steps: int | None = None,
             validation_freq: Any = 1, **kwargs) -> keras.callbacks.History:
@@ -223,8 +224,6 @@ class ElasticSession:
         None. `job_callbacks`: the script's callbacks as this worker runs
         them (`worker/file_callbacks.JobCallbacks`); `call`: the user's call,
         quoted if workers differ."""
-        from keras_elastic.worker.ps_checkpoint import resume_info
-
         model, cluster = self.model, get_cluster()
         callbacks = job_callbacks.callbacks
         checkpoint_callback, resume = resume_info(callbacks)

@@ -145,3 +145,31 @@ def test_elasticdl_kubernetes_flags_are_refused_with_what_to_do(flag, instead):
     with pytest.raises(ValueError) as e:
         job_flags.rewrite_elasticdl_args(["--minibatch_size=8", flag])
     assert "does not apply" in str(e.value) and instead in str(e.value), str(e.value)
+
+
+@pytest.mark.multiprocess
+def test_hook_renaming_flags_pick_the_modules_hooks(tmp_path):
+    """`--feed --loss --optimizer --eval_metrics_fn --callbacks` name the
+    module's hooks (ElasticDL's flags): the job uses those, never the hooks
+    of the default names (which raise), on every worker."""
+    x, y = make_arrays(256)
+    write_shards(str(tmp_path / "data"), x, y, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_elastic", "train",
+         "--model_def=renamed_hooks_model_def:custom_model",
+         f"--training_data={tmp_path / 'data'}", f"--validation_data={tmp_path / 'data'}",
+         "--num_epochs=1", "--minibatch_size=16", "--num_minibatches_per_task=2",
+         "--num_workers=2", "--feed=zoo_feed", "--loss=zoo_loss",
+         "--optimizer=zoo_optimizer", "--eval_metrics_fn=zoo_metrics",
+         "--callbacks=zoo_callbacks", f"--job_dir={tmp_path / 'job'}"],
+        env=subprocess_env(RENAMED_HOOKS_OUT=str(out)), capture_output=True, text=True,
+        timeout=300, cwd=TESTS)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "default name" not in output
+    seen = [json.loads((out / f"worker-{i}.json").read_text()) for i in (0, 1)]
+    assert seen[0] == seen[1] == {
+        "optimizer": "SGD", "learning_rate": 0.0625, "momentum": 0.5,
+        "logs": ["hits", "loss", "val_hits", "val_loss"]}, seen

@@ -102,6 +102,47 @@ def digits_model(seed=0):
     keras.utils.set_random_seed(seed)
     return ke.wrap(model_def.custom_model())
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decoders_as_in_tfds_load(prepared, fmt):
+    """`from_tfds(..., decoders=)`: per-feature decoders, as `tfds.load`
+    takes them: a custom decoder replaces one feature's decoding before
+    `dataset_fn` sees the example; the other features decode as stored."""
+    import tensorflow_datasets as tfds
+
+    builder = prepared[fmt]
+
+    @tfds.decode.make_decoder()
+    def negated(serialized, feature):
+        return -feature.decode_example(serialized)
+
+    seen = {}
+
+    def dataset_fn(records, mode):
+        def check(ex):
+            seen["spec"] = {k: (v.dtype, v.shape.as_list()) for k, v in ex.items()}
+            return ex["image"], ex["label"]
+        return records.map(check)
+
+    custom = ke.ElasticDataset.from_tfds(
+        builder, split="validation", decoders={"image": negated()},
+        dataset_fn=dataset_fn, batch_size=1000, mode="evaluation", name="negated")
+    shard, n = custom.source.shards()[0]
+    records = custom.source.read(shard, 0, n)
+    images, labels = zip(*custom.elements_of(records).as_numpy_iterator())
+    expected = [builder.info.features.deserialize_example_np(r)
+                for r in raw_records(builder, fmt, shard)]
+    np.testing.assert_array_equal(images, [-e["image"] for e in expected])
+    np.testing.assert_array_equal(labels, [e["label"] for e in expected])
+    assert np.abs(images).sum() > 0
+    assert seen["spec"] == {"image": (tf.float32, [64]), "label": (tf.int64, [])}
+    # Without decoders the same records decode to the stored values.
+    plain = ke.ElasticDataset.from_tfds(builder, split="validation",
+                                        dataset_fn=dataset_fn, batch_size=1000,
+                                        mode="evaluation", name="plain")
+    np.testing.assert_array_equal(
+        [image for image, _ in plain.elements_of(records).as_numpy_iterator()],
+        np.negative(images))
+
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_fit_and_evaluate_in_process(prepared, fmt, embedded_cluster):

@@ -709,10 +709,17 @@ class Launcher:
                             self.config.max_worker_restarts)
 
     def _job_over(self) -> bool:
-        """Every registered dataset is done: a lost worker need not come back."""
-        datasets = self._last_status.datasets if self._last_status else {}
-        return bool(datasets) and bool(self.finished_ok) and all(
-            ds.finished or not ds.num_epochs for ds in datasets.values())
+        """A worker finished the script (exit 0): no worker is started any more,
+        neither to replace a lost one nor to scale up.
+
+        Every worker runs the same script, and a worker's training, evaluation
+        and prediction end only when the job's round of the dataset is over
+        (the master makes a worker wait while others still hold tasks), or
+        when the script stops training itself (`EarlyStopping`: every worker
+        decides the same at the same epoch's end). So once one worker is
+        through, a new one would only train what the script chose not to
+        train (epochs after an early stop)."""
+        return bool(self.finished_ok)
 
     def _scale(self) -> None:
         if self._job_over():

@@ -10,7 +10,8 @@ the user's callback (its options, its state) and changes only where it writes:
 <log_dir>/worker-<id>/train/       each worker's own training scalars (and
                                    graph, histograms, profile) in its own run
 <log_dir>/worker-<id>/validation/  its own validation scalars when fit's
-                                   validation_data is not an ElasticDataset
+                                   validation_data is Keras' own (neither an
+                                   ElasticDataset nor NumPy arrays)
 <log_dir>/validation/              the job's validation scalars (an elastic
                                    validation_data, the same on every worker),
                                    written once, by the chief: the alive worker

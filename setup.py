@@ -51,6 +51,9 @@ setup(
         "keras>=3.15,<3.16",
         "grpcio>=1.85",
         "grpcio-tools>=1.85",
+        # grpc.health.v1: the launcher's liveness checks of the master and the
+        # parameter servers (and any standard gRPC health probe).
+        "grpcio-health-checking>=1.85",
         "protobuf>=7.35,<8",
         "absl-py>=2.0",
         # ElasticDataset.from_tfds and ArrayRecord files: the project's named

@@ -74,6 +74,10 @@ def _define_run() -> None:
                          "Gradients averaged per update (1: asynchronous SGD).")
     flags.DEFINE_float("heartbeat_timeout", 30.0,
                        "Seconds without a heartbeat after which a worker is lost.")
+    flags.DEFINE_float("liveness_timeout", 60.0,
+                       "Seconds a master or parameter server may answer no health "
+                       "check (grpc.health.v1) before it is lost: killed, then "
+                       "recovered as if it had died.")
     flags.DEFINE_integer("max_task_retries", 3, "Failures of one task that fail the job.")
     flags.DEFINE_float("progress_interval", 10.0, "Seconds between progress lines.")
     flags.DEFINE_string("job_dir", None, "Logs, cluster.json, ledger and summary "
@@ -152,6 +156,7 @@ def _main_run(command: list[str]) -> int:
         min_workers=FLAGS.min_workers, max_workers=FLAGS.max_workers,
         max_worker_restarts=FLAGS.max_worker_restarts, grads_to_wait=FLAGS.grads_to_wait,
         heartbeat_timeout=FLAGS.heartbeat_timeout,
+        liveness_timeout=FLAGS.liveness_timeout,
         max_task_retries=FLAGS.max_task_retries,
         progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
         max_ps_restarts=FLAGS.max_ps_restarts,

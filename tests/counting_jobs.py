@@ -34,12 +34,17 @@ def write_data(directory: str) -> str:
 
 
 def counting_job(tmp_path, data, *flags, script_args=(), faults="", epochs=2,
-                 background=False):
+                 background=False, env=None):
+    """`faults`: KERAS_ELASTIC_FAULTS, each entry once per job (markers in
+    `tmp_path/faults`); `env`: more environment variables."""
     out = tmp_path / "out.json"
     args = (f"--data={data}", f"--epochs={epochs}", f"--output={out}", *script_args)
-    env = {"KERAS_ELASTIC_FAULTS": faults} if faults else None
+    env = dict(env or {})
+    if faults:
+        env.update(KERAS_ELASTIC_FAULTS=faults,
+                   KERAS_ELASTIC_FAULTS_DIR=str(tmp_path / "faults"))
     return out, launch(str(tmp_path / "job"), SCRIPT, "--num_workers=2", *flags,
-                       script_args=args, env=env, background=background)
+                       script_args=args, env=env or None, background=background)
 
 
 def check_exact(tmp_path, out, output: str, epochs=2, per_record=1.0) -> dict:

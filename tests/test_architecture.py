@@ -61,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
 # Modules of roles that start without TensorFlow (the launcher checks a job's
 # flags and the master hands out tasks on machines that may not have it).
 WITHOUT_TENSORFLOW = ["keras_elastic.master.server", "keras_elastic.launcher.launcher",
+                      "keras_elastic.launcher.recovery",
                       "keras_elastic.jobs.model_def", "keras_elastic.jobs.job_flags",
                       "keras_elastic.ps.client", "keras_elastic.cli"]
 

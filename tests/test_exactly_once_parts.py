@@ -2,6 +2,8 @@
 replay plan, claims and idempotent pushes over real gRPC, a checkpoint that
 carries the log, and the `dataset_fn` determinism check."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -308,5 +310,30 @@ def test_bad_fault_plan_is_named():
     from keras_elastic.common import faults
 
     with pytest.raises(ValueError, match="bad entry 'mid_psh@2'"):
-        faults._parse("mid_psh@2", "0")
-    assert faults._parse("mid_push@2:w1,after_push@3", "0") == {"after_push": 3}
+        faults._parse("mid_psh@2", "w0")
+    with pytest.raises(ValueError, match="bad entry 'ps_push@2=melt'"):
+        faults._parse("ps_push@2=melt", "ps0")
+    assert faults._parse("mid_push@2:w1,after_push@3", "w0") == {
+        "after_push": faults.Fault("after_push@3", 3)}
+    assert faults._parse("ps_push@5:ps1=freeze,master_task@2:master=hang",
+                         "ps1") == {
+        "ps_push": faults.Fault("ps_push@5:ps1=freeze", 5, "freeze")}
+
+
+def test_a_fault_fires_once_per_job_with_a_faults_dir(tmp_path, monkeypatch):
+    """With KERAS_ELASTIC_FAULTS_DIR, a replacement of the role (same WHO)
+    does not act again: the marker of the first firing is there."""
+    from keras_elastic.common import faults
+
+    monkeypatch.setenv(faults.ENV, "ps_push@2:ps0=freeze")
+    monkeypatch.setenv(faults.DIR_ENV, str(tmp_path / "faults"))
+    for _ in range(2):  # the process, then its replacement
+        monkeypatch.setattr(faults, "_counts", {})
+        faults.set_role("ps0")
+        first = [faults.due("ps_push") for _ in range(3)]
+        if _ == 0:
+            assert first == [None, "freeze", None]
+        else:
+            assert first == [None, None, None]
+    assert os.listdir(tmp_path / "faults") == ["ps_push@2_ps0_freeze.fired"]
+    faults.set_role(None)

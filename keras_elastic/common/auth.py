@@ -98,8 +98,11 @@ class TokenInterceptor(grpc.ServerInterceptor):
     >>> server = grpc.server(pool, interceptors=[interceptor])  # doctest: +SKIP
     """
 
-    def __init__(self, token: str, log_every: float = 10.0) -> None:
+    def __init__(self, token: str, log_every: float = 10.0,
+                 exempt: tuple[str, ...] = ()) -> None:
         self._token = token.encode()
+        # Method-name prefixes answered without the token (health checks).
+        self._exempt = tuple(exempt)
         self._log_every = log_every
         self._last_log = -float("inf")
         self._unlogged = 0
@@ -114,9 +117,10 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or self._valid(handler_call_details.invocation_metadata):
-            return handler
         method = handler_call_details.method
+        if handler is None or method.startswith(self._exempt) or self._valid(
+                handler_call_details.invocation_metadata):
+            return handler
 
         def refuse(request_or_iterator, context):
             self._log(method, context.peer())

@@ -17,6 +17,7 @@ PS = "KERAS_ELASTIC_PS"
 WORKER_ID = "KERAS_ELASTIC_WORKER_ID"
 JOB_DIR = "KERAS_ELASTIC_JOB_DIR"
 CONNECT_TIMEOUT = "KERAS_ELASTIC_CONNECT_TIMEOUT"
+LIVENESS_TIMEOUT = "KERAS_ELASTIC_LIVENESS_TIMEOUT"
 
 
 DEFAULT_CONNECT_TIMEOUT = 300.0
@@ -30,6 +31,28 @@ def connect_timeout() -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{CONNECT_TIMEOUT}={raw!r} is not a number of seconds") from None
+
+
+def call_deadline(seconds: float) -> float:
+    """The deadline of a client's call that would take `seconds` at most
+    normally. In a launched job it outlasts the launcher's liveness timeout
+    (`KERAS_ELASTIC_LIVENESS_TIMEOUT`): a server that hangs is then killed
+    and replaced by the launcher before the call gives up, and the call,
+    retried against the replacement, goes on (the worker does not die for
+    the server's fault).
+
+    >>> os.environ[LIVENESS_TIMEOUT] = "60"
+    >>> call_deadline(10.0)
+    150.0
+    >>> del os.environ[LIVENESS_TIMEOUT]
+    """
+    raw = os.environ.get(LIVENESS_TIMEOUT)
+    try:
+        liveness = float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{LIVENESS_TIMEOUT}={raw!r} is not a number of seconds"
+                         ) from None
+    return max(seconds, 2 * liveness + 30) if liveness > 0 else seconds
 
 
 @dataclasses.dataclass(frozen=True)

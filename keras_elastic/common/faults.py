@@ -1,85 +1,161 @@
-"""Fault injection: kill this process (SIGKILL) at a named point of the code.
+"""Fault injection: kill, freeze or hang a role at a named point of the code.
 
-For tests of what survives a crash at a precise moment (like etcd's or TiKV's
-failpoints). Off unless the environment variable `KERAS_ELASTIC_FAULTS` is set:
-a comma-separated list of `POINT@N` or `POINT@N:wID` — die the N-th time POINT
-is reached (in the worker with id ID only). The points:
+For tests of what survives a crash, a freeze or a hang at a precise moment
+(like etcd's or TiKV's failpoints). Off unless the environment variable
+`KERAS_ELASTIC_FAULTS` is set: a comma-separated list of `POINT@N[:WHO][=ACTION]`
+entries. The N-th time POINT is reached (in the role WHO only, if given:
+`w<ID>` a worker, `ps<I>` a parameter server, `master`), ACTION happens:
 
-- `after_claim`: a task was claimed on the parameter servers, nothing of it
-  pushed yet;
-- `mid_push`: a push reached the first of its servers, not the others (with one
-  server: it was applied, its reply never read);
-- `after_push`: a push was applied everywhere, the trained tasks not reported;
-- `epoch_end`: at the epoch barrier: the worker's stream ran out (or ended a
-  segment, see `common/keras_compat.py`), its last tasks trained and pushed,
-  not reported;
-- `validation`: during a validation round, after the first evaluated task.
+- `kill` (the default): SIGKILL of the process;
+- `freeze`: SIGSTOP of the process, for good (it holds its sockets and
+  answers nothing; only SIGKILL or SIGCONT ends that);
+- `hang`: the thread that reached the point blocks for good while the rest
+  of the process (a worker's heartbeats, a server's other calls) goes on.
+
+The points:
+
+- `after_claim` (worker): a task was claimed on the parameter servers, nothing
+  of it pushed yet;
+- `mid_push` (worker): a push reached the first of its servers, not the others
+  (with one server: it was applied, its reply never read);
+- `after_push` (worker): a push was applied everywhere, the trained tasks not
+  reported;
+- `epoch_end` (worker): at the epoch barrier: the worker's stream ran out (or
+  ended a segment, see `common/keras_compat.py`), its last tasks trained and
+  pushed, not reported;
+- `validation` (worker): during a validation round, after the first evaluated
+  task;
+- `ps_push` (parameter server): a push arrived, before it is applied;
+- `master_task` (master): a worker asked for a task, before one is handed out.
+
+With `KERAS_ELASTIC_FAULTS_DIR` set, each entry fires once per job, not once
+per process: a marker file in that directory records that it fired, so a
+replacement of the role (a restarted server has the same WHO) runs clean.
 
 Example:
 
 ```bash
-KERAS_ELASTIC_FAULTS=mid_push@5:w1 keras-elastic run --num_workers 2 -- python train.py
+KERAS_ELASTIC_FAULTS=mid_push@5:w1,ps_push@40:ps0=freeze \\
+    keras-elastic run --num_workers 2 -- python train.py
 ```
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
 import threading
 
 ENV = "KERAS_ELASTIC_FAULTS"
-POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation")
+DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
+POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
+          "ps_push", "master_task")
+ACTIONS = ("kill", "freeze", "hang")
 
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
-_plan: dict[str, int] | None = None
+_plan: dict[str, Fault] | None = None
+_role: str | None = None
 
 
-def _parse(text: str, worker_id: str) -> dict[str, int]:
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One entry of the plan: ACTION the COUNT-th time the point is reached."""
+
+    entry: str
+    count: int
+    action: str = "kill"
+
+
+def set_role(role: str | None) -> None:
+    """Names this process's role for `:WHO` entries (`ps0`, `master`); a
+    worker's is `w<KERAS_ELASTIC_WORKER_ID>` without this. Call it before the
+    first point is reached."""
+    global _role, _plan
+    _role = role
+    _plan = None
+
+
+def _parse(text: str, role: str) -> dict[str, Fault]:
     plan = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
-        point, _, rest = item.partition("@")
+        spec, _, action = item.partition("=")
+        point, _, rest = spec.partition("@")
         count, _, who = rest.partition(":")
-        if point not in POINTS or not count.isdigit():
-            raise ValueError(f"{ENV}: bad entry {item!r}; expected POINT@N or "
-                             f"POINT@N:wID with POINT one of {POINTS}")
-        if who and who != f"w{worker_id}":
+        if point not in POINTS or not count.isdigit() or action and (
+                action not in ACTIONS):
+            raise ValueError(f"{ENV}: bad entry {item!r}; expected POINT@N[:WHO]"
+                             f"[=ACTION] with POINT one of {POINTS} and ACTION one "
+                             f"of {ACTIONS}")
+        if who and who != role:
             continue
-        plan[point] = int(count)
+        plan[point] = Fault(item, int(count), action or "kill")
     return plan
 
 
-def _load() -> dict[str, int]:
+def _load() -> dict[str, Fault]:
     global _plan
     if _plan is None:
-        _plan = _parse(os.environ.get(ENV, ""),
-                       os.environ.get("KERAS_ELASTIC_WORKER_ID", ""))
+        role = _role or f"w{os.environ.get('KERAS_ELASTIC_WORKER_ID', '')}"
+        _plan = _parse(os.environ.get(ENV, ""), role)
     return _plan
 
 
-def due(point: str) -> bool:
-    """Counts `point`; True if this is the time the plan says to die there.
+def _marker(fault: Fault) -> str | None:
+    directory = os.environ.get(DIR_ENV)
+    if not directory:
+        return None
+    name = "".join(c if c.isalnum() or c in "@_-" else "_" for c in fault.entry)
+    return os.path.join(directory, name + ".fired")
 
-    For points where the caller does part of the work first (see `die`)."""
-    plan = _load()
-    if point not in plan:
+
+def _first_time(fault: Fault) -> bool:
+    """Records that `fault` fires; False if it fired before in this job."""
+    marker = _marker(fault)
+    if marker is None:
+        return True
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
         return False
+    return True
+
+
+def due(point: str) -> str | None:
+    """Counts `point`; the action if this is the time the plan says to act
+    there (else None). For points where the caller does part of the work
+    first (see `act`)."""
+    plan = _load()
+    fault = plan.get(point)
+    if fault is None:
+        return None
     with _lock:
         _counts[point] = _counts.get(point, 0) + 1
-        return _counts[point] == plan[point]
+        if _counts[point] != fault.count or not _first_time(fault):
+            return None
+    return fault.action
+
+
+def act(point: str, action: str = "kill") -> None:
+    """Does `action` here, saying where."""
+    sys.stderr.write(f"keras_elastic fault injection: {action} at '{point}', "
+                     f"pid {os.getpid()}\n")
+    sys.stderr.flush()
+    if action == "hang":
+        threading.Event().wait()
+    os.kill(os.getpid(), signal.SIGSTOP if action == "freeze" else signal.SIGKILL)
 
 
 def die(point: str) -> None:
     """Kills this process with SIGKILL, saying where."""
-    sys.stderr.write(f"keras_elastic fault injection: SIGKILL at '{point}', "
-                     f"pid {os.getpid()}\n")
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    act(point, "kill")
 
 
 def reached(point: str) -> None:
-    """Counts `point`; kills this process if the plan says so."""
-    if due(point):
-        die(point)
+    """Counts `point`; acts if the plan says so."""
+    action = due(point)
+    if action is not None:
+        act(point, action)

@@ -50,6 +50,9 @@ from keras_elastic.common import auth, tls
 from keras_elastic.common import resolver as resolver_mod
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
+# The standard health-checking service's methods (answered without the token).
+HEALTH_METHODS = "/grpc.health.v1.Health/"
+
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -98,10 +101,18 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float) -> T:
 
 def make_server(max_workers: int = 32) -> grpc.Server:
     """A server that answers only calls carrying this process's job token
-    (`auth.job_token()`); others get UNAUTHENTICATED."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                       options=_OPTIONS,
-                       interceptors=[auth.TokenInterceptor(auth.job_token())])
+    (`auth.job_token()`); others get UNAUTHENTICATED. It serves the standard
+    health-checking service too (`grpc.health.v1.Health`, status SERVING,
+    answered without the token, as Kubernetes' and `grpc_health_probe`'s
+    probes expect): the launcher's liveness checks call it."""
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=_OPTIONS,
+                         interceptors=[auth.TokenInterceptor(
+                             auth.job_token(), exempt=(HEALTH_METHODS,))])
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    return server
 
 
 def check_bind(host: str, tls_on: bool, insecure: bool) -> None:

@@ -21,6 +21,8 @@ the other servers restore it too and the master rolls training back to its
 progress, so the job goes on from one consistent point, every element's
 gradient applied exactly once (workers wait for the server and carry on). A
 server that keeps dying (`max_ps_restarts`) fails the job with its log.
+The launcher decides whether to recover (`policy.py`); the steps of a
+recovery, in their order, are `recovery.py`'s.
 
 The job directory holds every process's log, `cluster.json` (for joining
 workers), `ps_checkpoints/`, `ledger.json` (every task completion) and
@@ -53,12 +55,12 @@ from keras_elastic.common.timing import PHASE_HELP, format_table
 from keras_elastic.launcher.backends import (
     BACKENDS,
     Backend,
-    ProcessStartError,
     RoleHandle,
     make_backend,
     start_service,
     start_services,
 )
+from keras_elastic.launcher.liveness import HealthProber
 from keras_elastic.launcher.policy import (
     FAIL_BUDGET,
     FAIL_SAME_FAILURE,
@@ -66,6 +68,7 @@ from keras_elastic.launcher.policy import (
     WAIT_FOR_ROOM,
     FailurePolicy,
     JobView,
+    ServiceLiveness,
     WorkerDeath,
     desired_workers,
     scale_steps,
@@ -75,10 +78,9 @@ from keras_elastic.launcher.ps_checkpoints import (
     AutoCheckpointer,
     latest_checkpoint,
 )
+from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
 from keras_elastic.master.client import MasterClient
 from keras_elastic.master.status import JobStatus
-from keras_elastic.ps.checkpoints import restore_servers
-from keras_elastic.ps.client import PSClient
 
 DESIRED_WORKERS_FILE = "desired_workers"
 JOURNAL_FILE = "master.journal"
@@ -93,6 +95,9 @@ class LaunchConfig:
     max_worker_restarts: int = 3
     grads_to_wait: int = 1
     heartbeat_timeout: float = 30.0
+    # A master or parameter server that answers no health check for this long
+    # is lost (killed, then recovered as if it had died).
+    liveness_timeout: float = 60.0
     max_task_retries: int = 3
     progress_interval: float = 10.0
     job_dir: str | None = None
@@ -162,6 +167,9 @@ class LaunchConfig:
         if self.ps_checkpoints_to_keep < 1:
             raise ValueError("--ps_checkpoints_to_keep must be >= 1, got "
                              f"{self.ps_checkpoints_to_keep}")
+        if self.liveness_timeout <= 0:
+            raise ValueError(f"--liveness_timeout must be positive, got "
+                             f"{self.liveness_timeout}")
         if self.connect_timeout <= 0:
             raise ValueError(f"--connect_timeout must be positive, got "
                              f"{self.connect_timeout}")
@@ -271,6 +279,10 @@ class Launcher:
         self.policy = FailurePolicy(config.max_worker_restarts, config.num_workers,
                                     config.max_ps_restarts, config.max_master_restarts)
         self.checkpointer: AutoCheckpointer | None = None
+        self.recovery = Recovery(self, config.num_ps)
+        interval = min(2.0, config.liveness_timeout / 5)
+        self.prober = HealthProber(ServiceLiveness(config.liveness_timeout, interval),
+                                   interval)
         self.finished_ok: list[int] = []
         self.error: str | None = None
         self.master: MasterClient | None = None
@@ -366,13 +378,16 @@ class Launcher:
         self.master = MasterClient(self.master_address, reconnect_timeout=3.0)
         self._write_cluster_file()
         if self.config.resume:
-            self._resume(resume_from)
+            self.resumed_from = self.recovery.resume(resume_from)
         self.checkpointer = AutoCheckpointer(
             self.ps_checkpoint_dir, self.ps_addresses, self.master,
             every_secs=self.config.ps_checkpoint_secs,
             every_versions=self.config.ps_checkpoint_versions,
             keep=self.config.ps_checkpoints_to_keep)
         self.checkpointer.start()
+        self.prober.set_targets({"master": self.master_address, **{
+            f"ps-{i}": a for i, a in enumerate(self.ps_addresses)}})
+        self.prober.start()
         logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
                      ", ".join(self.ps_addresses))
 
@@ -383,49 +398,35 @@ class Launcher:
                 f"--max_task_retries={self.config.max_task_retries}",
                 f"--max_workers={self.config.bounds[1]}"]
 
-    def _resume(self, checkpoint) -> None:
-        """Continues the job of the journal: the master has replayed it; the
-        servers hold the latest automatic checkpoint (paused), the master goes
-        back to that checkpoint's progress, then everything resumes."""
-        undone = self._rollback_and_resume(
-            checkpoint.extra.get("progress") if checkpoint is not None else None,
-            "the job is resumed")
-        logging.warning("resuming the job of %s from %s; completions undone: %s",
-                        self.journal_path, getattr(checkpoint, "path", None) or
-                        "the start (no parameter-server checkpoint)", undone)
-        self.resumed_from = {"checkpoint": getattr(checkpoint, "path", None),
-                             "completions_undone": undone}
-
-    def _rollback_and_resume(self, progress: dict | None, reason: str,
-                             prepare=None) -> dict:
-        """The master goes back to `progress` (after `prepare(client)` readied
-        the paused servers), then every server resumes with the rollback's
-        lease floor: claims of tasks handed out before it are refused. Returns
-        the completions undone."""
-        client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60,
-                          reconnect_timeout=60)
-        answer = None
-        try:
-            if prepare is not None:
-                prepare(client)
-            answer = self.master.rollback(progress, reason)
-        finally:
-            floor = answer.min_lease if answer is not None else 0
-            for j in range(self.config.num_ps):
-                try:
-                    client.resume(j, min_lease=floor)
-                except (ConnectionError, ValueError) as e:
-                    logging.error("could not resume parameter server %d: %s", j, e)
-            client.close()
-        return dict(answer.undone)
-
     # -- master recovery ------------------------------------------------------
+    def _exit_or_lost(self, role: str, proc: RoleHandle) -> tuple[int, str] | None:
+        """(exit code, reason) if the service `role` exited, or answered no
+        health check for --liveness_timeout seconds: then it is killed first
+        (fencing: a frozen process must not wake up into the job after it
+        was replaced), and waited for. None while it lives and answers."""
+        code = proc.poll()
+        if code is not None:
+            return code, proc.describe_exit(code)
+        if role not in self.prober.lost():
+            return None
+        silent = self.prober.silent_for(role)
+        logging.warning("%s (pid %s) answered no health check for %.0f s "
+                        "(--liveness_timeout=%g): killing it", role, proc.pid, silent,
+                        self.config.liveness_timeout)
+        proc.kill()
+        deadline = time.monotonic() + 30
+        while (code := proc.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return (-9 if code is None else code), (
+            f"answered no health check for {silent:.0f} s (--liveness_timeout="
+            f"{self.config.liveness_timeout:g}) and was killed")
+
     def _check_master(self) -> None:
-        code = self.master_proc.poll()
-        if code is None:
+        exited = self._exit_or_lost("master", self.master_proc)
+        if exited is None:
             return
         self.master_proc.close()
-        reason = self.master_proc.describe_exit(code)
+        _, reason = exited
         if not self.policy.restart_service("master", self.master_restarts):
             self.error = (f"the master {reason} and was already restarted "
                           f"{self.master_restarts} time(s) (--max_master_restarts="
@@ -434,44 +435,17 @@ class Launcher:
                           f"{self.master_proc.tail()}")
             return
         self.master_restarts += 1
-        started = time.time()
         logging.warning("the master %s; restarting it from its journal (restart %d "
                         "of %d)", reason, self.master_restarts,
                         self.config.max_master_restarts)
-        # Its old port locally; on a cluster it may land on another node.
-        port = (int(self.master_address.rsplit(":", 1)[1])
-                if self.backend.keeps_addresses else 0)
-        for attempt in range(10):
-            try:
-                self.master_proc, info = self._start_service(
-                    "master", "keras_elastic.master", self._master_args(port))
-                break
-            except ProcessStartError as e:
-                if attempt == 9 or "journal" in str(e):
-                    self.error = f"the master could not be restarted: {e}"
-                    return
-                time.sleep(0.5)  # the port may linger a moment
-        address = self._advertised(info["address"])
-        if address != self.master_address:
-            self._master_moved(address)
-        self._write_cluster_file()
-        record = {"reason": reason, "seconds": round(time.time() - started, 2),
-                  "at": time.time()}
+        try:
+            record = self.recovery.restart_master(reason)
+        except RecoveryFailed as e:
+            self.error = str(e)
+            return
+        self.prober.set_target("master", self.master_address)
         self.master_recoveries.append(record)
         logging.warning("the master is back in %.1f s", record["seconds"])
-
-    def _master_moved(self, address: str) -> None:
-        """The restarted master listens elsewhere: the launcher's clients follow
-        (workers find it in cluster.json)."""
-        logging.warning("the master moved from %s to %s", self.master_address, address)
-        self.master_address = address
-        old = self.master
-        self.master = MasterClient(address, reconnect_timeout=3.0)
-        if self.checkpointer is not None:
-            self.checkpointer.pause()
-            self.checkpointer.master = self.master
-            self.checkpointer.resume()
-        old.close()
 
     def _report_dead(self, worker_id: int, reason: str) -> None:
         """Tells the master a worker is gone (later, if the master is down)."""
@@ -534,18 +508,17 @@ class Launcher:
     # -- parameter-server recovery ------------------------------------------
     def _check_ps(self) -> None:
         for i, proc in enumerate(self.ps_procs):
-            code = proc.poll()
-            if code is not None:
-                self._recover_ps(i, code)
+            exited = self._exit_or_lost(f"ps-{i}", proc)
+            if exited is not None:
+                self._recover_ps(i, exited[1])
                 if self.error:
                     return
 
-    def _recover_ps(self, i: int, code: int) -> None:
+    def _recover_ps(self, i: int, reason: str) -> None:
         """Restarts parameter server `i` on its address from the latest
         automatic checkpoint; the other servers and the master go back to it."""
         proc = self.ps_procs[i]
         proc.close()
-        reason = proc.describe_exit(code)
         if not self.policy.restart_service("ps", self.ps_restarts):
             self.error = (f"parameter server {i} {reason} and was already restarted "
                           f"{self.ps_restarts} time(s) (--max_ps_restarts="
@@ -553,66 +526,20 @@ class Launcher:
                           f"ends with:\n{proc.tail()}")
             return
         self.ps_restarts += 1
-        started = time.time()
         logging.warning("parameter server %d %s; restarting it (restart %d of %d)", i,
                         reason, self.ps_restarts, self.config.max_ps_restarts)
-        self.checkpointer.pause()
         try:
-            checkpoint = self.checkpointer.latest()
-            # Its old port locally; on a cluster it may land on another node.
-            port = (int(self.ps_addresses[i].rsplit(":", 1)[1])
-                    if self.backend.keeps_addresses else 0)
-            args = self._ps_args(i, port)
-            if checkpoint is not None:
-                # Paused until the master has rolled back too (see below).
-                args += [f"--restore_from={checkpoint.path}", "--paused"]
-            for attempt in range(5):
-                try:
-                    self.ps_procs[i], info = self._start_service(
-                        f"ps-{i}", "keras_elastic.ps", args)
-                    break
-                except ProcessStartError as e:
-                    if attempt == 4:
-                        self.error = f"parameter server {i} could not be restarted: {e}"
-                        return
-                    time.sleep(1.0)
-            address = self._advertised(info["address"])
-            if address != self.ps_addresses[i]:
-                logging.warning("parameter server %d moved from %s to %s", i,
-                                self.ps_addresses[i], address)
-                self.ps_addresses[i] = address
-                self.checkpointer.set_ps_addresses(self.ps_addresses)
-            # Clients waiting for it find its address there (it is paused
-            # until the rollback below is done).
-            self._write_cluster_file()
-            undone = {}
-            if checkpoint is not None:
-                # One consistent point: every other server goes back too, then
-                # the master's progress.
-                # Every server is paused meanwhile: no worker claims, pushes or
-                # pulls against the restored state while the master still hands
-                # out tasks from before the rollback.
-                others = [j for j in range(self.config.num_ps) if j != i]
-
-                def restore_others(client: PSClient) -> None:
-                    restore_servers(client, others, checkpoint.path)
-
-                undone = self._rollback_and_resume(
-                    checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
-                    prepare=restore_others)
-            self._write_cluster_file()
-            record = {"ps": i, "reason": reason, "checkpoint": getattr(
-                checkpoint, "path", None), "completions_undone": undone,
-                "seconds": round(time.time() - started, 2), "at": time.time()}
+            record = self.recovery.recover_ps(i, reason)
+        except RecoveryFailed as e:
+            self.error = str(e)
+            return
+        self.prober.set_target(f"ps-{i}", self.ps_addresses[i])
+        if record is not None:
             self.recoveries.append(record)
             logging.warning("parameter server %d is back from %s in %.1f s; tasks "
                             "undone: %s", i, record["checkpoint"] or "nothing (it was "
-                            "never initialized)", record["seconds"], undone)
-        except (ConnectionError, ValueError) as e:
-            # Another server died meanwhile: the next check recovers it.
-            logging.error("recovery of parameter server %d was interrupted: %s", i, e)
-        finally:
-            self.checkpointer.resume()
+                            "never initialized)", record["seconds"],
+                            record["completions_undone"])
 
     def _start_worker(self) -> int:
         worker_id = self.next_worker_id
@@ -622,6 +549,7 @@ class Launcher:
         env.update(cluster_env.to_env(self.master_address, self.ps_addresses, worker_id,
                                       self.job_dir))
         env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
+        env[cluster_env.LIVENESS_TIMEOUT] = str(self.config.liveness_timeout)
         for server_only in (tls.CERT_ENV, tls.KEY_ENV):  # a worker is a client
             env.pop(server_only, None)
         self.workers[worker_id] = self.backend.start(
@@ -877,6 +805,7 @@ class Launcher:
         return "\n".join(lines)
 
     def _shutdown(self) -> None:
+        self.prober.stop()
         if self.checkpointer is not None:
             self.checkpointer.stop()
         for proc in self.workers.values():

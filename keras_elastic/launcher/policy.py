@@ -13,7 +13,10 @@ Train's `FailurePolicy` and torch elastic's agent:
   or fail the job (its restart budget spent);
 - `desired_workers` and `scale_steps`: how many workers the job should have
   (`--num_workers`, `keras-elastic scale`, nodes that joined) and what to
-  start or stop to get there.
+  start or stop to get there;
+- `ServiceLiveness`: which service (the master, a parameter server) has not
+  answered a health check for `--liveness_timeout` seconds, and is lost
+  although its process lives (frozen, deadlocked, cut off).
 
 Example:
 
@@ -173,3 +176,59 @@ def scale_steps(running: int, pending: int, desired: int, room: int | None) -> S
     pending -= drop
     stop = max(0, running + pending - desired)
     return ScaleSteps(fill_pending=fill, start=start, drop_pending=drop, stop=stop)
+
+
+class ServiceLiveness:
+    """When a service that still runs is lost: no health check answered for
+    `timeout` seconds. The clock is the caller's (monotonic seconds), so the
+    rule is tested without processes or waiting.
+
+    One missed answer is nothing (a long GC pause, a busy server): only
+    `timeout` seconds of silence count. Time the observer itself did not run
+    (the launcher's machine or process stalled: `observed` is called every
+    `interval` seconds, and a gap much longer than that is the observer's
+    own) is not counted as the services' silence.
+
+    >>> live = ServiceLiveness(timeout=60, interval=2)
+    >>> live.started("ps-0", now=0.0)
+    >>> live.observed({"ps-0": False}, now=2.0)
+    >>> live.observed({"ps-0": False}, now=61.0)  # a stall of the observer
+    >>> live.lost(now=61.0)
+    []
+    >>> for t in range(63, 125, 2):
+    ...     live.observed({"ps-0": False}, now=float(t))
+    >>> live.lost(now=123.0)
+    ['ps-0']
+    """
+
+    def __init__(self, timeout: float, interval: float) -> None:
+        self.timeout = timeout
+        self.interval = interval
+        self._last_ok: dict[str, float] = {}
+        self._last_observed: float | None = None
+
+    def started(self, role: str, now: float) -> None:
+        """A service (re)started: its silence counts from `now`."""
+        self._last_ok[role] = now
+
+    def forget(self, role: str) -> None:
+        self._last_ok.pop(role, None)
+
+    def observed(self, answers: dict[str, bool], now: float) -> None:
+        """A round of health checks: `{role: answered SERVING}`."""
+        if self._last_observed is not None:
+            stalled = now - self._last_observed - self.interval
+            if stalled > 2 * self.interval:
+                for role in self._last_ok:
+                    self._last_ok[role] += stalled
+        self._last_observed = now
+        for role, ok in answers.items():
+            if ok or role not in self._last_ok:
+                self._last_ok[role] = now
+
+    def silent_for(self, role: str, now: float) -> float:
+        return now - self._last_ok.get(role, now)
+
+    def lost(self, now: float) -> list[str]:
+        """The services silent for `timeout` seconds or more."""
+        return sorted(r for r, t in self._last_ok.items() if now - t >= self.timeout)

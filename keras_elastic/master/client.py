@@ -15,7 +15,7 @@ from collections.abc import Callable
 import grpc
 from absl import logging
 
-from keras_elastic.common import errors, rpc
+from keras_elastic.common import cluster_env, errors, rpc
 from keras_elastic.master.status import JobStatus
 from keras_elastic.proto import master_pb2, master_pb2_grpc
 
@@ -49,9 +49,10 @@ class MasterClient:
         self._heartbeat_thread: threading.Thread | None = None
 
     def _call(self, method: str, request, timeout: float | None = 60.0):
+        deadline = None if timeout is None else cluster_env.call_deadline(timeout)
         try:
             return rpc.retry_unreachable(
-                lambda: getattr(self._stub, method)(request, timeout=timeout),
+                lambda: getattr(self._stub, method)(request, timeout=deadline),
                 f"the master at {self.address}", self.reconnect_timeout)
         except grpc.RpcError as e:
             code = e.code()

@@ -14,7 +14,7 @@ import sys
 
 from absl import flags, logging
 
-from keras_elastic.common import rpc, rpc_service
+from keras_elastic.common import faults, rpc, rpc_service
 from keras_elastic.master.servicer import MasterServicer
 from keras_elastic.proto import master_pb2
 
@@ -66,6 +66,7 @@ def main(argv) -> None:
     # the default 5 ms (a waiting handler otherwise stalls; measured by
     # bench/bench_master.py: +10-25% tasks/s).
     sys.setswitchinterval(0.001)
+    faults.set_role("master")
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
                           FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal)
     logging.info("master serving at %s", server.address)

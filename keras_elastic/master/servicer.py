@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 from absl import logging
 
+from keras_elastic.common import faults
 from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.journal import Journal
 from keras_elastic.master.status import JobStatus
@@ -425,6 +426,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 self._cond.wait(remaining)
 
     def GetTask(self, request, context):
+        faults.reached("master_task")
         kinds = master_pb2.GetTaskResponse
         if request.done_task_ids:
             self._piggybacked_report(request, context)

@@ -34,7 +34,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import faults, rpc
+from keras_elastic.common import cluster_env, faults, rpc
 from keras_elastic.common.resolver import ClusterResolver
 from keras_elastic.common.tensor_codec import (
     FrameParser,
@@ -443,11 +443,12 @@ class PSClient:
             extra = {i for i in range(self.num_ps) if changes[i]} - set(targets)
             targets += sorted(extra)
         targets = list(targets)
-        if targets and (grads or sparse) and faults.due("mid_push"):
+        action = targets and (grads or sparse) and faults.due("mid_push")
+        if action:
             # Fault injection (tests): the first server gets the push, then this
             # process dies before the others do and before it sees the reply.
             push_one(targets[0])
-            faults.die("mid_push")
+            faults.act("mid_push", action)
         merged: dict[str, np.ndarray] = {}
         statuses: dict[int, str] = {}
         for i, (status, values) in zip(targets, self._map(push_one, targets)):
@@ -475,7 +476,7 @@ class PSClient:
             return self._call(i, "Claim", lambda: self._stubs[i].Claim(
                 ps_pb2.ClaimRequest(dataset=dataset, epoch=epoch, task_id=task_id,
                                     lease=lease, worker_id=self.worker_id),
-                timeout=60))
+                timeout=cluster_env.call_deadline(60)))
 
         replies = self._map(claim_one, range(self.num_ps))
         if not all(r.ok for r in replies):

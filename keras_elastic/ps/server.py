@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from keras_elastic.common import rpc, rpc_service
+from keras_elastic.common import faults, rpc, rpc_service
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
@@ -71,6 +71,7 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     del argv
+    faults.set_role(f"ps{FLAGS.ps_index}")
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness,
                              FLAGS.restore_from, FLAGS.init_checkpoint_dir,

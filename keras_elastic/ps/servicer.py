@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import errors
+from keras_elastic.common import errors, faults
 from keras_elastic.common.tensor_codec import (
     TensorError,
     chunk_fields,
@@ -285,6 +285,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return version if incarnation == self.store.incarnation else -1
 
     def _push(self, header, tensors, context, method: str = "Push"):
+        faults.reached("ps_push")
         grads = {n: v for n, v in tensors.items()
                  if not n.startswith((ASSIGN_PREFIX, SPARSE_PREFIX))}
         assigns = {n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()

@@ -1,0 +1,216 @@
+"""The recovery sequences of the job's services: what the launcher does, step
+by step, once its policy (`policy.py`) decided that a master or a parameter
+server must be replaced, and when a job is resumed.
+
+- `restart_master`: a new master on the old address (locally; elsewhere on a
+  cluster), which replays its journal; the launcher's clients follow it.
+- `recover_ps`: automatic checkpoints paused; the lost server restarted from
+  the latest automatic checkpoint, paused; every other server restores the
+  same checkpoint; the master rolls back to its progress; every server
+  resumes with the rollback's lease floor (claims of tasks handed out
+  before it are refused). The job goes on from one consistent point.
+- `resume`: `--resume` of a stopped job: the same rollback, from the
+  checkpoint the servers were started with.
+
+The order is what makes a recovery exact, so it lives here, in one place;
+the launcher only decides *whether* (restart budgets) and records *what
+happened*. The sequences see the launcher through `ServiceHost`.
+
+Example:
+
+```python
+recovery = Recovery(launcher)
+record = recovery.recover_ps(0, "exited with code -9")
+```
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from absl import logging
+
+from keras_elastic.common.errors import ClusterError
+from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
+from keras_elastic.launcher.ps_checkpoints import AutoCheckpointer
+from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.checkpoints import restore_servers
+from keras_elastic.ps.client import PSClient
+
+
+class RecoveryFailed(ClusterError):
+    """A service could not be brought back: the job fails with this message."""
+
+
+class ServiceHost(Protocol):
+    """What the recovery sequences use of the launcher."""
+
+    backend: Backend
+    checkpointer: AutoCheckpointer
+    master: MasterClient
+    master_proc: RoleHandle
+    master_address: str
+    ps_procs: list[RoleHandle]
+    ps_addresses: list[str]
+
+    def _start_service(self, name: str, module: str, args: list[str]
+                       ) -> tuple[RoleHandle, dict]: ...
+
+    def _advertised(self, address: str) -> str: ...
+
+    def _master_args(self, port: int = 0) -> list[str]: ...
+
+    def _ps_args(self, i: int, port: int = 0) -> list[str]: ...
+
+    def _write_cluster_file(self) -> None: ...
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+class Recovery:
+    """The sequences of the module docstring, over a `ServiceHost`."""
+
+    def __init__(self, host: ServiceHost, num_ps: int) -> None:
+        self.host = host
+        self.num_ps = num_ps
+
+    # -- the master -----------------------------------------------------------
+    def restart_master(self, reason: str) -> dict[str, Any]:
+        """Starts a new master (it replays the journal); returns the record
+        of the recovery. Raises RecoveryFailed."""
+        host = self.host
+        started = time.time()
+        # Its old port locally; on a cluster it may land on another node.
+        port = _port(host.master_address) if host.backend.keeps_addresses else 0
+        for attempt in range(10):
+            try:
+                host.master_proc, info = host._start_service(
+                    "master", "keras_elastic.master", host._master_args(port))
+                break
+            except ProcessStartError as e:
+                if attempt == 9 or "journal" in str(e):
+                    raise RecoveryFailed(f"the master could not be restarted: {e}"
+                                         ) from e
+                time.sleep(0.5)  # the port may linger a moment
+        address = host._advertised(info["address"])
+        if address != host.master_address:
+            self._master_moved(address)
+        host._write_cluster_file()
+        return {"reason": reason, "seconds": round(time.time() - started, 2),
+                "at": time.time()}
+
+    def _master_moved(self, address: str) -> None:
+        """The restarted master listens elsewhere: the launcher's clients follow
+        (workers find it in cluster.json)."""
+        host = self.host
+        logging.warning("the master moved from %s to %s", host.master_address, address)
+        host.master_address = address
+        old = host.master
+        host.master = MasterClient(address, reconnect_timeout=3.0)
+        if host.checkpointer is not None:
+            host.checkpointer.pause()
+            host.checkpointer.master = host.master
+            host.checkpointer.resume()
+        old.close()
+
+    # -- a parameter server ---------------------------------------------------
+    def recover_ps(self, i: int, reason: str) -> dict[str, Any] | None:
+        """Restarts parameter server `i` from the latest automatic checkpoint;
+        the other servers and the master go back to it. Returns the record of
+        the recovery, or None if it was interrupted (another server died
+        meanwhile: the next check recovers that one). Raises RecoveryFailed."""
+        host = self.host
+        started = time.time()
+        host.checkpointer.pause()
+        try:
+            checkpoint = host.checkpointer.latest()
+            # Its old port locally; on a cluster it may land on another node.
+            port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
+            args = host._ps_args(i, port)
+            if checkpoint is not None:
+                # Paused until the master has rolled back too (see below).
+                args += [f"--restore_from={checkpoint.path}", "--paused"]
+            for attempt in range(5):
+                try:
+                    host.ps_procs[i], info = host._start_service(
+                        f"ps-{i}", "keras_elastic.ps", args)
+                    break
+                except ProcessStartError as e:
+                    if attempt == 4:
+                        raise RecoveryFailed(
+                            f"parameter server {i} could not be restarted: {e}") from e
+                    time.sleep(1.0)
+            address = host._advertised(info["address"])
+            if address != host.ps_addresses[i]:
+                logging.warning("parameter server %d moved from %s to %s", i,
+                                host.ps_addresses[i], address)
+                host.ps_addresses[i] = address
+                host.checkpointer.set_ps_addresses(host.ps_addresses)
+            # Clients waiting for it find its address there (it is paused
+            # until the rollback below is done).
+            host._write_cluster_file()
+            undone = {}
+            if checkpoint is not None:
+                # One consistent point: every other server goes back too, then
+                # the master's progress. Every server is paused meanwhile: no
+                # worker claims, pushes or pulls against the restored state
+                # while the master still hands out tasks from before the
+                # rollback.
+                others = [j for j in range(self.num_ps) if j != i]
+                undone = self.rollback_and_resume(
+                    checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
+                    prepare=lambda client: restore_servers(client, others,
+                                                           checkpoint.path))
+            host._write_cluster_file()
+            return {"ps": i, "reason": reason,
+                    "checkpoint": getattr(checkpoint, "path", None),
+                    "completions_undone": undone,
+                    "seconds": round(time.time() - started, 2), "at": time.time()}
+        except (ConnectionError, ValueError) as e:
+            logging.error("recovery of parameter server %d was interrupted: %s", i, e)
+            return None
+        finally:
+            host.checkpointer.resume()
+
+    # -- the job --------------------------------------------------------------
+    def resume(self, checkpoint) -> dict[str, Any]:
+        """Continues the job of the journal: the master has replayed it; the
+        servers hold the latest automatic checkpoint (paused), the master goes
+        back to that checkpoint's progress, then everything resumes. Returns
+        what the summary records."""
+        undone = self.rollback_and_resume(
+            checkpoint.extra.get("progress") if checkpoint is not None else None,
+            "the job is resumed")
+        path = getattr(checkpoint, "path", None)
+        logging.warning("resuming the job from %s; completions undone: %s",
+                        path or "the start (no parameter-server checkpoint)", undone)
+        return {"checkpoint": path, "completions_undone": undone}
+
+    def rollback_and_resume(self, progress: dict | None, reason: str,
+                            prepare: Callable[[PSClient], None] | None = None
+                            ) -> dict[str, int]:
+        """The master goes back to `progress` (after `prepare(client)` readied
+        the paused servers), then every server resumes with the rollback's
+        lease floor: claims of tasks handed out before it are refused. Returns
+        the completions undone."""
+        host = self.host
+        client = PSClient(host.ps_addresses, worker_id=-1, connect_timeout=60,
+                          reconnect_timeout=60)
+        answer = None
+        try:
+            if prepare is not None:
+                prepare(client)
+            answer = host.master.rollback(progress, reason)
+        finally:
+            floor = answer.min_lease if answer is not None else 0
+            for j in range(self.num_ps):
+                try:
+                    client.resume(j, min_lease=floor)
+                except (ConnectionError, ValueError) as e:
+                    logging.error("could not resume parameter server %d: %s", j, e)
+            client.close()
+        return dict(answer.undone)

@@ -1,0 +1,69 @@
+"""A role that hangs is a role that died (issue 25): liveness of every role.
+
+A parameter server or the master that freezes for good (SIGSTOP of itself at
+a fault-injection point, so the moment is exact) answers no health check;
+after `--liveness_timeout` the launcher kills it (it does not outlive the
+job) and recovers it as if it had died, and the counting model is exact.
+"""
+
+import json
+import os
+import re
+
+import pytest
+from counting_jobs import check_exact, counting_job, write_data
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_data(str(tmp_path_factory.mktemp("counting")))
+
+
+def frozen_pid(log_path) -> int:
+    """The pid the fault injection froze, from the role's log."""
+    text = open(log_path).read()
+    found = re.findall(r"fault injection: freeze at '\w+', pid (\d+)", text)
+    assert len(found) == 1, text[-3000:]
+    return int(found[0])
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_a_parameter_server_frozen_for_good_is_killed_and_recovered(
+        tmp_path, data, num_ps):
+    victim = num_ps - 1
+    out, result = counting_job(
+        tmp_path, data, f"--num_ps={num_ps}", "--ps_checkpoint_secs=1",
+        "--liveness_timeout=5", faults=f"ps_push@40:ps{victim}=freeze")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["ps_restarts"] == 1 and summary["workers_lost"] == 0, summary
+    recovery = summary["ps_recoveries"][0]
+    assert recovery["ps"] == victim
+    assert "answered no health check" in recovery["reason"], recovery
+    assert f"ps-{victim} (pid " in output and "killing it" in output
+    check_exact(tmp_path, out, output)
+    # The frozen process was killed: it does not outlive the job.
+    assert_gone(frozen_pid(tmp_path / "job" / f"ps-{victim}.log"))
+
+
+def test_the_master_frozen_for_good_is_killed_and_restarted(tmp_path, data):
+    out, result = counting_job(
+        tmp_path, data, "--num_ps=1", "--liveness_timeout=5",
+        faults="master_task@20:master=freeze")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["master_restarts"] == 1, summary
+    assert "answered no health check" in summary["master_recoveries"][0]["reason"]
+    # The workers waited for the new master: none was lost for its fault.
+    assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, summary
+    check_exact(tmp_path, out, output)
+    assert_gone(frozen_pid(tmp_path / "job" / "master.log"))

@@ -80,6 +80,14 @@ def test_calls_without_the_token_are_refused_and_change_nothing(token, caplog):
                 call()
             assert refused.value.code() == UNAUTHENTICATED, name
             assert "missing or wrong job token" in refused.value.details(), name
+        # The standard health check answers without the token (what the
+        # launcher and Kubernetes' gRPC probes call), and tells nothing more.
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        for channel in channels:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
         for channel in channels:
             channel.close()
         # Logged, naming the method and the caller.

@@ -16,6 +16,7 @@ from keras_elastic.launcher.policy import (
     FailurePolicy,
     JobView,
     ScaleSteps,
+    ServiceLiveness,
     WorkerDeath,
     desired_workers,
     scale_steps,
@@ -110,3 +111,56 @@ def test_scale_steps(running, pending, desired, room, steps):
     after = running + got.fill_pending + got.start - got.stop
     left = pending - got.fill_pending - got.drop_pending
     assert after + left == desired or (room is not None and after + left < desired)
+
+
+# -- liveness of the services (issue 25) ------------------------------------
+def test_a_service_is_lost_after_timeout_seconds_without_an_answer():
+    live = ServiceLiveness(timeout=60, interval=2)
+    live.started("master", 0.0)
+    live.started("ps-0", 0.0)
+    for t in range(2, 60, 2):
+        live.observed({"master": True, "ps-0": False}, float(t))
+        assert live.lost(float(t)) == []
+    live.observed({"master": True, "ps-0": False}, 60.0)
+    assert live.lost(60.0) == ["ps-0"]
+    assert live.silent_for("ps-0", 60.0) == 60.0 and live.silent_for("master", 60.0) == 0
+
+
+def test_one_missed_answer_or_a_slow_stretch_is_not_a_loss():
+    """A long GC pause: answers missing for 50 s of a 60 s timeout, then back."""
+    live = ServiceLiveness(timeout=60, interval=2)
+    live.started("ps-0", 0.0)
+    for t in range(2, 52, 2):
+        live.observed({"ps-0": False}, float(t))
+    live.observed({"ps-0": True}, 52.0)
+    for t in range(54, 110, 2):
+        live.observed({"ps-0": t % 20 != 0}, float(t))  # now and then a miss
+        assert live.lost(float(t)) == []
+
+
+def test_a_restarted_service_counts_from_its_start():
+    live = ServiceLiveness(timeout=10, interval=1)
+    live.started("ps-1", 0.0)
+    for t in range(1, 11):
+        live.observed({"ps-1": False}, float(t))
+    assert live.lost(10.0) == ["ps-1"]
+    live.started("ps-1", 10.0)  # killed and replaced
+    assert live.lost(10.0) == [] and live.lost(19.0) == []
+    live.forget("ps-1")
+    assert live.lost(100.0) == []
+
+
+def test_the_observers_own_stall_is_not_the_services_silence():
+    """The launcher's process stopped for 300 s (a swapped-out VM): the
+    services' clocks move with it; real silence afterwards still counts."""
+    live = ServiceLiveness(timeout=60, interval=2)
+    live.started("master", 0.0)
+    live.observed({"master": True}, 2.0)
+    live.observed({"master": False}, 302.0)
+    assert live.lost(302.0) == []
+    # Silence counts from one interval after the last answer before the stall.
+    for t in range(304, 360, 2):
+        live.observed({"master": False}, float(t))
+    assert live.lost(358.0) == []
+    live.observed({"master": False}, 360.0)
+    assert live.lost(360.0) == ["master"]

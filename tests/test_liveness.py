@@ -67,3 +67,27 @@ def test_the_master_frozen_for_good_is_killed_and_restarted(tmp_path, data):
     assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, summary
     check_exact(tmp_path, out, output)
     assert_gone(frozen_pid(tmp_path / "job" / "master.log"))
+
+
+def test_a_worker_whose_training_thread_hangs_is_lost_killed_and_replaced(
+        tmp_path, data):
+    """Worker 1's training thread blocks for good after a push (its heartbeat
+    thread goes on): the master sees no progress on its task for longer
+    than the job's tasks take, requeues it and declares the worker lost; the
+    launcher kills the process and relaunches a worker; the model is exact."""
+    out, result = counting_job(
+        tmp_path, data, "--num_ps=1", "--liveness_timeout=5",
+        faults="after_push@6:w1=hang")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "fault injection: hang at 'after_push'" in (
+        tmp_path / "job" / "worker-1.log").read_text()
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["workers"]["lost_ids"] == [1], summary["workers"]
+    assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1, summary
+    assert summary["datasets"]["training"]["requeued"] >= 1
+    assert "worker 1 (pid " in output and "was declared lost by the master" in output
+    master_log = (tmp_path / "job" / "master.log").read_text()
+    assert re.search(r"worker 1 lost \(no progress: task \d+ of 'training' held for "
+                     r"\d+ s, while its tasks take [\d.]+ s on average\)", master_log)
+    check_exact(tmp_path, out, output)

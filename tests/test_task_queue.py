@@ -176,3 +176,64 @@ def test_a_frozen_master_process_does_not_count_its_stall_as_worker_silence():
         lost += servicer.check_liveness(now, 1.0)
     assert lost == [0]
     assert servicer._workers[0]["state"] == "lost"
+
+
+def test_a_task_held_far_longer_than_the_datasets_tasks_take_is_overdue(monkeypatch):
+    """No progress (issue 25): once a dataset has a few completions, a worker
+    that holds a task for more than 4x their mean (2x the longest, and never
+    less than the floor) is overdue; a stall of the master is not counted."""
+    from keras_elastic.master import task_queue
+
+    clock = [1000.0]
+    monkeypatch.setattr(task_queue.time, "monotonic", lambda: clock[0])
+    ds = DatasetTasks(spec(num_records=40, per_task=4, epochs=1))
+    for _ in range(4):  # four tasks of 2 s each: too few before the fourth
+        assert ds.overdue(clock[0] + 1e6, floor=5.0) == {}
+        task, _, _ = ds.next_task(worker=0, epoch=0, waiting={})
+        clock[0] += 2.0
+        ds.report_done(0, [task.task_id])
+    assert list(ds.durations) == [2.0] * 4
+    held = {w: ds.next_task(worker=w, epoch=0, waiting={})[0].task_id for w in (0, 1)}
+    clock[0] += 7.9          # 4 x 2 s = 8 s allowed
+    assert ds.overdue(clock[0], floor=5.0) == {}
+    clock[0] += 0.2
+    assert ds.overdue(clock[0], floor=5.0) == {
+        0: (held[0], pytest.approx(8.1)), 1: (held[1], pytest.approx(8.1))}
+    assert ds.overdue(clock[0], floor=30.0) == {}  # the floor rules
+    ds.shift_hand_outs(100.0)     # the master was frozen for 100 s
+    assert ds.overdue(clock[0], floor=5.0) == {}
+    assert ds.overdue(clock[0] + 100.0, floor=5.0) == {
+        0: (held[0], pytest.approx(8.1)), 1: (held[1], pytest.approx(8.1))}
+    # A slow task that completes raises the yardstick (2 x the longest).
+    clock[0] += 100.0
+    ds.report_done(1, [held[1]])
+    assert ds.durations[-1] == pytest.approx(8.1)
+    assert ds.overdue(clock[0], floor=5.0) == {}
+
+
+def test_the_master_declares_a_worker_without_progress_lost(monkeypatch):
+    """Its heartbeats arrive, but its task does not move: lost, the task
+    requeued, and the status names it (the launcher then kills it)."""
+    from keras_elastic.master import task_queue
+    from keras_elastic.master.servicer import MasterServicer
+    from keras_elastic.proto import master_pb2
+
+    servicer = MasterServicer(heartbeat_timeout=30.0, progress_timeout=5.0)
+    servicer.stop()
+    for w in (0, 1):
+        servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=w), None)
+    servicer.RegisterDataset(master_pb2.RegisterDatasetRequest(
+        dataset="train", mode="training", records_per_task=4, num_epochs=1,
+        shards=[master_pb2.Shard(name="a", num_records=40)]), None)
+    ds = servicer._datasets["train"]
+    ds.durations.extend([1.0] * 4)
+    task, _, _ = ds.next_task(worker=1, epoch=0, waiting={})
+    now = task_queue.time.monotonic()
+    for w in (0, 1):
+        servicer._workers[w]["last_seen"] = now + 10  # heartbeats keep coming
+    assert servicer.check_liveness(now + 4.0, 1.0) == []
+    assert servicer.check_liveness(now + 5.5, 1.0) == [1]
+    assert servicer._workers[1]["state"] == "lost"
+    assert ds.requeued == 1 and task.task_id not in ds.doing
+    workers = servicer.status()["workers"]
+    assert workers["lost_ids"] == [1] and workers["alive"] == [0]

@@ -273,6 +273,7 @@ class Launcher:
         self.master_recoveries: list[dict] = []
         self.resumed_from: dict | None = None
         self._pending_dead: list[tuple[int, str]] = []  # not yet told to the master
+        self._fenced: set[int] = set()  # workers killed because the master lost them
         self.recoveries: list[dict] = []
         # Every worker death, for the failure policy (launcher/policy.py).
         self.failures: list[WorkerDeath] = []
@@ -395,6 +396,7 @@ class Launcher:
         return [f"--host={self.backend.service_host()}", f"--port={port}",
                 f"--journal={self.journal_path}",
                 f"--heartbeat_timeout={self.config.heartbeat_timeout}",
+                f"--progress_timeout={self.config.liveness_timeout}",
                 f"--max_task_retries={self.config.max_task_retries}",
                 f"--max_workers={self.config.bounds[1]}"]
 
@@ -636,6 +638,20 @@ class Launcher:
                             worker_id, new_id, self.restarts,
                             self.config.max_worker_restarts)
 
+    def _fence_lost_workers(self, status: JobStatus) -> None:
+        """Kills the workers the master declared lost whose process still runs
+        (no heartbeat, or no progress on a task: a deadlocked training
+        thread): their tasks went to others, and the process must not wake up
+        into the job. The death is then handled as any other (relaunch)."""
+        for worker_id in status.workers.lost_ids:
+            proc = self.workers.get(worker_id)
+            if proc is None or worker_id in self._fenced or proc.poll() is not None:
+                continue
+            logging.warning("worker %d (pid %s) was declared lost by the master while "
+                            "its process runs: killing it", worker_id, proc.pid)
+            self._fenced.add(worker_id)
+            proc.kill()
+
     def _job_over(self) -> bool:
         """A worker finished the script (exit 0): no worker is started any more,
         neither to replace a lost one nor to scale up.
@@ -731,6 +747,7 @@ class Launcher:
                 if status.error:
                     self.error = f"the master failed the job: {status.error}"
                     break
+                self._fence_lost_workers(status)
                 if not self.workers and self.finished_ok and not status.workers.alive:
                     break  # every worker is done, joined ones included
                 self._scale()

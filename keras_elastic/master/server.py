@@ -24,10 +24,12 @@ class MasterServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
-                 max_workers: int = 0, journal: str | None = None) -> None:
+                 max_workers: int = 0, journal: str | None = None,
+                 progress_timeout: float = 60.0) -> None:
         self.servicer = MasterServicer(heartbeat_timeout=heartbeat_timeout,
                                        max_task_retries=max_task_retries,
-                                       max_workers=max_workers, journal_path=journal)
+                                       max_workers=max_workers, journal_path=journal,
+                                       progress_timeout=progress_timeout)
         self._server = rpc.make_server(max_workers=64)
         rpc_service.add_service(self._server, self.servicer,
                                 master_pb2.DESCRIPTOR.services_by_name["Master"])
@@ -52,6 +54,9 @@ def define_flags() -> None:
                         "Write {'address': ...} here once serving.")
     flags.DEFINE_float("heartbeat_timeout", 30.0,
                        "Seconds of silence after which a worker is presumed lost.")
+    flags.DEFINE_float("progress_timeout", 60.0,
+                       "Least seconds a worker may hold a task before it counts as "
+                       "making no progress (more when the dataset's tasks are slow).")
     flags.DEFINE_integer("max_task_retries", 3,
                          "Failures of one task that fail the job.")
     flags.DEFINE_integer("max_workers", 0, "Most workers at once (0: no limit).")
@@ -68,6 +73,7 @@ def main(argv) -> None:
     sys.setswitchinterval(0.001)
     faults.set_role("master")
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
-                          FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal)
+                          FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal,
+                          FLAGS.progress_timeout)
     logging.info("master serving at %s", server.address)
     rpc.serve_until_signal(server, FLAGS.ready_file)

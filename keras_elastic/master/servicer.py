@@ -59,12 +59,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     """All job state, under one lock; waiting requests sleep on a condition."""
 
     def __init__(self, heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
-                 max_workers: int = 0, journal_path: str | None = None) -> None:
+                 max_workers: int = 0, journal_path: str | None = None,
+                 progress_timeout: float = 60.0) -> None:
         self._cond = threading.Condition()
         self._datasets: dict[str, DatasetTasks] = {}
         self._workers: dict[int, dict] = {}
         self._waiting: dict[str, dict[int, int]] = {}  # dataset -> worker -> epoch
         self._heartbeat_timeout = heartbeat_timeout
+        # The least time a task may be held before its worker counts as making
+        # no progress (more for a dataset whose tasks are slow: task_timeout).
+        self._progress_timeout = progress_timeout
         self._max_task_retries = max_task_retries
         self._max_workers = max_workers
         self._error: str | None = None
@@ -270,7 +274,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def check_liveness(self, now: float, interval: float) -> list[int]:
         """Declares lost the workers silent for longer than the heartbeat
         timeout at monotonic time `now`, the watcher running every `interval`
-        seconds; returns their ids.
+        seconds, and those that hold a task for longer than its dataset's
+        tasks take (`task_queue.task_timeout`: a deadlocked training thread
+        behind a live heartbeat thread); returns their ids.
 
         Silence is measured on the monotonic clock (a wall-clock step is not
         silence), and only while this process ran: when the watcher wakes up
@@ -281,6 +287,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         stalled = now - last_tick - interval
         lost = []
         with self._cond:
+            if stalled > min(5.0, self._heartbeat_timeout / 4):
+                for ds in self._datasets.values():
+                    ds.shift_hand_outs(stalled)
             for worker_id in self._alive():
                 worker = self._workers[worker_id]
                 if stalled > min(5.0, self._heartbeat_timeout / 4):
@@ -289,6 +298,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 if silent > self._heartbeat_timeout:
                     self._lose(worker_id, f"no heartbeat for {silent:.0f} s")
                     lost.append(worker_id)
+            for name, ds in self._datasets.items():
+                for worker_id, (task_id, held) in ds.overdue(
+                        now, self._progress_timeout).items():
+                    if worker_id in self._alive():
+                        mean = sum(ds.durations) / len(ds.durations)
+                        self._lose(worker_id, (
+                            f"no progress: task {task_id} of '{name}' held for "
+                            f"{held:.0f} s, while its tasks take {mean:.1f} s on "
+                            "average"))
+                        lost.append(worker_id)
         return lost
 
     def _touch(self, worker_id: int) -> None:
@@ -601,6 +620,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 "workers": {
                     "alive": sorted(self._alive()),
                     "lost": self._lost,
+                    "lost_ids": sorted(w for w, s in self._workers.items()
+                                       if s["state"] == "lost"),
                     "exited": sorted(w for w, s in self._workers.items()
                                      if s["state"] == "exited"),
                     "registered": len(self._workers),

@@ -98,6 +98,7 @@ class WorkersStatus:
     lost: int
     exited: list[int]
     registered: int
+    lost_ids: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,8 @@ class JobStatus:
         return cls(uptime=m.uptime, master_restarts=m.master_restarts,
                    error=m.error or None,
                    workers=WorkersStatus(alive=list(w.alive), lost=w.lost,
-                                         exited=list(w.exited), registered=w.registered),
+                                         exited=list(w.exited), registered=w.registered,
+                                         lost_ids=list(w.lost_ids)),
                    datasets={n: DatasetStatus.from_proto(d, include_ledger)
                              for n, d in m.datasets.items()},
                    tasks_done=m.tasks_done, requeued=m.requeued,

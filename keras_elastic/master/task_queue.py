@@ -45,6 +45,7 @@ import itertools
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -337,6 +338,32 @@ class _InFlight:
     worker: int
     attempt: int
     lease: int = 0
+    given_at: float = 0.0  # time.monotonic() of the hand-out (0: unknown)
+
+
+# A worker holding a task for longer than this many times the dataset's mean
+# task duration (and twice its longest), and never less than the caller's
+# floor, makes no progress (ElasticDL requeued tasks past 3x the mean).
+STUCK_FACTOR = 4.0
+# Completed tasks a dataset needs before its durations are a yardstick.
+STUCK_MIN_SAMPLES = 4
+
+
+def task_timeout(durations: Sequence[float], floor: float) -> float | None:
+    """How long a task of a dataset whose completed tasks took `durations`
+    (seconds, hand-out to report) may be held before its worker counts as
+    making no progress; None while there are too few completions to judge.
+
+    >>> task_timeout([1.0, 1.2, 0.8], floor=30)   # too few yet
+    >>> task_timeout([1.0, 1.2, 0.8, 1.0], floor=30)
+    30
+    >>> task_timeout([20.0, 10.0, 12.0, 14.0], floor=30)
+    56.0
+    """
+    if len(durations) < STUCK_MIN_SAMPLES:
+        return None
+    mean = sum(durations) / len(durations)
+    return max(floor, STUCK_FACTOR * mean, 2 * max(durations))
 
 
 class _Counter:
@@ -377,6 +404,8 @@ class DatasetTasks:
         self.doing: dict[int, _InFlight] = {}  # task_id -> in flight (current epoch)
         self.done: set[int] = set()
         self.failures: dict[tuple[int, int], int] = {}  # (epoch, task_id) -> failures
+        # Seconds from hand-out to report of the last completed tasks.
+        self.durations: deque[float] = deque(maxlen=200)
         self.ledger: list[dict] = []  # one entry per completed task
         self.requeued = 0
         self.released = 0
@@ -501,7 +530,7 @@ class DatasetTasks:
     def _hand_out(self, worker: int) -> tuple[Task, int, int]:
         task, attempt = self.todo.popleft()
         self.doing[task.task_id] = _InFlight(task, self.epoch, worker, attempt,
-                                             self._next_lease())
+                                             self._next_lease(), time.monotonic())
         return task, self.epoch, attempt
 
     def lease_of(self, task_id: int) -> int:
@@ -561,6 +590,8 @@ class DatasetTasks:
                 continue
             del self.doing[task_id]
             self.done.add(task_id)
+            if flight.given_at:
+                self.durations.append(max(0.0, time.monotonic() - flight.given_at))
             self.ledger.append({
                 "epoch": flight.epoch, "task_id": task_id, "worker": worker,
                 "attempt": flight.attempt, "lease": flight.lease,
@@ -647,6 +678,26 @@ class DatasetTasks:
         self.released += len(given)
         self.late_reports += len(task_ids) - len(given)
         return len(given)
+
+    def overdue(self, now: float, floor: float) -> dict[int, tuple[int, float]]:
+        """{worker: (task_id, seconds held)} of the workers holding a task past
+        `task_timeout` at monotonic time `now` (their oldest such task)."""
+        timeout = task_timeout(self.durations, floor)
+        if timeout is None:
+            return {}
+        out: dict[int, tuple[int, float]] = {}
+        for flight in self.doing.values():
+            held = now - flight.given_at if flight.given_at else 0.0
+            if held > timeout and held > out.get(flight.worker, (0, 0.0))[1]:
+                out[flight.worker] = (flight.task.task_id, held)
+        return out
+
+    def shift_hand_outs(self, seconds: float) -> None:
+        """The master did not run for `seconds` (a stall): hand-out times move
+        with it, so the stall is not counted as the workers' lack of progress."""
+        for flight in self.doing.values():
+            if flight.given_at:
+                flight.given_at += seconds
 
     def requeue_worker(self, worker: int) -> int:
         """Puts the tasks of a lost worker back in front of the queue."""

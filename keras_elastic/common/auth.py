@@ -24,6 +24,7 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 from absl import logging
@@ -130,14 +131,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
                           f"the launcher, or `keras-elastic join` from JOB_DIR/"
                           f"{TOKEN_FILE})")
 
-        # No deserializer: the refused request's bytes are never parsed.
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(refuse)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(refuse)
-        return grpc.unary_unary_rpc_method_handler(refuse)
+        return refusing_handler(handler, refuse)
 
     def _log(self, method: str, peer: str) -> None:
         with self._log_lock:
@@ -150,6 +144,19 @@ class TokenInterceptor(grpc.ServerInterceptor):
                         f" ({unlogged} more refusals not logged)" if unlogged else "")
 
 
+def refusing_handler(handler: grpc.RpcMethodHandler, refuse) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kinds as `handler` that runs
+    `refuse(request_or_iterator, context)` (which aborts the call). It has no
+    deserializer: the refused request's bytes are never parsed."""
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 class _CallDetails(collections.namedtuple(
         "_CallDetails", ("method", "timeout", "metadata", "credentials",
                          "wait_for_ready", "compression")), grpc.ClientCallDetails):
@@ -160,11 +167,14 @@ class _TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
                               grpc.UnaryStreamClientInterceptor,
                               grpc.StreamUnaryClientInterceptor,
                               grpc.StreamStreamClientInterceptor):
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, more=None) -> None:
         self._token = token
+        self._more = more
 
     def _details(self, details):
         metadata = list(details.metadata or ()) + [(METADATA_KEY, self._token)]
+        if self._more is not None:
+            metadata += self._more()
         return _CallDetails(details.method, details.timeout, metadata,
                             details.credentials, details.wait_for_ready,
                             details.compression)
@@ -182,9 +192,12 @@ class _TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
         return continuation(self._details(details), request_iterator)
 
 
-def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
-    """`channel` sending `token` with every call.
+def with_token(channel: grpc.Channel, token: str,
+               more: Callable[[], list[tuple[str, str]]] | None = None
+               ) -> grpc.Channel:
+    """`channel` sending `token` with every call (and `more()`'s metadata,
+    e.g. the job's generation: `common/fencing.py`).
 
     >>> channel = with_token(grpc.insecure_channel("127.0.0.1:5000"), job_token())
     """
-    return grpc.intercept_channel(channel, _TokenClientInterceptor(token))
+    return grpc.intercept_channel(channel, _TokenClientInterceptor(token, more))

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from keras_elastic.common import cluster_env
+from keras_elastic.common import cluster_env, fencing
 
 CLUSTER_FILE = "cluster.json"
 MASTER = "master"
@@ -61,6 +61,9 @@ class ClusterResolver:
         self._lock = threading.Lock()
         self._read_at = -float("inf")
         self._roles: dict[str, str] = {}
+        # The job's generation (common/fencing.py): the launcher's at this
+        # process's start, then cluster.json's.
+        self._generation = fencing.from_env()
 
     def roles(self, max_age: float | None = None) -> dict[str, str]:
         """{role: address}, from a read of the file at most `max_age` seconds
@@ -72,10 +75,18 @@ class ClusterResolver:
                 self._read_at = now
                 try:
                     with open(self.path) as f:
-                        self._roles = roles_of(json.load(f))
+                        cluster = json.load(f)
+                    self._roles = roles_of(cluster)
+                    self._generation = max(self._generation,
+                                           int(cluster.get("generation", 0)))
                 except (OSError, ValueError, KeyError, TypeError):
                     pass  # being replaced, or not written yet
             return dict(self._roles)
+
+    def generation(self) -> int:
+        """The job's generation as last read (no read of the file here: it is
+        re-read when a server is unreachable or refuses the generation)."""
+        return self._generation
 
     def lookup(self, role: str) -> str | None:
         """The current address of `role` (None: unknown)."""

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import grpc
 from absl import logging
 
-from keras_elastic.common import auth, tls
+from keras_elastic.common import auth, fencing, tls
 from keras_elastic.common import resolver as resolver_mod
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
@@ -99,19 +99,29 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float) -> T:
             delay = min(delay * 2, 1.0)
 
 
-def make_server(max_workers: int = 32) -> grpc.Server:
+def make_server(max_workers: int = 32,
+                generation: fencing.Generation | None = None) -> grpc.Server:
     """A server that answers only calls carrying this process's job token
     (`auth.job_token()`); others get UNAUTHENTICATED. It serves the standard
     health-checking service too (`grpc.health.v1.Health`, status SERVING,
     answered without the token, as Kubernetes' and `grpc_health_probe`'s
-    probes expect): the launcher's liveness checks call it."""
+    probes expect): the launcher's liveness checks call it. With a
+    `generation`, it answers only calls of that generation and serves
+    `Fencing/Fence` (`fencing.py`)."""
     from grpc_health.v1 import health, health_pb2_grpc
 
+    from keras_elastic.proto import fencing_pb2_grpc
+
+    interceptors = [auth.TokenInterceptor(auth.job_token(), exempt=(HEALTH_METHODS,))]
+    if generation is not None:
+        interceptors.append(fencing.GenerationInterceptor(generation,
+                                                          exempt=(HEALTH_METHODS,)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         options=_OPTIONS,
-                         interceptors=[auth.TokenInterceptor(
-                             auth.job_token(), exempt=(HEALTH_METHODS,))])
+                         options=_OPTIONS, interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    if generation is not None:
+        fencing_pb2_grpc.add_FencingServicer_to_server(
+            fencing.FencingServicer(generation), server)
     return server
 
 
@@ -168,17 +178,23 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
     if config is not None and config.server_name:
         merged.append(("grpc.ssl_target_name_override", config.server_name))
 
+    if resolver == AUTO:
+        resolver = resolver_mod.for_process()
+    role = resolver.role_of(address) if resolver is not None else None
+
+    def generation() -> list[tuple[str, str]]:
+        return [(fencing.METADATA_KEY, str(resolver.generation()))]
+
     def connect(target: str) -> grpc.Channel:
         if config is None:
             channel = grpc.insecure_channel(target, options=merged)
         else:
             channel = grpc.secure_channel(target, config.channel_credentials(),
                                           options=merged)
-        return auth.with_token(channel, auth.job_token())
+        # A job's role: its calls carry the job's generation (fencing.py).
+        return auth.with_token(channel, auth.job_token(),
+                               generation if role is not None else None)
 
-    if resolver == AUTO:
-        resolver = resolver_mod.for_process()
-    role = resolver.role_of(address) if resolver is not None else None
     if role is None:
         return connect(address)
     return ResolvingChannel(address, role, resolver, connect)

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 from absl import logging
 
-from keras_elastic.common import auth, cluster_env, rpc, tls
+from keras_elastic.common import auth, cluster_env, fencing, rpc, tls
 from keras_elastic.common.timing import PHASE_HELP, format_table
 from keras_elastic.launcher.backends import (
     BACKENDS,
@@ -266,6 +266,9 @@ class Launcher:
         self.placements: list[dict] = []  # {"role", "node", "at"}
         self._placed: dict[str, str] = {}
         self.next_worker_id = 0
+        # The job's generation (common/fencing.py): one more at each recovery
+        # of a service; a resumed job goes on from its last.
+        self.generation = _last_generation(self.job_dir) + 1 if config.resume else 0
         self.restarts = 0
         self.lost = 0
         self.ps_restarts = 0
@@ -351,6 +354,7 @@ class Launcher:
         return [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
                 f"--host={self.backend.service_host()}",
                 f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
+                f"--generation={self.generation}",
                 f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
 
     def _start_services(self) -> None:
@@ -397,6 +401,7 @@ class Launcher:
                 f"--journal={self.journal_path}",
                 f"--heartbeat_timeout={self.config.heartbeat_timeout}",
                 f"--progress_timeout={self.config.liveness_timeout}",
+                f"--generation={self.generation}",
                 f"--max_task_retries={self.config.max_task_retries}",
                 f"--max_workers={self.config.bounds[1]}"]
 
@@ -472,6 +477,7 @@ class Launcher:
         path = os.path.join(self.job_dir, "cluster.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"master": self.master_address, "ps": self.ps_addresses,
+                       "generation": self.generation,
                        "ps_pids": [p.pid for p in self.ps_procs],
                        "worker_pids": {str(i): p.pid for i, p in self.workers.items()},
                        "master_pid": self.master_proc.pid,
@@ -552,6 +558,7 @@ class Launcher:
                                       self.job_dir))
         env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
         env[cluster_env.LIVENESS_TIMEOUT] = str(self.config.liveness_timeout)
+        env[fencing.GENERATION_ENV] = str(self.generation)
         for server_only in (tls.CERT_ENV, tls.KEY_ENV):  # a worker is a client
             env.pop(server_only, None)
         self.workers[worker_id] = self.backend.start(
@@ -844,6 +851,15 @@ def _tensorboard_log_dirs(job_dir: str) -> list[str]:
             return [str(d) for d in json.load(f).get("log_dirs", [])]
     except (OSError, ValueError, AttributeError):
         return []
+
+
+def _last_generation(job_dir: str) -> int:
+    """The generation of the job's last cluster.json (0 if none)."""
+    try:
+        with open(os.path.join(job_dir, "cluster.json")) as f:
+            return int(json.load(f).get("generation", 0))
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def _last_line(text: str) -> str:

@@ -4,11 +4,14 @@ server must be replaced, and when a job is resumed.
 
 - `restart_master`: a new master on the old address (locally; elsewhere on a
   cluster), which replays its journal; the launcher's clients follow it.
+  The job's generation goes one up, and every server is fenced into it
+  (`common/fencing.py`): a replaced master that wakes up serves nobody.
 - `recover_ps`: automatic checkpoints paused; the lost server restarted from
   the latest automatic checkpoint, paused; every other server restores the
-  same checkpoint; the master rolls back to its progress; every server
-  resumes with the rollback's lease floor (claims of tasks handed out
-  before it are refused). The job goes on from one consistent point.
+  same checkpoint; every server is fenced into the job's next generation;
+  the master rolls back to its progress; every server resumes with the
+  rollback's lease floor (claims of tasks handed out before it are
+  refused). The job goes on from one consistent point.
 - `resume`: `--resume` of a stopped job: the same rollback, from the
   checkpoint the servers were started with.
 
@@ -30,8 +33,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import grpc
 from absl import logging
 
+from keras_elastic.common import fencing, rpc
 from keras_elastic.common.errors import ClusterError
 from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
 from keras_elastic.launcher.ps_checkpoints import AutoCheckpointer
@@ -49,6 +54,7 @@ class ServiceHost(Protocol):
 
     backend: Backend
     checkpointer: AutoCheckpointer
+    generation: int
     master: MasterClient
     master_proc: RoleHandle
     master_address: str
@@ -84,6 +90,7 @@ class Recovery:
         of the recovery. Raises RecoveryFailed."""
         host = self.host
         started = time.time()
+        host.generation += 1
         # Its old port locally; on a cluster it may land on another node.
         port = _port(host.master_address) if host.backend.keeps_addresses else 0
         for attempt in range(10):
@@ -100,8 +107,9 @@ class Recovery:
         if address != host.master_address:
             self._master_moved(address)
         host._write_cluster_file()
-        return {"reason": reason, "seconds": round(time.time() - started, 2),
-                "at": time.time()}
+        self.fence_all()
+        return {"reason": reason, "generation": host.generation,
+                "seconds": round(time.time() - started, 2), "at": time.time()}
 
     def _master_moved(self, address: str) -> None:
         """The restarted master listens elsewhere: the launcher's clients follow
@@ -127,6 +135,7 @@ class Recovery:
         started = time.time()
         host.checkpointer.pause()
         try:
+            host.generation += 1
             checkpoint = host.checkpointer.latest()
             # Its old port locally; on a cluster it may land on another node.
             port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
@@ -151,8 +160,9 @@ class Recovery:
                 host.ps_addresses[i] = address
                 host.checkpointer.set_ps_addresses(host.ps_addresses)
             # Clients waiting for it find its address there (it is paused
-            # until the rollback below is done).
+            # until the rollback below is done), and the new generation.
             host._write_cluster_file()
+            self.fence_all()
             undone = {}
             if checkpoint is not None:
                 # One consistent point: every other server goes back too, then
@@ -166,7 +176,7 @@ class Recovery:
                     prepare=lambda client: restore_servers(client, others,
                                                            checkpoint.path))
             host._write_cluster_file()
-            return {"ps": i, "reason": reason,
+            return {"ps": i, "reason": reason, "generation": host.generation,
                     "checkpoint": getattr(checkpoint, "path", None),
                     "completions_undone": undone,
                     "seconds": round(time.time() - started, 2), "at": time.time()}
@@ -175,6 +185,25 @@ class Recovery:
             return None
         finally:
             host.checkpointer.resume()
+
+    # -- fencing ----------------------------------------------------------------
+    def fence_all(self) -> None:
+        """Moves every live server (the master, each parameter server) into
+        the job's generation: from now on they answer only its clients. A
+        server that does not answer is left to the next liveness check."""
+        host = self.host
+        targets = {"master": host.master_address, **{
+            f"parameter server {i}": a for i, a in enumerate(host.ps_addresses)}}
+        for name, address in targets.items():
+            channel = rpc.make_channel(address, resolver=None)
+            try:
+                fencing.fence(channel, host.generation)
+            except grpc.RpcError as e:
+                logging.error("could not fence %s at %s into generation %d: %s", name,
+                              address, host.generation, e.details())
+            finally:
+                channel.close()
+        logging.info("every server fenced into generation %d", host.generation)
 
     # -- the job --------------------------------------------------------------
     def resume(self, checkpoint) -> dict[str, Any]:

@@ -39,6 +39,10 @@ _HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
 MAX_RECORD_BYTES = 256 << 20
 
 
+class JournalFencedError(errors.ClusterError, OSError):
+    """Another master wrote the journal: this one was replaced, and stops."""
+
+
 class JournalCorruptError(errors.JobError, RuntimeError):
     """A record in the middle of the journal cannot be read."""
 
@@ -69,11 +73,17 @@ class Journal:
     """
 
     def __init__(self, path: str, flush_secs: float = 0.0,
-                 max_batch: int = 1024) -> None:
+                 max_batch: int = 1024, on_error=None) -> None:
         self.path = path
+        # Called (from the flushing thread) with the error that stopped the
+        # journal: a full disk, or another master writing it (JournalFencedError).
+        self.on_error = on_error
         self.flush_secs = flush_secs
         self.max_batch = max_batch
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # Where this master's last write ended: a file that grew past it was
+        # written by another master (fencing: this one was replaced).
+        self._end = os.fstat(self._fd).st_size
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # RPC handlers: records on disk
         self._work = threading.Condition(lock)  # the flusher: records to sync
@@ -140,16 +150,25 @@ class Journal:
             if batch:
                 try:
                     data = b"".join(batch)
+                    size = os.fstat(self._fd).st_size
+                    if size != self._end:
+                        raise JournalFencedError(
+                            f"the master journal {self.path} grew from {self._end} "
+                            f"to {size} bytes without this master: another master "
+                            "writes it (this one was replaced), so this one stops")
                     written = 0
                     while written < len(data):
                         written += os.write(self._fd, data[written:])
                     os.fsync(self._fd)
+                    self._end += written
                 except OSError as e:
                     logging.error("the master journal %s cannot be written: %s",
                                   self.path, e)
                     with self._cond:
                         self._error = e
                         self._cond.notify_all()
+                    if self.on_error is not None:
+                        self.on_error(e)
                     return
                 self.batches += 1
                 with self._cond:

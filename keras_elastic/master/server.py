@@ -10,11 +10,13 @@ Example (in-process, as the embedded cluster does):
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from absl import flags, logging
 
-from keras_elastic.common import faults, rpc, rpc_service
+from keras_elastic.common import faults, fencing, rpc, rpc_service
 from keras_elastic.master.servicer import MasterServicer
 from keras_elastic.proto import master_pb2
 
@@ -25,12 +27,20 @@ class MasterServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
                  max_workers: int = 0, journal: str | None = None,
-                 progress_timeout: float = 60.0) -> None:
+                 progress_timeout: float = 60.0, generation: int | None = None,
+                 on_journal_error=None) -> None:
+        # A launched master is fenced (common/fencing.py); one made in a
+        # process (embedded, tests) is not, unless given a generation.
+        fenced = None if generation is None else fencing.Generation(generation)
         self.servicer = MasterServicer(heartbeat_timeout=heartbeat_timeout,
                                        max_task_retries=max_task_retries,
                                        max_workers=max_workers, journal_path=journal,
-                                       progress_timeout=progress_timeout)
-        self._server = rpc.make_server(max_workers=64)
+                                       progress_timeout=progress_timeout,
+                                       generation=fenced,
+                                       on_journal_error=on_journal_error)
+        self._server = rpc.make_server(max_workers=64,
+                                       generation=self.servicer.generation
+                                       if fenced is not None else None)
         rpc_service.add_service(self._server, self.servicer,
                                 master_pb2.DESCRIPTOR.services_by_name["Master"])
         self.address = rpc.bind(self._server, host, port)
@@ -57,12 +67,24 @@ def define_flags() -> None:
     flags.DEFINE_float("progress_timeout", 60.0,
                        "Least seconds a worker may hold a task before it counts as "
                        "making no progress (more when the dataset's tasks are slow).")
+    flags.DEFINE_integer("generation", 0,
+                         "The job's generation this master belongs to (fencing).")
     flags.DEFINE_integer("max_task_retries", 3,
                          "Failures of one task that fail the job.")
     flags.DEFINE_integer("max_workers", 0, "Most workers at once (0: no limit).")
     flags.DEFINE_string("journal", None,
                         "Append-only journal of the job's progress; a master started "
                         "on an existing one continues from it.")
+
+
+def _stop_on_fenced_journal(error: OSError) -> None:
+    """A master whose journal another master writes was replaced: it stops
+    (SIGTERM to itself: serve_until_signal's orderly end)."""
+    from keras_elastic.master.journal import JournalFencedError
+
+    if isinstance(error, JournalFencedError):
+        logging.error("%s", error)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv) -> None:
@@ -74,6 +96,7 @@ def main(argv) -> None:
     faults.set_role("master")
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
                           FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal,
-                          FLAGS.progress_timeout)
+                          FLAGS.progress_timeout, FLAGS.generation,
+                          on_journal_error=_stop_on_fenced_journal)
     logging.info("master serving at %s", server.address)
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import faults
+from keras_elastic.common import faults, fencing
 from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.journal import Journal
 from keras_elastic.master.status import JobStatus
@@ -60,8 +60,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def __init__(self, heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
                  max_workers: int = 0, journal_path: str | None = None,
-                 progress_timeout: float = 60.0) -> None:
+                 progress_timeout: float = 60.0,
+                 generation: fencing.Generation | None = None,
+                 on_journal_error=None) -> None:
         self._cond = threading.Condition()
+        # The job's generation this master serves (common/fencing.py): every
+        # journal record carries it, and a replay skips records of a master
+        # that was replaced (older than one already seen).
+        self.generation = generation or fencing.Generation(0)
         self._datasets: dict[str, DatasetTasks] = {}
         self._workers: dict[int, dict] = {}
         self._waiting: dict[str, dict[int, int]] = {}  # dataset -> worker -> epoch
@@ -83,7 +89,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._milestone_seq = 0
         if journal_path:
             self._replay(Journal.read(journal_path), journal_path)
-            self._journal = Journal(journal_path, flush_secs=JOURNAL_FLUSH_SECS)
+            self._journal = Journal(journal_path, flush_secs=JOURNAL_FLUSH_SECS,
+                                    on_error=on_journal_error)
             self._starts += 1
             self._log({"t": "start", "time": round(time.time(), 3)})
         self._last_tick: float | None = None  # the liveness watcher's last check
@@ -108,7 +115,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     # -- the journal --------------------------------------------------------
     def _log(self, record: dict) -> int:
         """Appends `record` (under the lock); returns what `_durable` waits for."""
-        return self._journal.append(record) if self._journal is not None else 0
+        if self._journal is None:
+            return 0
+        return self._journal.append({**record, "g": self.generation.value})
 
     def _durable(self, seq: int) -> None:
         """Waits (outside the lock) until journal record `seq` is on disk."""
@@ -122,8 +131,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def _replay(self, records: list[dict], path: str) -> None:
         """Rebuilds the state a journal describes (a restarted master)."""
+        fence = 0
+        skipped = 0
         for i, record in enumerate(records):
             kind = record.get("t")
+            if record.get("g", 0) < fence:
+                skipped += 1  # written by a master replaced meanwhile
+                continue
+            fence = max(fence, record.get("g", 0))
             try:
                 if kind == "start":
                     self._starts += 1
@@ -156,6 +171,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             except (IndexError, KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"master journal {path}: record {i} ({kind}) cannot "
                                  f"be replayed: {type(e).__name__}: {e}") from None
+        if skipped:
+            logging.warning("master journal %s: %d record(s) of a replaced master "
+                            "skipped (older generation than %d)", path, skipped, fence)
+        self.generation.fence(fence)
         for ds in self._datasets.values():
             ds.finish_replay()
         if records:

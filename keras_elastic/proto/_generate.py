@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_PROTOS = ("tensor", "master", "ps")
+_PROTOS = ("tensor", "master", "ps", "fencing")
 
 
 def _stale(name: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from keras_elastic.common import faults, rpc, rpc_service
+from keras_elastic.common import faults, fencing, rpc, rpc_service
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
@@ -24,8 +24,12 @@ class ParameterServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, ps_index: int = 0,
                  num_ps: int = 1, grads_to_wait: int = 1,
                  max_staleness: int = 0, restore_from: str | None = None,
-                 init_checkpoint_dir: str | None = None, paused: bool = False) -> None:
+                 init_checkpoint_dir: str | None = None, paused: bool = False,
+                 generation: int | None = None) -> None:
         self.store = ParameterStore(grads_to_wait, max_staleness)
+        # A launched server is fenced (common/fencing.py); one made in a
+        # process (embedded, tests) is not, unless given a generation.
+        self.generation = None if generation is None else fencing.Generation(generation)
         if restore_from:
             # A server restarted after a crash: its state comes back before it
             # serves anybody.
@@ -36,7 +40,7 @@ class ParameterServer:
                          ps_index, info["restored"], info["path"])
         self.servicer = ParameterServerServicer(self.store, ps_index, num_ps,
                                                 init_checkpoint_dir, paused)
-        self._server = rpc.make_server(max_workers=32)
+        self._server = rpc.make_server(max_workers=32, generation=self.generation)
         rpc_service.add_service(self._server, self.servicer,
                                 ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"])
         self.address = rpc.bind(self._server, host, port)
@@ -65,6 +69,8 @@ def define_flags() -> None:
     flags.DEFINE_bool("paused", False, "Start paused (Init, Push, Pull, Claim answer "
                       "UNAVAILABLE until Resume): a restarted server while the job "
                       "rolls back.")
+    flags.DEFINE_integer("generation", 0,
+                         "The job's generation this server belongs to (fencing).")
     flags.DEFINE_string("init_checkpoint_dir", None, "Save this server's share of "
                         "the initial model here when a worker initializes it.")
 
@@ -75,7 +81,7 @@ def main(argv) -> None:
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness,
                              FLAGS.restore_from, FLAGS.init_checkpoint_dir,
-                             FLAGS.paused)
+                             FLAGS.paused, FLAGS.generation)
     logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
                  server.address)
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -237,9 +237,13 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint, RestoringCheckpoin
                 if self.owns(info)]
 
     def latest(self) -> SaveInfo | None:
-        """This callback's newest complete checkpoint, or `None`."""
-        checkpoints = self.checkpoints()
-        return checkpoints[-1] if checkpoints else None
+        """This callback's newest intact checkpoint, or `None` if it has none.
+
+        Newer checkpoints whose files do not verify (`checkpoint.verify`:
+        a file missing, cut short or changed) are skipped, each logged with
+        its faults; `NoIntactCheckpointError` (naming each) when every one is
+        damaged."""
+        return layout.pick_intact(self.checkpoints(), self.directory)
 
     def owns(self, info: SaveInfo) -> bool:
         """Whether checkpoint `info` was written by a callback with this one's

@@ -29,9 +29,10 @@ import importlib
 # manifest, errors) without TensorFlow.
 _LAZY = {
     "CheckpointError": "errors", "ModelMismatchError": "errors",
-    "ShardingCallbackError": "errors",
+    "ShardingCallbackError": "errors", "NoIntactCheckpointError": "errors",
     "export_keras": "export",
     "delete_checkpoint": "layout", "latest": "layout", "list_checkpoints": "layout",
+    "latest_intact": "layout", "verify": "integrity",
     "prune": "layout", "remove_stale": "layout",
     "MANIFEST_NAME": "manifest", "SaveInfo": "manifest", "read_manifest": "manifest",
     "write_manifest": "manifest",
@@ -58,6 +59,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointWriter",
     "ModelMismatchError",
+    "NoIntactCheckpointError",
     "SaveInfo",
     "ShardingCallbackError",
     "ValidatingShardingCallback",
@@ -65,6 +67,7 @@ __all__ = [
     "export_keras",
     "initial_epoch",
     "latest",
+    "latest_intact",
     "list_checkpoints",
     "prune",
     "read_manifest",
@@ -74,5 +77,6 @@ __all__ = [
     "restore_trackables",
     "save_trackables",
     "validate_shards",
+    "verify",
     "write_manifest",
 ]

@@ -23,6 +23,11 @@ class CheckpointError(errors.CheckpointError, ValueError):
     """
 
 
+class NoIntactCheckpointError(CheckpointError):
+    """Checkpoints exist, and every one is damaged (`integrity.verify`): the
+    message names each with its faults."""
+
+
 class ShardingCallbackError(CheckpointError):
     """A sharding callback returned shards that break the sharding rules.
 

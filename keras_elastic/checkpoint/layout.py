@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from keras_elastic.checkpoint.errors import CheckpointError
+from keras_elastic.checkpoint.errors import CheckpointError, NoIntactCheckpointError
 from keras_elastic.checkpoint.manifest import (
     MANIFEST_NAME,
     SaveInfo,
@@ -133,6 +133,41 @@ def latest(directory: str) -> SaveInfo | None:
     """
     checkpoints = list_checkpoints(directory)
     return checkpoints[-1] if checkpoints else None
+
+
+def latest_intact(directory: str) -> SaveInfo | None:
+    """The most recent checkpoint in `directory` whose files verify
+    (`integrity.verify`), or `None` if there is no checkpoint at all. Newer
+    checkpoints that do not verify are skipped, each logged with its faults.
+
+    Raises:
+        NoIntactCheckpointError: There are checkpoints, and none verifies;
+            the message names each with its faults.
+
+    Example:
+
+    ```python
+    import keras_elastic as ke
+
+    info = ke.checkpoint.latest_intact("/tmp/ckpts")
+    ```
+    """
+    return pick_intact(list_checkpoints(directory), directory)
+
+
+def pick_intact(checkpoints: list[SaveInfo], where: str) -> SaveInfo | None:
+    """`latest_intact` over the given `checkpoints` (of `where`)."""
+    from keras_elastic.checkpoint import integrity
+
+    info, skipped = integrity.newest_intact(checkpoints)
+    for bad, faults in skipped:
+        logging.warning("checkpoint %s is damaged, skipped: %s", bad.path,
+                        "; ".join(faults))
+    if info is None and checkpoints:
+        raise NoIntactCheckpointError(
+            f"no intact checkpoint in {where}: each of the {len(checkpoints)} is "
+            f"damaged\n{integrity.describe_skipped(skipped)}")
+    return info
 
 
 def next_sequence(directory: str) -> int:

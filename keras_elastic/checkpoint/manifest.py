@@ -49,6 +49,8 @@ class SaveInfo:
         epoch: Number of completed epochs, if the saver knew it.
         batch: Batches done in the epoch in progress (0 at an epoch's end).
         step: The optimizer's step count, if known.
+        checksums: The CRC-32 of each file of the checkpoint, by name
+            (`integrity.verify` checks them before a checkpoint is used).
         extra: Any further manifest fields.
 
     Example:
@@ -80,6 +82,7 @@ class SaveInfo:
     epoch: int | None = None
     batch: int | None = None
     step: int | None = None
+    checksums: dict[str, int] = dataclasses.field(default_factory=dict)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

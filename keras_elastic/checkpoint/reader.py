@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from keras_elastic.checkpoint import layout, ps_layout
+from keras_elastic.checkpoint import integrity, layout, ps_layout
 from keras_elastic.checkpoint.errors import CheckpointError
 from keras_elastic.checkpoint.manifest import MANIFEST_NAME, SaveInfo, read_manifest
 
@@ -20,7 +20,9 @@ def resolve(path: str) -> SaveInfo:
     checkpoints directory.
 
     Raises:
-        CheckpointError: If `path` holds no complete checkpoint.
+        CheckpointError: If `path` holds no complete checkpoint, or is a
+            checkpoint whose files do not verify (`integrity.verify`).
+        NoIntactCheckpointError: If every checkpoint in `path` is damaged.
 
     Example:
 
@@ -31,8 +33,13 @@ def resolve(path: str) -> SaveInfo:
     ```
     """
     if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
-        return read_manifest(path)
-    info = layout.latest(path)
+        info = read_manifest(path)
+        faults = integrity.verify(info)
+        if faults:
+            raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(faults)}")
+        return info
+    # The newest intact one: newer damaged ones are skipped (and logged).
+    info = layout.latest_intact(path)
     if info is None:
         what = "does not exist" if not os.path.exists(path) else (
             "is neither a complete checkpoint (no manifest.json) nor a "
@@ -193,5 +200,5 @@ def initial_epoch(directory: str) -> int:
     epoch = ke.checkpoint.initial_epoch("/tmp/ckpts")
     ```
     """
-    info = layout.latest(directory)
+    info = layout.latest_intact(directory)
     return 0 if info is None else info.initial_epoch

@@ -21,7 +21,7 @@ from typing import Any, cast
 import tensorflow as tf
 from absl import logging
 
-from keras_elastic.checkpoint import layout
+from keras_elastic.checkpoint import integrity, layout
 from keras_elastic.checkpoint.errors import CheckpointError
 from keras_elastic.checkpoint.manifest import RESERVED_KEYS, SaveInfo, write_manifest
 from keras_elastic.checkpoint.validation import (
@@ -326,6 +326,7 @@ class CheckpointWriter:
                 shard_tensors=[[k if not s else f"{k}[{s}]" for k, s in shard]
                                for shard in layout_],
                 async_save=self._async,
+                checksums=integrity.file_checksums(pending.temp_dir),
                 extra=dict(pending.free),
                 **pending.fields,
             )

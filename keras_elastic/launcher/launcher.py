@@ -50,6 +50,7 @@ from collections.abc import Sequence
 
 from absl import logging
 
+from keras_elastic.checkpoint.errors import NoIntactCheckpointError
 from keras_elastic.common import auth, cluster_env, fencing, rpc, tls
 from keras_elastic.common.timing import PHASE_HELP, format_table
 from keras_elastic.launcher.backends import (
@@ -726,7 +727,13 @@ class Launcher:
         for s in previous:
             signal.signal(s, request_stop)
         try:
-            self._start_services()
+            try:
+                self._start_services()
+            except NoIntactCheckpointError as e:
+                self.error = f"--resume: {e}"
+                print(f"[launcher] job FAILED: {self.error}", file=sys.stderr,
+                      flush=True)
+                return 1
             for _ in range(self.config.num_workers):
                 self._start_worker()
             last_progress = time.time()

@@ -60,12 +60,19 @@ def _write_init_manifest(init_dir: str, num_ps: int) -> None:
 
 
 def latest_checkpoint(directory: str, num_ps: int):
-    """The newest complete automatic checkpoint in `directory` (the initial
-    model's if no other), or None if the servers were never all initialized."""
+    """The newest intact automatic checkpoint in `directory` (the initial
+    model's if no other), or None if the servers were never all initialized.
+    A newer one that is damaged (a file missing, cut short or changed:
+    `checkpoint/integrity.py`) is skipped and logged; the master then rolls
+    back to the older one's progress, so the tasks after it are trained
+    again, once.
+
+    Raises:
+        NoIntactCheckpointError: every checkpoint is damaged (each named)."""
     init_dir = os.path.join(directory, INIT)
     if _init_ready(init_dir, num_ps):
         _write_init_manifest(init_dir, num_ps)
-    return layout.latest(directory) if os.path.isdir(directory) else None
+    return layout.latest_intact(directory) if os.path.isdir(directory) else None
 
 
 class AutoCheckpointer:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import grpc
 from absl import logging
 
+from keras_elastic.checkpoint.errors import NoIntactCheckpointError
 from keras_elastic.common import fencing, rpc
 from keras_elastic.common.errors import ClusterError
 from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
@@ -136,7 +137,12 @@ class Recovery:
         host.checkpointer.pause()
         try:
             host.generation += 1
-            checkpoint = host.checkpointer.latest()
+            try:
+                # The newest intact one; damaged newer ones are logged, skipped.
+                checkpoint = host.checkpointer.latest()
+            except NoIntactCheckpointError as e:
+                raise RecoveryFailed(f"parameter server {i} {reason} and cannot be "
+                                     f"restored: {e}") from None
             # Its old port locally; on a cluster it may land on another node.
             port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
             args = host._ps_args(i, port)

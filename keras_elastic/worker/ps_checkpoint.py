@@ -61,7 +61,7 @@ class RestoringCheckpoint(abc.ABC):
     the worker and import it, never the reverse).
 
     Attributes: `directory` (where its checkpoints are), `restore_on_start`;
-    `latest()` returns the newest complete checkpoint's `SaveInfo` or None.
+    `latest()` returns the newest intact checkpoint's `SaveInfo` or None.
     """
 
     directory: str = ""
@@ -69,7 +69,7 @@ class RestoringCheckpoint(abc.ABC):
 
     @abc.abstractmethod
     def latest(self) -> SaveInfo | None:
-        """The newest complete checkpoint, or None."""
+        """The newest intact checkpoint, or None."""
 
 
 def resume_info(callbacks) -> tuple[Any, SaveInfo | None]:

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from absl import logging
 
 from keras_elastic.checkpoint.errors import NoIntactCheckpointError
-from keras_elastic.common import auth, cluster_env, fencing, rpc, tls
+from keras_elastic.common import auth, cluster_env, disk, fencing, rpc, tls
 from keras_elastic.common.timing import PHASE_HELP, format_table
 from keras_elastic.launcher.backends import (
     BACKENDS,
@@ -84,6 +84,9 @@ from keras_elastic.master.client import MasterClient
 from keras_elastic.master.status import JobStatus
 
 DESIRED_WORKERS_FILE = "desired_workers"
+# The exit status of a job that trained but could not write some of its
+# artifacts (ledger.json, summary.json, ...: a full disk); the summary names them.
+ARTIFACTS_MISSING = 3
 JOURNAL_FILE = "master.journal"
 
 
@@ -278,6 +281,8 @@ class Launcher:
         self.resumed_from: dict | None = None
         self._pending_dead: list[tuple[int, str]] = []  # not yet told to the master
         self._fenced: set[int] = set()  # workers killed because the master lost them
+        # Artifacts of JOB_DIR that could not be written: {name: why, in a line}.
+        self.missing_artifacts: dict[str, str] = {}
         self.recoveries: list[dict] = []
         # Every worker death, for the failure policy (launcher/policy.py).
         self.failures: list[WorkerDeath] = []
@@ -475,21 +480,18 @@ class Launcher:
         roles = {"master": self.master_proc, **{f"ps-{i}": p for i, p in
                                                  enumerate(self.ps_procs)},
                  **{f"worker-{i}": p for i, p in self.workers.items()}}
-        path = os.path.join(self.job_dir, "cluster.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"master": self.master_address, "ps": self.ps_addresses,
-                       "generation": self.generation,
-                       "ps_pids": [p.pid for p in self.ps_procs],
-                       "worker_pids": {str(i): p.pid for i, p in self.workers.items()},
-                       "master_pid": self.master_proc.pid,
-                       "launcher_pid": os.getpid(),
-                       "backend": self.backend.name,
-                       "nodes": {name: p.node for name, p in roles.items()},
-                       # What a joining client trusts (ca None: the system's CAs;
-                       # server_name: the name job-made certificates carry).
-                       "tls": self._tls_for_clients()},
-                      f)
-        os.replace(path + ".tmp", path)
+        self._write_artifact("cluster.json", {
+            "master": self.master_address, "ps": self.ps_addresses,
+            "generation": self.generation,
+            "ps_pids": [p.pid for p in self.ps_procs],
+            "worker_pids": {str(i): p.pid for i, p in self.workers.items()},
+            "master_pid": self.master_proc.pid,
+            "launcher_pid": os.getpid(),
+            "backend": self.backend.name,
+            "nodes": {name: p.node for name, p in roles.items()},
+            # What a joining client trusts (ca None: the system's CAs;
+            # server_name: the name job-made certificates carry).
+            "tls": self._tls_for_clients()})
 
     def _tls_for_clients(self) -> dict | None:
         if self.tls_config is None:
@@ -769,6 +771,14 @@ class Launcher:
                     last_progress = time.time()
                     print(self._progress(status), flush=True)
             return self._finish()
+        except OSError as e:
+            if not disk.is_disk_condition(e):
+                raise
+            # A full disk (or quota, read-only filesystem) where the launcher
+            # writes: one line, not a traceback.
+            self.error = disk.describe_write_error(e.filename or self.job_dir, e)
+            print(f"[launcher] job FAILED: {self.error}", file=sys.stderr, flush=True)
+            return 1
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -784,8 +794,7 @@ class Launcher:
         if status is not None:
             ledger = {name: ds.pop("ledger", []) for name, ds in
                       status["datasets"].items()}
-            with open(os.path.join(self.job_dir, "ledger.json"), "w") as f:
-                json.dump(ledger, f)
+            self._write_artifact("ledger.json", ledger)
             summary = dict(status, elapsed=time.time() - self.started,
                            worker_restarts=self.restarts, workers_lost=self.lost,
                            ps_restarts=self.ps_restarts, ps_recoveries=self.recoveries,
@@ -796,14 +805,47 @@ class Launcher:
                            if self.checkpointer else 0,
                            backend=self.backend.name, placements=self.placements,
                            worker_slots_pending=self.pending_slots,
+                           ps_checkpoint_failures=self.checkpointer.failures
+                           if self.checkpointer else 0,
+                           recovery_point_age_s=self.checkpointer.recovery_point_age()
+                           if self.checkpointer else None,
                            launcher_error=self.error)
-            with open(os.path.join(self.job_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=1)
+            self._write_artifact("summary.json", summary, indent=1)
+            summary["missing_artifacts"] = dict(self.missing_artifacts)
             print(self.summary(summary), flush=True)
         if self.error:
             print(f"[launcher] job FAILED: {self.error}", file=sys.stderr, flush=True)
             return 1
+        if self.missing_artifacts:
+            print("[launcher] the job trained, but could not write "
+                  f"{', '.join(self.missing_artifacts)}: "
+                  f"{next(iter(self.missing_artifacts.values()))}", file=sys.stderr,
+                  flush=True)
+            return ARTIFACTS_MISSING
         return 0
+
+    def _write_artifact(self, name: str, data, indent: int | None = None) -> bool:
+        """Writes JOB_DIR/`name` (JSON) atomically; on a disk condition (full,
+        quota, read-only) logs one line, records it as missing, and goes on."""
+        path = os.path.join(self.job_dir, name)
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(data, f, indent=indent)
+            os.replace(path + ".tmp", path)
+            self.missing_artifacts.pop(name, None)
+            return True
+        except OSError as e:
+            if not disk.is_disk_condition(e):
+                raise
+            message = disk.describe_write_error(path, e)
+            if self.missing_artifacts.get(name) != message:
+                logging.error("%s", message)
+            self.missing_artifacts[name] = message
+            try:
+                os.remove(path + ".tmp")
+            except OSError:
+                pass
+            return False
 
     def summary(self, summary: dict) -> str:
         lines = ["", "[launcher] ===== job summary ====="]
@@ -830,6 +872,13 @@ class Launcher:
             for phase in PHASE_HELP:
                 if phase in summary["timings"]:
                     lines.append(f"[launcher]   {phase}: {PHASE_HELP[phase]}")
+        if summary.get("ps_checkpoint_failures"):
+            age = summary.get("recovery_point_age_s")
+            lines.append(f"[launcher] automatic checkpoints skipped: "
+                         f"{summary['ps_checkpoint_failures']}; the newest recovery "
+                         "point is " + ("none" if age is None else f"{age:.0f} s old"))
+        for name, why in summary.get("missing_artifacts", {}).items():
+            lines.append(f"[launcher] missing {name}: {why}")
         lines.extend(f"[launcher] TensorBoard: tensorboard --logdir {shlex.quote(d)}"
                      for d in _tensorboard_log_dirs(self.job_dir))
         lines.append(f"[launcher] logs, ledger and summary in {self.job_dir}")

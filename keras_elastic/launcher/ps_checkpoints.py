@@ -151,6 +151,12 @@ class AutoCheckpointer:
         other), or None if the servers were never all initialized."""
         return latest_checkpoint(self.directory, len(self.ps_addresses))
 
+    def recovery_point_age(self) -> float | None:
+        """Seconds since the newest automatic checkpoint (the initial model's
+        included) was made; None if there is none."""
+        info = layout.latest(self.directory)
+        return None if info is None else max(0.0, time.time() - info.created)
+
     # -- the loop ---------------------------------------------------------------
     def _client(self) -> PSClient:
         if self._ps is None:
@@ -168,11 +174,15 @@ class AutoCheckpointer:
                 try:
                     self._tick()
                 except (ConnectionError, ValueError, OSError) as e:
-                    # A server being down is the launcher's business; try later.
+                    # A server being down is the launcher's business, a full
+                    # disk the user's: skip this one, try later.
                     self.failures += 1
                     self.last_error = str(e)
+                    age = self.recovery_point_age()
                     logging.log_every_n_seconds(
-                        logging.WARNING, "automatic checkpoint failed: %s", 30, e)
+                        logging.WARNING, "automatic checkpoint skipped: %s; the newest "
+                        "recovery point is %s", 30, str(e).strip().splitlines()[0],
+                        "none yet" if age is None else f"{age:.0f} s old")
 
     def _tick(self) -> None:
         if not self.init_ready():

@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import faults, fencing
+from keras_elastic.common import disk, faults, fencing
 from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.journal import Journal
 from keras_elastic.master.status import JobStatus
@@ -89,8 +89,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._milestone_seq = 0
         if journal_path:
             self._replay(Journal.read(journal_path), journal_path)
+            self._on_journal_error = on_journal_error
             self._journal = Journal(journal_path, flush_secs=JOURNAL_FLUSH_SECS,
-                                    on_error=on_journal_error)
+                                    on_error=self._journal_failed)
             self._starts += 1
             self._log({"t": "start", "time": round(time.time(), 3)})
         self._last_tick: float | None = None  # the liveness watcher's last check
@@ -113,16 +114,42 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             self._journal.close()
 
     # -- the journal --------------------------------------------------------
+    def _journal_failed(self, error: OSError) -> None:
+        """The journal cannot be written: without it nothing the job does can
+        be recovered, so the job fails, saying why in one line (a full disk:
+        the path and the space left). A fenced journal (another master
+        writes it) is the caller's business (`on_journal_error`)."""
+        from keras_elastic.master.journal import JournalFencedError
+
+        if not isinstance(error, JournalFencedError):
+            path = self._journal.path if self._journal else "the master journal"
+            why = (disk.describe_write_error(path, error) if disk.is_disk_condition(error)
+                   else f"the master journal {path} cannot be written: {error}")
+            with self._cond:
+                self._error = self._error or why
+                self._cond.notify_all()
+        if self._on_journal_error is not None:
+            self._on_journal_error(error)
+
     def _log(self, record: dict) -> int:
         """Appends `record` (under the lock); returns what `_durable` waits for."""
         if self._journal is None:
             return 0
-        return self._journal.append({**record, "g": self.generation.value})
+        try:
+            return self._journal.append({**record, "g": self.generation.value})
+        except OSError as e:
+            # The journal stopped (a full disk; `_journal_failed` fails the
+            # job): answers go on, saying the job failed, without a traceback.
+            self._error = self._error or str(e)
+            return 0
 
     def _durable(self, seq: int) -> None:
         """Waits (outside the lock) until journal record `seq` is on disk."""
         if seq and self._journal is not None and self._journal.durable < seq:
-            self._journal.wait(seq)
+            try:
+                self._journal.wait(seq)
+            except OSError as e:  # the journal stopped: the job has failed
+                self._error = self._error or str(e)
 
     def _milestone(self, response):
         """`response`, once the end of the last epoch or round is on disk."""

@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import errors, faults
+from keras_elastic.common import disk, errors, faults
 from keras_elastic.common.tensor_codec import (
     TensorError,
     chunk_fields,
@@ -425,7 +425,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                               request.sharding_callback or None, extra)
             return ps_pb2.SaveResponse(name=info.name, path=info.path,
                                        model_version=info.extra["model_version"])
-        except (errors.KerasElasticError, ValueError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - TensorFlow's write errors too
+            if disk.is_disk_condition(e):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"parameter server {self.ps_index} could not save: "
+                              f"{disk.describe_write_error(request.directory, e)}")
+            if not isinstance(e, (errors.KerasElasticError, ValueError, OSError)):
+                raise
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parameter server {self.ps_index} could not save: {e}")
 

@@ -23,7 +23,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from keras_elastic.common import tls
+from absl import logging
+
+from keras_elastic.common import disk, tls
 from keras_elastic.common.launcher_tie import LAUNCHER_PID
 from keras_elastic.launcher.backends.base import Backend, RoleHandle, echo_line
 
@@ -52,8 +54,17 @@ class ManagedProcess(RoleHandle):
 
     def _copy_output(self, echo: bool) -> None:
         prefix = f"[{self.name}] ".encode()
+        log_error = None
         for line in iter(self.popen.stdout.readline, b""):
-            self._log.write(line)
+            if log_error is None:
+                try:
+                    self._log.write(line)
+                except OSError as e:
+                    # A full disk: the role goes on (its output is drained and
+                    # echoed still), its log stops here, said once.
+                    log_error = disk.describe_write_error(self.log_path, e)
+                    logging.error("%s; its further output is not logged there",
+                                  log_error)
             if echo:
                 echo_line(prefix, line)
         self.popen.stdout.close()

@@ -1,0 +1,73 @@
+"""A full disk ends in one line, not a traceback (issue 25, item 4).
+
+The job directory is on a small tmpfs (mounted by the test where it may,
+skipped elsewhere), filled until little is left. The job either finishes
+exact or stops with one line saying which file could not be written and
+that the disk is full; the launcher prints no traceback.
+"""
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+from counting_jobs import RECORDS, check_exact, counting_job, write_data
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_data(str(tmp_path_factory.mktemp("counting")))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 32 MB tmpfs at tmp_path/disk; skipped where mounting is not allowed."""
+    mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
+                             str(mount)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def fill(directory, leave: int) -> None:
+    """Fills the filesystem of `directory` until `leave` bytes are free."""
+    stats = os.statvfs(directory)
+    free = stats.f_bavail * stats.f_frsize
+    with open(os.path.join(directory, "filler"), "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+
+
+@pytest.mark.parametrize("leave", [0, 64 * 1024, 4 << 20])
+def test_a_job_on_a_full_disk_finishes_exact_or_stops_with_one_line(
+        small_disk, data, leave, tmp_path):
+    # The job directory on the small disk; the script's own output beside it.
+    (small_disk / "job").mkdir()
+    (tmp_path / "job").symlink_to(small_disk / "job")
+    fill(small_disk, leave)
+    out, result = counting_job(tmp_path, data, "--num_ps=1",
+                               "--ps_checkpoint_secs=1", epochs=1)
+    output = result.stdout + result.stderr
+    launcher_lines = [line for line in output.splitlines()
+                      if not line.startswith("[worker-")]
+    assert not any("Traceback" in line for line in launcher_lines), output[-6000:]
+    if result.returncode == 0:
+        check_exact(tmp_path, out, output, epochs=1)
+        return
+    final = launcher_lines[-1]
+    assert "No space left on device" in final and str(small_disk) in final, (
+        output[-6000:])
+    if result.returncode == 3:
+        # It trained; the ledger and summary are what could not be written.
+        assert final.startswith("[launcher] the job trained, but could not write ")
+        counts = json.loads(out.read_text())["counts"]
+        assert counts == [RECORDS] * len(counts)
+    else:
+        assert result.returncode == 1 and final.startswith("[launcher] job FAILED: ")

@@ -1,0 +1,279 @@
+"""Chaos soak: a counting job under random kills and freezes, then checked exact.
+
+Runs `keras-elastic run` of the counting model (tests/counting_script.py:
+every weight counts each record once per epoch, so any lost or doubled
+gradient shows) with 2 workers and 2 parameter servers, on loopback, and for
+`--minutes` injects faults into randomly chosen roles at random moments
+(seeded, one at a time, at most `--max_faults`):
+
+- `kill`:          SIGKILL;
+- `freeze`:        SIGSTOP, SIGCONT after a few seconds (less than the
+                   liveness timeout: the role must come back on its own);
+- `freeze_for_good`: SIGSTOP and never SIGCONT (the launcher must find it
+                   silent, kill it and replace it).
+
+The roles: any worker alive, any parameter server, the master. After each
+fault the soak waits until the job is healthy again (the job made progress,
+and a killed or frozen-for-good service is replaced) before the next, and
+counts that wait as the seconds the fault cost. Then the job runs to its
+end, and the soak checks the counting model (exact) and the ledger (every
+task of every epoch exactly once), and prints the faults injected and
+recovered, the seconds lost per fault by kind, and the result. Exit status
+0 only when exact.
+
+    python tools/chaos_soak.py --minutes=30 --seed=1
+    python tools/chaos_soak.py --smoke        # about 2 minutes (CI)
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags, logging
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "tests", "counting_script.py")
+RECORDS = 1024
+TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
+KINDS = ("kill", "freeze", "freeze_for_good")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_float("minutes", 10.0, "Minutes of fault injection.")
+flags.DEFINE_integer("seed", 1, "Seed of the fault plan.")
+flags.DEFINE_integer("max_faults", 1000, "Most faults injected.")
+flags.DEFINE_float("liveness_timeout", 6.0, "The job's --liveness_timeout.")
+flags.DEFINE_float("heartbeat_timeout", 10.0, "The job's --heartbeat_timeout.")
+flags.DEFINE_float("sleep_per_batch", 0.03, "Paces the workers.")
+flags.DEFINE_integer("epochs", 0, "Epochs of the job (0: enough for --minutes).")
+flags.DEFINE_string("job_dir", None, "Where the job runs (default: a new temp dir).")
+flags.DEFINE_bool("smoke", False, "A short soak: 1 minute, at most 5 faults.")
+
+
+def _cluster(job_dir: str) -> dict:
+    try:
+        with open(os.path.join(job_dir, "cluster.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _status(job_dir: str) -> dict | None:
+    sys.path.insert(0, REPO)
+    from keras_elastic.master.client import MasterClient
+
+    address = _cluster(job_dir).get("master")
+    if not address:
+        return None
+    try:
+        client = MasterClient(address, connect_timeout=2, reconnect_timeout=1)
+    except (ConnectionError, ValueError):
+        return None
+    try:
+        return client.status(timeout=3)
+    except (ConnectionError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+def _tasks_done(status: dict | None) -> int:
+    training = ((status or {}).get("datasets") or {}).get("training") or {}
+    return int(training.get("tasks_done_total", 0))
+
+
+def _finished(status: dict | None) -> bool:
+    training = ((status or {}).get("datasets") or {}).get("training") or {}
+    return bool(training.get("finished"))
+
+
+def _pid_of(cluster: dict, role: str) -> int | None:
+    if role == "master":
+        return cluster.get("master_pid")
+    kind, _, index = role.partition("-")
+    if kind == "ps":
+        pids = cluster.get("ps_pids") or []
+        return pids[int(index)] if int(index) < len(pids) else None
+    return (cluster.get("worker_pids") or {}).get(index)
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _healthy_again(job_dir: str, role: str, pid: int, kind: str, done_before: int,
+                   start: float, timeout: float) -> float | None:
+    """Seconds from the fault (at monotonic `start`) until the job is healthy
+    again (progress made, and a service that was killed or frozen for good
+    replaced); None: not within `timeout`."""
+    while time.monotonic() - start < timeout:
+        status = _status(job_dir)
+        replaced = True
+        if kind != "freeze" and not role.startswith("worker"):
+            replaced = _pid_of(_cluster(job_dir), role) not in (None, pid)
+        if status is not None and replaced and (
+                _tasks_done(status) > done_before or _finished(status)):
+            return time.monotonic() - start
+        time.sleep(0.25)
+    return None
+
+
+def soak(job_dir: str, minutes: float, seed: int, max_faults: int) -> int:
+    rng = random.Random(seed)
+    os.makedirs(job_dir, exist_ok=True)
+    # The job's token, shared with the launcher so that this process may ask
+    # the master for the job's status.
+    os.environ.setdefault("KERAS_ELASTIC_TOKEN", secrets.token_hex(32))
+    data_dir = os.path.join(job_dir, "data")
+    subprocess.run([sys.executable, "-c",
+                    "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "import counting_script as c; c.write_data(sys.argv[2], "
+                    f"{RECORDS}, 4)", os.path.join(REPO, "tests"), data_dir],
+                   check=True, env=dict(os.environ, PYTHONPATH=REPO))
+    # About 2.5 s per epoch on 2 cores: enough epochs to outlast the faults.
+    epochs = FLAGS.epochs or max(3, int(minutes * 60 / 2.5))
+    out = os.path.join(job_dir, "out.json")
+    argv = [sys.executable, "-m", "keras_elastic", "run",
+            f"--job_dir={os.path.join(job_dir, 'job')}", "--num_workers=2",
+            "--num_ps=2", "--ps_checkpoint_secs=2", "--max_worker_restarts=1000",
+            "--max_ps_restarts=1000", "--max_master_restarts=1000",
+            f"--liveness_timeout={FLAGS.liveness_timeout}",
+            f"--heartbeat_timeout={FLAGS.heartbeat_timeout}",
+            "--progress_interval=30", "--", sys.executable, SCRIPT,
+            f"--data={data_dir}/*.tfrecord", f"--epochs={epochs}", f"--output={out}",
+            f"--sleep_per_batch={FLAGS.sleep_per_batch}"]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
+        "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+    log_path = os.path.join(job_dir, "launcher.log")
+    job = os.path.join(job_dir, "job")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    faults: list[dict] = []
+    started = time.monotonic()
+    try:
+        while _tasks_done(_status(job)) < 2:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the job ended before training: see {log_path}")
+            time.sleep(0.5)
+        while (time.monotonic() - started < minutes * 60 and len(faults) < max_faults
+               and proc.poll() is None):
+            time.sleep(rng.uniform(2.0, 8.0))
+            status = _status(job)
+            if status is None or _finished(status):
+                continue
+            cluster = _cluster(job)
+            roles = ["master", "ps-0", "ps-1"] + [
+                f"worker-{w}" for w in status["workers"]["alive"]]
+            role, kind = rng.choice(roles), rng.choice(KINDS)
+            pid = _pid_of(cluster, role)
+            if not _alive(pid):
+                continue
+            done = _tasks_done(status)
+            injected = time.monotonic()
+            at = injected - started
+            if kind == "kill":
+                os.kill(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGSTOP)
+                if kind == "freeze":
+                    time.sleep(rng.uniform(1.0, FLAGS.liveness_timeout / 2))
+                    if _alive(pid):
+                        os.kill(pid, signal.SIGCONT)
+            lost = _healthy_again(job, role, pid, kind, done, injected, timeout=300)
+            faults.append({"at": round(at, 1), "role": role, "kind": kind, "pid": pid,
+                           "seconds_lost": None if lost is None else round(lost, 1)})
+            logging.info("fault %d: %s of %s (pid %d) at %.0f s: %s", len(faults),
+                         kind, role, pid, at, "not recovered" if lost is None
+                         else f"healthy again in {lost:.1f} s")
+        proc.wait(timeout=max(600, epochs * 10))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return _report(job, out, faults, proc.returncode, epochs, time.monotonic() - started,
+                   log_path)
+
+
+def _exact(job: str, out: str, epochs: int) -> list[str]:
+    problems = []
+    try:
+        with open(out) as f:
+            counts = json.load(f)["counts"]
+        if counts != [epochs * RECORDS] * len(counts):
+            problems.append(f"counts {counts}, expected {epochs * RECORDS} each")
+    except (OSError, ValueError, KeyError) as e:
+        problems.append(f"no model output: {e}")
+    try:
+        with open(os.path.join(job, "ledger.json")) as f:
+            ledger = json.load(f)["training"]
+    except (OSError, ValueError, KeyError) as e:
+        return problems + [f"no ledger: {e}"]
+    seen = collections.Counter((e["epoch"], e["task_id"]) for e in ledger
+                               if not e.get("rolled_back"))
+    expected = {(ep, t) for ep in range(epochs) for t in range(TASKS_PER_EPOCH)}
+    if set(seen) != expected:
+        problems.append(f"ledger: {len(expected - set(seen))} tasks missing, "
+                        f"{len(set(seen) - expected)} unexpected")
+    doubled = sum(1 for n in seen.values() if n != 1)
+    if doubled:
+        problems.append(f"ledger: {doubled} tasks done more than once")
+    return problems
+
+
+def _report(job: str, out: str, faults: list[dict], code: int, epochs: int,
+            elapsed: float, log_path: str) -> int:
+    problems = ([] if code == 0 else [f"the job exited with {code} ({log_path})"])
+    problems += _exact(job, out, epochs)
+    print(f"chaos soak: {len(faults)} faults in {elapsed / 60:.1f} min, job of "
+          f"{epochs} epochs")
+    print(f"{'kind':<16} {'role':<7} {'injected':>8} {'recovered':>9} "
+          f"{'mean s lost':>11} {'max s lost':>10}")
+    groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    for fault in faults:
+        groups[(fault["kind"], fault["role"].split("-")[0])].append(fault)
+    for (kind, role), items in sorted(groups.items()):
+        lost = [f["seconds_lost"] for f in items if f["seconds_lost"] is not None]
+        print(f"{kind:<16} {role:<7} {len(items):>8} {len(lost):>9} "
+              f"{statistics.mean(lost) if lost else float('nan'):>11.1f} "
+              f"{max(lost) if lost else float('nan'):>10.1f}")
+    unrecovered = [f for f in faults if f["seconds_lost"] is None]
+    if unrecovered:
+        problems.append(f"{len(unrecovered)} fault(s) not recovered within 300 s: "
+                        f"{unrecovered[:3]}")
+    print("result: EXACT (counting model and ledger)" if not problems else
+          "result: NOT EXACT: " + "; ".join(problems))
+    with open(os.path.join(os.path.dirname(job), "faults.json"), "w") as f:
+        json.dump({"faults": faults, "problems": problems}, f, indent=1)
+    return 0 if not problems else 1
+
+
+def main(argv) -> None:
+    del argv
+    minutes, max_faults = FLAGS.minutes, FLAGS.max_faults
+    if FLAGS.smoke:
+        minutes, max_faults = min(minutes, 1.0), min(max_faults, 5)
+    job_dir = FLAGS.job_dir or tempfile.mkdtemp(prefix="chaos-soak-")
+    sys.exit(soak(job_dir, minutes, FLAGS.seed, max_faults))
+
+
+if __name__ == "__main__":
+    app.run(main)

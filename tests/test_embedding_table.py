@@ -340,13 +340,11 @@ def test_initial_rows_differ_between_ids_and_seeds():
     assert not np.intersect1d(rows[0], rows[1]).size
 
 
-def test_uniform_rows_statistics_and_speed():
+def test_uniform_rows_statistics():
+    # (Their speed is bench/bench_embedding.py's business: no time bound in
+    # a test, the machines are noisy.)
     ids = np.arange(100_000, dtype=np.int64)
-    initial_rows("uniform", ids[:10], 32, "float32")  # warm up
-    start = time.perf_counter()
     rows = initial_rows("uniform", ids, 32, "float32")
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"100k x 32 uniform rows took {elapsed:.2f} s"
     assert rows.shape == (100_000, 32) and rows.dtype == np.float32
     assert rows.min() >= -0.05 and rows.max() < 0.05
     assert abs(rows.mean()) < 0.001

@@ -10,7 +10,6 @@ servers with SIGKILL from outside.
 
 import json
 import os
-import time
 
 import pytest
 from conftest import launch
@@ -92,12 +91,11 @@ def test_workers_failing_the_same_way_fail_the_job_promptly(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("raise SystemExit('crash.py: model_def has no attribute "
                       "custom_model')\n")
-    start = time.time()
     result = launch(str(tmp_path / "job"), str(script), "--num_workers=2",
                     "--max_worker_restarts=50", timeout=180)
     assert result.returncode == 1
     assert "the last 3 workers all failed the same way" in result.stderr
     assert "model_def has no attribute custom_model" in result.stderr
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    # Promptly: after 3 identical deaths, not after the budget of 50.
     assert summary["worker_restarts"] <= 2, summary
-    assert time.time() - start < 120

@@ -6,7 +6,6 @@ Split from test_exactly_once.py (same counting model, see there) so that
 pytest-xdist's `--dist loadfile` can run the two halves on two cores.
 """
 
-import glob
 import json
 import os
 import subprocess
@@ -30,36 +29,28 @@ def data(tmp_path_factory):
     return write_data(str(tmp_path_factory.mktemp("counting")))
 
 
-@pytest.mark.parametrize("num_ps, victim, when, checkpoint", [
-    # 1 PS killed in the first epoch, before any automatic checkpoint: the job
-    # restarts from the initial model at the start of the data.
-    (1, 0, (0, 4), False),
-    # One of 2 PS killed in the second epoch, after automatic checkpoints.
-    (2, 1, (1, 4), True),
+@pytest.mark.parametrize("num_ps, victim, push, checkpoint", [
+    # 1 PS killed in the first epoch (at its 10th push of 128), before any
+    # automatic checkpoint: the job restarts from the initial model.
+    (1, 0, 10, False),
+    # One of 2 PS killed in the second epoch (its 90th push), after automatic
+    # checkpoints (one every 8 model versions).
+    (2, 1, 90, True),
 ])
 def test_parameter_server_killed_mid_epoch_job_finishes_exact(
-        tmp_path, data, num_ps, victim, when, checkpoint):
-    job_dir = str(tmp_path / "job")
-    secs = "2" if checkpoint else "1000"
-    out, proc = counting_job(
-        tmp_path, data, f"--num_ps={num_ps}", f"--ps_checkpoint_secs={secs}",
-        script_args=("--sleep_per_batch=0.1",), background=True)
-    try:
-        epoch, done = when
-        wait_for(lambda: _training(job_dir).get("epoch") == epoch and
-                 _training(job_dir).get("done", 0) >= done, timeout=240,
-                 what=f"epoch {epoch} under way")
-        if checkpoint:
-            # Any automatic checkpoint (older ones are pruned as newer come).
-            wait_for(lambda: glob.glob(os.path.join(
-                job_dir, "ps_checkpoints", "ckpt-*", "manifest.json")), timeout=60,
-                what="an automatic checkpoint")
-        kill_ps(job_dir, victim)
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-4000:]
+        tmp_path, data, num_ps, victim, push, checkpoint):
+    # The moment comes from a fault-injection point in the server itself
+    # (SIGKILL at its N-th push), not from watching the job's status.
+    every = ("--ps_checkpoint_versions=8", "--ps_checkpoint_secs=0") if checkpoint \
+        else ("--ps_checkpoint_secs=1000",)
+    out, result = counting_job(
+        tmp_path, data, f"--num_ps={num_ps}", *every,
+        script_args=("--sleep_per_batch=0.05",),
+        faults=f"ps_push@{push}:ps{victim}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "fault injection: kill at 'ps_push'" in (
+        tmp_path / "job" / f"ps-{victim}.log").read_text()
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["ps_restarts"] == 1, summary
     recovery = summary["ps_recoveries"][0]
@@ -73,25 +64,18 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
 
 
 def test_parameter_server_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):
-    job_dir = str(tmp_path / "job")
-    _, proc = counting_job(tmp_path, data, "--num_ps=1", "--max_ps_restarts=1",
-                           script_args=("--sleep_per_batch=0.1",), background=True)
-    try:
-        wait_for(lambda: _training(job_dir).get("done", 0) >= 2, timeout=240,
-                 what="the job to start")
-        first = kill_ps(job_dir, 0)
-        wait_for(lambda: json.load(open(os.path.join(job_dir, "cluster.json")))[
-            "ps_pids"][0] != first and _training(job_dir), timeout=120,
-            what="the parameter server to be back")
-        kill_ps(job_dir, 0)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, output[-4000:]
+    # Every incarnation of the server dies at its 5th push (the fault plan
+    # counts per process here: no faults directory), so the restarted one
+    # dies too, and --max_ps_restarts=1 is spent.
+    _, result = counting_job(tmp_path, data, "--num_ps=1", "--max_ps_restarts=1",
+                             script_args=("--sleep_per_batch=0.05",),
+                             env={"KERAS_ELASTIC_FAULTS": "ps_push@5:ps0"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]
     assert ("job FAILED: parameter server 0 exited with code -9 and was already "
             "restarted 1 time(s) (--max_ps_restarts=1)") in output
     assert "serving at" in output  # the tail of its log
+    assert output.count("fault injection: kill at 'ps_push'") >= 2
 
 
 def test_digits_with_a_parameter_server_killed_reaches_95_percent(tmp_path):

@@ -25,6 +25,9 @@ flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Where worker 0 writes weights (.npz).")
 flags.DEFINE_integer("exit_code", 0, "Exit with this code right away (crash tests).")
 flags.DEFINE_string("checkpoint_dir", None, "Save a checkpoint every epoch here.")
+flags.DEFINE_string("barrier", None, "EPOCH:N: at the end of epoch EPOCH (0-based; "
+                    "-1: before training) wait until N workers are alive (tests "
+                    "drive a job's moments with it instead of racing it).")
 flags.DEFINE_bool("slow_second_save", False, "The 2nd save stalls in the sharding "
                   "callback (on the parameter server) after writing a marker file.")
 
@@ -51,6 +54,14 @@ class SlowSecondSave(tf.train.experimental.ShardingCallback):
         return [shard]
 
 
+def wait_for_workers(cluster, count: int) -> None:
+    deadline = time.monotonic() + 300
+    while len(cluster.master.status()["workers"]["alive"]) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"--barrier: {count} workers never were alive")
+        time.sleep(0.1)
+
+
 def main(argv):
     del argv
     import sys
@@ -75,6 +86,14 @@ def main(argv):
     model.compile(optimizer=keras.optimizers.SGD(0.05),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     callbacks = []
+    if FLAGS.barrier:
+        at, count = (int(v) for v in FLAGS.barrier.split(":"))
+        if at < 0:
+            wait_for_workers(cluster, count)
+        else:
+            callbacks.append(keras.callbacks.LambdaCallback(
+                on_epoch_end=lambda epoch, logs: epoch == at and wait_for_workers(
+                    cluster, count)))
     if FLAGS.sleep_per_batch:
         callbacks.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda b, logs: time.sleep(FLAGS.sleep_per_batch)))
@@ -82,6 +101,12 @@ def main(argv):
         callbacks.append(ke.callbacks.ShardedModelCheckpoint(
             FLAGS.checkpoint_dir, sharding_callback=SlowSecondSave(
                 os.environ["KERAS_ELASTIC_JOB_DIR"]) if FLAGS.slow_second_save else None))
+        if FLAGS.slow_second_save:
+            # What the first checkpoint holds: the servers' values at the end
+            # of epoch 1, which the model holds after it (one worker).
+            callbacks.append(keras.callbacks.LambdaCallback(
+                on_epoch_end=lambda epoch, logs: epoch == 0 and np.savez(
+                    os.path.join(job_dir, "epoch-1.npz"), *model.get_weights())))
     model.fit(ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
                                 batch_size=FLAGS.batch_size,
                                 minibatches_per_task=FLAGS.minibatches_per_task),

@@ -114,6 +114,6 @@ def test_chaos_soak_smoke_kills_and_freezes_and_stays_exact(tmp_path):
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
-    assert "result: EXACT (counting model and ledger)" in result.stdout
+    assert "result: EXACT (counting model and ledger of every job)" in result.stdout
     faults = json.loads((tmp_path / "soak" / "faults.json").read_text())["faults"]
     assert len(faults) >= 4 and all(f["seconds_lost"] is not None for f in faults)

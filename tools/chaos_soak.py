@@ -4,7 +4,8 @@ Runs `keras-elastic run` of the counting model (tests/counting_script.py:
 every weight counts each record once per epoch, so any lost or doubled
 gradient shows) with 2 workers and 2 parameter servers, on loopback, and for
 `--minutes` injects faults into randomly chosen roles at random moments
-(seeded, one at a time, at most `--max_faults`):
+(seeded, one at a time, at most `--max_faults`), one job of `--epochs` after
+the other:
 
 - `kill`:          SIGKILL;
 - `freeze`:        SIGSTOP, SIGCONT after a few seconds (less than the
@@ -15,9 +16,9 @@ gradient shows) with 2 workers and 2 parameter servers, on loopback, and for
 The roles: any worker alive, any parameter server, the master. After each
 fault the soak waits until the job is healthy again (the job made progress,
 and a killed or frozen-for-good service is replaced) before the next, and
-counts that wait as the seconds the fault cost. Then the job runs to its
-end, and the soak checks the counting model (exact) and the ledger (every
-task of every epoch exactly once), and prints the faults injected and
+counts that wait as the seconds the fault cost. Each job runs to its end,
+and the soak checks its counting model (exact) and its ledger (every task of
+every epoch exactly once), and prints the faults injected and
 recovered, the seconds lost per fault by kind, and the result. Exit status
 0 only when exact.
 
@@ -54,7 +55,8 @@ flags.DEFINE_integer("max_faults", 1000, "Most faults injected.")
 flags.DEFINE_float("liveness_timeout", 6.0, "The job's --liveness_timeout.")
 flags.DEFINE_float("heartbeat_timeout", 10.0, "The job's --heartbeat_timeout.")
 flags.DEFINE_float("sleep_per_batch", 0.03, "Paces the workers.")
-flags.DEFINE_integer("epochs", 0, "Epochs of the job (0: enough for --minutes).")
+flags.DEFINE_integer("epochs", 30, "Epochs of each counting job (the soak runs one "
+                     "job after the other until --minutes are over).")
 flags.DEFINE_string("job_dir", None, "Where the job runs (default: a new temp dir).")
 flags.DEFINE_bool("smoke", False, "A short soak: 1 minute, at most 5 faults.")
 
@@ -137,25 +139,17 @@ def _healthy_again(job_dir: str, role: str, pid: int, kind: str, done_before: in
     return None
 
 
-def soak(job_dir: str, minutes: float, seed: int, max_faults: int) -> int:
-    rng = random.Random(seed)
-    os.makedirs(job_dir, exist_ok=True)
-    # The job's token, shared with the launcher so that this process may ask
-    # the master for the job's status.
-    os.environ.setdefault("KERAS_ELASTIC_TOKEN", secrets.token_hex(32))
-    data_dir = os.path.join(job_dir, "data")
-    subprocess.run([sys.executable, "-c",
-                    "import sys; sys.path.insert(0, sys.argv[1]); "
-                    "import counting_script as c; c.write_data(sys.argv[2], "
-                    f"{RECORDS}, 4)", os.path.join(REPO, "tests"), data_dir],
-                   check=True, env=dict(os.environ, PYTHONPATH=REPO))
-    # About 2.5 s per epoch on 2 cores: enough epochs to outlast the faults.
-    epochs = FLAGS.epochs or max(3, int(minutes * 60 / 2.5))
-    out = os.path.join(job_dir, "out.json")
-    argv = [sys.executable, "-m", "keras_elastic", "run",
-            f"--job_dir={os.path.join(job_dir, 'job')}", "--num_workers=2",
-            "--num_ps=2", "--ps_checkpoint_secs=2", "--max_worker_restarts=1000",
-            "--max_ps_restarts=1000", "--max_master_restarts=1000",
+def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Random,
+             started: float, deadline: float, faults: list[dict],
+             max_faults: int) -> list[str]:
+    """One counting job under faults until it ends (faults stop at
+    `deadline`); returns its problems ([]: exact)."""
+    job = os.path.join(root, f"job-{index}")
+    out = os.path.join(root, f"out-{index}.json")
+    argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job}",
+            "--num_workers=2", "--num_ps=2", "--ps_checkpoint_secs=2",
+            "--max_worker_restarts=1000", "--max_ps_restarts=1000",
+            "--max_master_restarts=1000",
             f"--liveness_timeout={FLAGS.liveness_timeout}",
             f"--heartbeat_timeout={FLAGS.heartbeat_timeout}",
             "--progress_interval=30", "--", sys.executable, SCRIPT,
@@ -163,33 +157,28 @@ def soak(job_dir: str, minutes: float, seed: int, max_faults: int) -> int:
             f"--sleep_per_batch={FLAGS.sleep_per_batch}"]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
         "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-    log_path = os.path.join(job_dir, "launcher.log")
-    job = os.path.join(job_dir, "job")
+    log_path = os.path.join(root, f"launcher-{index}.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    faults: list[dict] = []
-    started = time.monotonic()
     try:
         while _tasks_done(_status(job)) < 2:
             if proc.poll() is not None:
-                raise RuntimeError(f"the job ended before training: see {log_path}")
+                return [f"job {index} ended before training: see {log_path}"]
             time.sleep(0.5)
-        while (time.monotonic() - started < minutes * 60 and len(faults) < max_faults
-               and proc.poll() is None):
+        while time.monotonic() < deadline and len(faults) < max_faults and (
+                proc.poll() is None):
             time.sleep(rng.uniform(2.0, 8.0))
             status = _status(job)
             if status is None or _finished(status):
                 continue
-            cluster = _cluster(job)
             roles = ["master", "ps-0", "ps-1"] + [
                 f"worker-{w}" for w in status["workers"]["alive"]]
             role, kind = rng.choice(roles), rng.choice(KINDS)
-            pid = _pid_of(cluster, role)
+            pid = _pid_of(_cluster(job), role)
             if not _alive(pid):
                 continue
             done = _tasks_done(status)
             injected = time.monotonic()
-            at = injected - started
             if kind == "kill":
                 os.kill(pid, signal.SIGKILL)
             else:
@@ -199,18 +188,46 @@ def soak(job_dir: str, minutes: float, seed: int, max_faults: int) -> int:
                     if _alive(pid):
                         os.kill(pid, signal.SIGCONT)
             lost = _healthy_again(job, role, pid, kind, done, injected, timeout=300)
-            faults.append({"at": round(at, 1), "role": role, "kind": kind, "pid": pid,
+            faults.append({"job": index, "at": round(injected - started, 1),
+                           "role": role, "kind": kind, "pid": pid,
                            "seconds_lost": None if lost is None else round(lost, 1)})
-            logging.info("fault %d: %s of %s (pid %d) at %.0f s: %s", len(faults),
-                         kind, role, pid, at, "not recovered" if lost is None
+            logging.info("fault %d (job %d): %s of %s (pid %d) at %.0f s: %s",
+                         len(faults), index, kind, role, pid, injected - started,
+                         "not recovered" if lost is None
                          else f"healthy again in {lost:.1f} s")
-        proc.wait(timeout=max(600, epochs * 10))
+        proc.wait(timeout=max(600, epochs * 20))
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return _report(job, out, faults, proc.returncode, epochs, time.monotonic() - started,
-                   log_path)
+    problems = [] if proc.returncode == 0 else [
+        f"job {index} exited with {proc.returncode} ({log_path})"]
+    return problems + [f"job {index}: {p}" for p in _exact(job, out, epochs)]
+
+
+def soak(root: str, minutes: float, seed: int, max_faults: int) -> int:
+    """Counting jobs one after the other, under faults, for `minutes`."""
+    rng = random.Random(seed)
+    os.makedirs(root, exist_ok=True)
+    # The jobs' token, shared with their launchers so that this process may
+    # ask the master for a job's status.
+    os.environ.setdefault("KERAS_ELASTIC_TOKEN", secrets.token_hex(32))
+    data_dir = os.path.join(root, "data")
+    subprocess.run([sys.executable, "-c",
+                    "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "import counting_script as c; c.write_data(sys.argv[2], "
+                    f"{RECORDS}, 4)", os.path.join(REPO, "tests"), data_dir],
+                   check=True, env=dict(os.environ, PYTHONPATH=REPO))
+    faults: list[dict] = []
+    problems: list[str] = []
+    started = time.monotonic()
+    deadline = started + minutes * 60
+    jobs = 0
+    while time.monotonic() < deadline and len(faults) < max_faults:
+        problems += _run_job(root, jobs, data_dir, FLAGS.epochs, rng, started,
+                             deadline, faults, max_faults)
+        jobs += 1
+    return _report(root, faults, problems, jobs, time.monotonic() - started)
 
 
 def _exact(job: str, out: str, epochs: int) -> list[str]:
@@ -239,12 +256,10 @@ def _exact(job: str, out: str, epochs: int) -> list[str]:
     return problems
 
 
-def _report(job: str, out: str, faults: list[dict], code: int, epochs: int,
-            elapsed: float, log_path: str) -> int:
-    problems = ([] if code == 0 else [f"the job exited with {code} ({log_path})"])
-    problems += _exact(job, out, epochs)
-    print(f"chaos soak: {len(faults)} faults in {elapsed / 60:.1f} min, job of "
-          f"{epochs} epochs")
+def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
+            elapsed: float) -> int:
+    print(f"chaos soak: {len(faults)} faults in {elapsed / 60:.1f} min over {jobs} "
+          f"counting job(s) of {FLAGS.epochs} epochs, 2 workers, 2 parameter servers")
     print(f"{'kind':<16} {'role':<7} {'injected':>8} {'recovered':>9} "
           f"{'mean s lost':>11} {'max s lost':>10}")
     groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
@@ -257,12 +272,12 @@ def _report(job: str, out: str, faults: list[dict], code: int, epochs: int,
               f"{max(lost) if lost else float('nan'):>10.1f}")
     unrecovered = [f for f in faults if f["seconds_lost"] is None]
     if unrecovered:
-        problems.append(f"{len(unrecovered)} fault(s) not recovered within 300 s: "
-                        f"{unrecovered[:3]}")
-    print("result: EXACT (counting model and ledger)" if not problems else
-          "result: NOT EXACT: " + "; ".join(problems))
-    with open(os.path.join(os.path.dirname(job), "faults.json"), "w") as f:
-        json.dump({"faults": faults, "problems": problems}, f, indent=1)
+        problems = problems + [f"{len(unrecovered)} fault(s) not recovered within "
+                               f"300 s: {unrecovered[:3]}"]
+    print("result: EXACT (counting model and ledger of every job)" if not problems
+          else "result: NOT EXACT: " + "; ".join(problems))
+    with open(os.path.join(root, "faults.json"), "w") as f:
+        json.dump({"faults": faults, "problems": problems, "jobs": jobs}, f, indent=1)
     return 0 if not problems else 1
 
 
@@ -271,6 +286,7 @@ def main(argv) -> None:
     minutes, max_faults = FLAGS.minutes, FLAGS.max_faults
     if FLAGS.smoke:
         minutes, max_faults = min(minutes, 1.0), min(max_faults, 5)
+        FLAGS.epochs = min(FLAGS.epochs, 20)
     job_dir = FLAGS.job_dir or tempfile.mkdtemp(prefix="chaos-soak-")
     sys.exit(soak(job_dir, minutes, FLAGS.seed, max_faults))
 

@@ -40,7 +40,7 @@ def test_a_parameter_server_frozen_for_good_is_killed_and_recovered(
     victim = num_ps - 1
     out, result = counting_job(
         tmp_path, data, f"--num_ps={num_ps}", "--ps_checkpoint_secs=1",
-        "--liveness_timeout=5", faults=f"ps_push@40:ps{victim}=freeze")
+        "--liveness_timeout=8", faults=f"ps_push@40:ps{victim}=freeze")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
@@ -56,7 +56,7 @@ def test_a_parameter_server_frozen_for_good_is_killed_and_recovered(
 
 def test_the_master_frozen_for_good_is_killed_and_restarted(tmp_path, data):
     out, result = counting_job(
-        tmp_path, data, "--num_ps=1", "--liveness_timeout=5",
+        tmp_path, data, "--num_ps=1", "--liveness_timeout=8",
         faults="master_task@20:master=freeze")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
@@ -76,7 +76,7 @@ def test_a_worker_whose_training_thread_hangs_is_lost_killed_and_replaced(
     than the job's tasks take, requeues it and declares the worker lost; the
     launcher kills the process and relaunches a worker; the model is exact."""
     out, result = counting_job(
-        tmp_path, data, "--num_ps=1", "--liveness_timeout=5",
+        tmp_path, data, "--num_ps=1", "--liveness_timeout=8",
         faults="after_push@6:w1=hang")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]

@@ -354,3 +354,37 @@ def test_a_master_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):
     assert proc.returncode == 1, output[-4000:]
     assert "the master exited with code -9 and was already restarted 0 time(s) " \
            "(--max_master_restarts=0)" in output, output[-4000:]
+
+
+def test_a_worker_past_its_loop_exits_when_a_recovery_reopens_tasks(monkeypatch):
+    """All workers wait at the end of training and a parameter-server
+    recovery reopens tasks: nobody would train them (the job would hang), so
+    a waiting worker exits with a clear error and the launcher relaunches
+    one that does."""
+    from keras_elastic.master.client import JobRolledBackError, MasterClient
+    from keras_elastic.master.status import JobStatus
+
+    def status(epoch, todo, rollbacks):
+        ds = {"mode": "training", "epoch": epoch, "num_epochs": 2,
+              "tasks_per_epoch": 4, "records_per_epoch": 16, "records_per_task": 4,
+              "todo": todo, "doing": 0, "done": 4 - todo, "tasks_done_total": 0,
+              "requeued": 0, "released": 0, "late_reports": 0,
+              "rollbacks": rollbacks, "finished": False, "done_task_ids": [],
+              "doing_by_worker": {}}
+        return JobStatus.from_dict({
+            "uptime": 1.0, "master_restarts": 0, "error": None,
+            "workers": {"alive": [0, 1], "lost": 0, "exited": [], "registered": 2},
+            "datasets": {"training": ds}, "tasks_done": 0, "requeued": 0,
+            "timings": {}})
+
+    client = MasterClient.__new__(MasterClient)
+    # Still running its last epoch, then done: the wait ends normally.
+    answers = iter([status(1, 0, 0), status(2, 0, 0)])
+    monkeypatch.setattr(client, "job_status", lambda: next(answers))
+    client.wait_for_epoch("training", 2, poll=0)
+    # A rollback reopens 3 tasks of epoch 1 while this worker waits.
+    answers = iter([status(1, 0, 0), status(1, 3, 1)])
+    monkeypatch.setattr(client, "job_status", lambda: next(answers))
+    with pytest.raises(JobRolledBackError, match="relaunches a worker to train the 3 "
+                       "reopened task"):
+        client.wait_for_epoch("training", 2, poll=0)

@@ -22,6 +22,10 @@ from keras_elastic.proto import master_pb2, master_pb2_grpc
 # `get_task(..., return_on_wait=True)`: the master says to wait.
 WAIT = "wait"
 
+class JobRolledBackError(errors.ClusterError, RuntimeError):
+    """The job went back (a recovery) past the end of this worker's loop."""
+
+
 class JobFailedError(errors.ClusterError, RuntimeError):
     """The master failed the job (for example a task failed too often)."""
 
@@ -245,6 +249,7 @@ class MasterClient:
         """Blocks until `dataset` has reached `epoch` (or finished)."""
         import time
 
+        rollbacks = None
         while True:
             status = self.job_status()
             if status.error:
@@ -254,6 +259,16 @@ class MasterClient:
                 raise ValueError(f"dataset '{dataset}' is not registered")
             if ds.epoch >= epoch or ds.finished:
                 return
+            if rollbacks is None:
+                rollbacks = ds.rollbacks
+            elif ds.rollbacks > rollbacks and ds.todo:
+                # A recovery reopened tasks this worker's loop is past: it
+                # cannot train them any more, a new worker can.
+                raise JobRolledBackError(
+                    f"dataset '{dataset}' was rolled back to epoch {ds.epoch} (a "
+                    f"parameter server was recovered) after this worker finished "
+                    f"its {epoch} epoch(s): it exits so that the launcher relaunches "
+                    f"a worker to train the {ds.todo} reopened task(s)")
             time.sleep(poll)
 
     def job_status(self, include_ledger: bool = False, timeout: float = 10.0

@@ -13,6 +13,7 @@ worker that finishes; they all end with the same model).
 
 import json
 import os
+import time
 
 import keras
 import numpy as np
@@ -30,6 +31,9 @@ flags.DEFINE_integer("weights", 8, "Counting weights (spread over the servers)."
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
 flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"], "compile(exchange=...).")
+flags.DEFINE_string("hold_dir", None, "Each worker, after its 2nd batch, writes "
+                    "<hold_dir>/held-<id> and waits for <hold_dir>/go: a test holds "
+                    "the job mid-task while it acts, instead of racing it.")
 flags.DEFINE_bool("validate", False, "Validate on the data after each epoch.")
 flags.DEFINE_bool("filter_odd", False, "dataset_fn drops records with an odd id "
                   "(tasks' element counts then differ from their record counts).")
@@ -130,6 +134,15 @@ def main(argv):
         model.compile(optimizer=keras.optimizers.SGD(1.0),
                       b_optimizer=keras.optimizers.SGD(1.0), exchange=FLAGS.exchange)
     callbacks = []
+    if FLAGS.hold_dir:
+        def hold(batch, logs):
+            if batch != 1:
+                return
+            open(os.path.join(FLAGS.hold_dir, f"held-{cluster.worker_id}"), "w").close()
+            go, deadline = os.path.join(FLAGS.hold_dir, "go"), time.monotonic() + 600
+            while not os.path.exists(go) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=hold))
     if FLAGS.sleep_per_batch:
         callbacks.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda b, logs: __import__("time").sleep(

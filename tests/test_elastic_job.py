@@ -79,7 +79,7 @@ def test_worker_killed_mid_epoch_is_relaunched_and_every_task_runs_once(tmp_path
                     env={"KERAS_ELASTIC_FAULTS": "after_claim@3:w1"})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    assert "fault injection: kill at 'after_claim'" in output
+    assert "fault injection: SIGKILL at 'after_claim'" in output
     summary = json.load(open(os.path.join(job_dir, "summary.json")))
     assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1
     assert summary["requeued"] >= 1  # the killed worker held tasks

@@ -49,7 +49,7 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         faults=f"ps_push@{push}:ps{victim}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    assert "fault injection: kill at 'ps_push'" in (
+    assert "fault injection: SIGKILL at 'ps_push'" in (
         tmp_path / "job" / f"ps-{victim}.log").read_text()
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["ps_restarts"] == 1, summary
@@ -75,7 +75,7 @@ def test_parameter_server_that_keeps_dying_fails_the_job_with_its_log(tmp_path, 
     assert ("job FAILED: parameter server 0 exited with code -9 and was already "
             "restarted 1 time(s) (--max_ps_restarts=1)") in output
     assert "serving at" in output  # the tail of its log
-    assert output.count("fault injection: kill at 'ps_push'") >= 2
+    assert output.count("fault injection: SIGKILL at 'ps_push'") >= 2
 
 
 def test_digits_with_a_parameter_server_killed_reaches_95_percent(tmp_path):

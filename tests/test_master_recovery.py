@@ -280,7 +280,7 @@ def test_master_killed_mid_epoch_the_job_finishes_exactly(tmp_path, data):
                                faults="master_task@24:master")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    assert "fault injection: kill at 'master_task'" in (
+    assert "fault injection: SIGKILL at 'master_task'" in (
         tmp_path / "job" / "master.log").read_text()
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["master_restarts"] == 1, summary

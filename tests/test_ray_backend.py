@@ -123,10 +123,11 @@ def ray_job(nodes: RayNodes, job_dir, command, *flags, background=False,
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def counting_job(nodes, tmp_path, data, *flags, epochs=2, sleep=0.1):
+def counting_job(nodes, tmp_path, data, *flags, epochs=2, sleep=0.1,
+                 script_args=()):
     out = tmp_path / "out.json"
     command = [sys.executable, SCRIPT, f"--data={data}", f"--epochs={epochs}",
-               f"--output={out}", f"--sleep_per_batch={sleep}"]
+               f"--output={out}", f"--sleep_per_batch={sleep}", *script_args]
     return out, ray_job(nodes, tmp_path / "job", command, *PLACEMENT, *flags,
                         background=True)
 
@@ -215,22 +216,30 @@ def test_worker_node_removed_mid_epoch_job_finishes_exact(ray_nodes, tmp_path,
     slot waits, and a node that joins gets it."""
     ray_nodes.ensure(2)
     job_dir = tmp_path / "job"
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    # Both workers stop after their 2nd batch, holding a task, until the test
+    # has removed the node (counting_script --hold_dir): nothing races.
     out, proc = counting_job(ray_nodes, tmp_path, counting_data, "--num_workers=2",
-                             "--num_ps=1", "--max_worker_restarts=2")
+                             "--num_ps=1", "--max_worker_restarts=2",
+                             script_args=(f"--hold_dir={hold}",))
     try:
-        wait_for(lambda: training(job_dir).get("done", 0) >= 2, timeout=240,
-                 what="the first tasks done")
+        wait_for(lambda: {p.name for p in hold.iterdir()} >= {"held-0", "held-1"}
+                 or proc.poll() is not None, timeout=240, what="both workers mid-task")
+        assert proc.poll() is None, finish(proc)[-4000:]
         cluster = cluster_file(job_dir)
         nodes = cluster["nodes"]
         victim = next(name for name in ("worker-0", "worker-1")
                       if nodes[name] != nodes["ps-0"])
         pid = cluster["worker_pids"][victim.split("-")[1]]
-        assert training(job_dir)["epoch"] == 0, "the job ran ahead of the test"
         ray_nodes.remove(nodes[victim])
         wait_for(lambda: pid_gone(pid), timeout=30, what=f"{victim}'s process to die")
-        # Its node had the only free worker slot: the replacement waits for room.
-        time.sleep(1.0)
+        # Its node had the only free worker slot: the replacement waits for room
+        # (the launcher says so in cluster.json), and none is placed.
+        wait_for(lambda: cluster_file(job_dir).get("worker_slots_pending") == 1,
+                 timeout=60, what="the replacement waiting for room")
         assert "worker-2" not in cluster_file(job_dir)["nodes"]
+        (hold / "go").write_text("")
         new_node = ray_nodes.add()
         wait_for(lambda: cluster_file(job_dir)["nodes"].get("worker-2"), timeout=60,
                  what="the replacement placed")
@@ -253,19 +262,25 @@ def test_parameter_server_node_removed_job_recovers_exact(ray_nodes, tmp_path,
                                                           counting_data):
     ray_nodes.ensure(2)
     job_dir = tmp_path / "job"
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    # Both workers stop after their 2nd batch (counting_script --hold_dir)
+    # until an automatic checkpoint of the trained model exists and the
+    # server's node is gone: nothing races the job.
     out, proc = counting_job(ray_nodes, tmp_path, counting_data, "--num_workers=2",
                              "--num_ps=1", "--ps_checkpoint_secs=2",
-                             "--max_worker_restarts=2")
+                             "--max_worker_restarts=2",
+                             script_args=(f"--hold_dir={hold}",))
     try:
-        wait_for(lambda: training(job_dir).get("epoch") == 1 and
-                 training(job_dir).get("done", 0) >= 2, timeout=240,
-                 what="epoch 2 under way")
-        # Any automatic checkpoint (older ones are pruned as newer come).
+        wait_for(lambda: {p.name for p in hold.iterdir()} >= {"held-0", "held-1"}
+                 or proc.poll() is not None, timeout=240, what="both workers mid-task")
+        assert proc.poll() is None, finish(proc)[-4000:]
         wait_for(lambda: list((job_dir / "ps_checkpoints").glob("ckpt-*/manifest.json")),
                  timeout=60, what="an automatic checkpoint")
         cluster = cluster_file(job_dir)
         old_node, old_address = cluster["nodes"]["ps-0"], cluster["ps"][0]
         ray_nodes.remove(old_node)  # the parameter server and a worker with it
+        (hold / "go").write_text("")
         output = finish(proc)
     finally:
         if proc.poll() is None:
@@ -286,15 +301,22 @@ def test_parameter_server_node_removed_job_recovers_exact(ray_nodes, tmp_path,
 def test_node_added_during_the_job_gets_a_worker(ray_nodes, tmp_path, counting_data):
     ray_nodes.ensure(1)  # one worker slot: the job starts below --max_workers
     job_dir = tmp_path / "job"
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    # Worker 0 stops after its 2nd batch until the node is added and a second
+    # worker placed there (counting_script --hold_dir): the job cannot end first.
     out, proc = counting_job(ray_nodes, tmp_path, counting_data, "--num_workers=1",
-                             "--max_workers=2", "--num_ps=1", epochs=3)
+                             "--max_workers=2", "--num_ps=1", epochs=3,
+                             script_args=(f"--hold_dir={hold}",))
     try:
-        wait_for(lambda: training(job_dir).get("done", 0) >= 2, timeout=240,
-                 what="the first tasks done")
+        wait_for(lambda: (hold / "held-0").exists() or proc.poll() is not None,
+                 timeout=240, what="worker 0 mid-task")
+        assert proc.poll() is None, finish(proc)[-4000:]
         new_node = ray_nodes.add()
         wait_for(lambda: cluster_file(job_dir).get("nodes", {}).get("worker-1"),
                  timeout=60, what="a second worker placed")
         assert cluster_file(job_dir)["nodes"]["worker-1"] == new_node
+        (hold / "go").write_text("")
         output = finish(proc)
     finally:
         if proc.poll() is None:
@@ -384,6 +406,14 @@ def node_hiding(ray_nodes, hidden: str):
     an empty tmpfs: as if the job's storage were not mounted there."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare (util-linux) to give a node its own mounts")
+    # Skipped only when this sandbox cannot make a mount namespace at all;
+    # once it can, a node that does not start is a failure, not a skip.
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                            f"mount -t tmpfs tmpfs {hidden}"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("this sandbox cannot give a process its own mounts: "
+                    f"{probe.stderr.strip()[-400:]}")
     command = f'mount -t tmpfs tmpfs {hidden} && exec "$0" -c "$1" "$2" "$3"'
     node = subprocess.Popen(
         ["unshare", "-rm", "sh", "-c", command, sys.executable, _NODE,
@@ -394,7 +424,8 @@ def node_hiding(ray_nodes, hidden: str):
         first = node.stdout.readline()
         if not first.startswith("node "):
             rest = node.communicate(timeout=30)[0]
-            pytest.skip(f"cannot give a Ray node its own mounts here: {first}{rest}"[-800:])
+            pytest.fail(f"the Ray node with its own mounts did not start: "
+                        f"{first}{rest}"[-1500:])
         yield first.split()[1]
     finally:
         if node.poll() is None:

@@ -141,7 +141,8 @@ def due(point: str) -> str | None:
 
 def act(point: str, action: str = "kill") -> None:
     """Does `action` here, saying where."""
-    sys.stderr.write(f"keras_elastic fault injection: {action} at '{point}', "
+    what = "SIGKILL" if action == "kill" else action
+    sys.stderr.write(f"keras_elastic fault injection: {what} at '{point}', "
                      f"pid {os.getpid()}\n")
     sys.stderr.flush()
     if action == "hang":

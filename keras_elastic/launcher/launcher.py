@@ -483,6 +483,8 @@ class Launcher:
         self._write_artifact("cluster.json", {
             "master": self.master_address, "ps": self.ps_addresses,
             "generation": self.generation,
+            # Lost workers whose replacement waits for room on the backend.
+            "worker_slots_pending": self.pending_slots,
             "ps_pids": [p.pid for p in self.ps_procs],
             "worker_pids": {str(i): p.pid for i, p in self.workers.items()},
             "master_pid": self.master_proc.pid,
@@ -638,6 +640,7 @@ class Launcher:
                 return
             if decision.action == WAIT_FOR_ROOM:
                 self.pending_slots += 1
+                self._write_cluster_file()
                 logging.warning("no room for a new worker on %s now: worker %d is "
                                 "relaunched when a node has room", self.backend.name,
                                 worker_id)

@@ -18,6 +18,7 @@ from keras_elastic.launcher.policy import (
     ScaleSteps,
     ServiceLiveness,
     WorkerDeath,
+    blame_overdue,
     desired_workers,
     scale_steps,
 )
@@ -164,3 +165,13 @@ def test_the_observers_own_stall_is_not_the_services_silence():
     assert live.lost(358.0) == []
     live.observed({"master": False}, 360.0)
     assert live.lost(360.0) == ["master"]
+
+
+def test_a_worker_waiting_for_a_server_in_trouble_is_not_to_blame():
+    """Overdue workers are blamed only when every server answered for longer
+    than the limit their hold passed."""
+    overdue = {0: 24.0, 3: 24.0, 5: 100.0}
+    assert blame_overdue(overdue, services_fine_for=10.0) == []   # a server hung
+    assert blame_overdue(overdue, services_fine_for=30.0) == [0, 3]
+    assert blame_overdue(overdue, services_fine_for=1e9) == [0, 3, 5]
+    assert blame_overdue({}, services_fine_for=1e9) == []

@@ -211,9 +211,10 @@ def test_a_task_held_far_longer_than_the_datasets_tasks_take_is_overdue(monkeypa
     assert ds.overdue(clock[0], floor=5.0) == {}
 
 
-def test_the_master_declares_a_worker_without_progress_lost(monkeypatch):
-    """Its heartbeats arrive, but its task does not move: lost, the task
-    requeued, and the status names it (the launcher then kills it)."""
+def test_the_master_names_a_worker_without_progress(monkeypatch):
+    """Its heartbeats arrive, but its task does not move: the status names it
+    overdue, with the limit its hold passed (the launcher decides whether it
+    is to blame, launcher/policy.blame_overdue, and reports it dead)."""
     from keras_elastic.master import task_queue
     from keras_elastic.master.servicer import MasterServicer
     from keras_elastic.proto import master_pb2
@@ -232,8 +233,14 @@ def test_the_master_declares_a_worker_without_progress_lost(monkeypatch):
     for w in (0, 1):
         servicer._workers[w]["last_seen"] = now + 10  # heartbeats keep coming
     assert servicer.check_liveness(now + 4.0, 1.0) == []
-    assert servicer.check_liveness(now + 5.5, 1.0) == [1]
+    assert servicer.status()["workers"]["overdue"] == {}
+    assert servicer.check_liveness(now + 5.5, 1.0) == []
+    workers = servicer.status()["workers"]
+    assert workers["overdue"] == {1: 5.0} and workers["alive"] == [0, 1]
+    # The launcher reports it dead: lost, its task requeued.
+    servicer.ReportWorkerDead(master_pb2.WorkerRequest(
+        worker_id=1, reason="no progress"), None)
     assert servicer._workers[1]["state"] == "lost"
     assert ds.requeued == 1 and task.task_id not in ds.doing
     workers = servicer.status()["workers"]
-    assert workers["lost_ids"] == [1] and workers["alive"] == [0]
+    assert workers["lost_ids"] == [1] and workers["overdue"] == {}

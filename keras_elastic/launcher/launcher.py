@@ -71,6 +71,7 @@ from keras_elastic.launcher.policy import (
     JobView,
     ServiceLiveness,
     WorkerDeath,
+    blame_overdue,
     desired_workers,
     scale_steps,
 )
@@ -656,6 +657,16 @@ class Launcher:
         (no heartbeat, or no progress on a task: a deadlocked training
         thread): their tasks went to others, and the process must not wake up
         into the job. The death is then handled as any other (relaunch)."""
+        fine_for = self.prober.services_fine_for()
+        for worker_id in blame_overdue(status.workers.overdue, fine_for):
+            if worker_id in self.workers and worker_id not in self._fenced:
+                limit = status.workers.overdue[worker_id]
+                reason = (f"no progress: it held a task for more than {limit:.0f} s "
+                          f"(the dataset's tasks take far less) while every server "
+                          f"answered")
+                logging.warning("worker %d: %s; declaring it lost", worker_id, reason)
+                self._report_dead(worker_id, reason)
+                status.workers.lost_ids.append(worker_id)
         for worker_id in status.workers.lost_ids:
             proc = self.workers.get(worker_id)
             if proc is None or worker_id in self._fenced or proc.poll() is not None:

@@ -49,6 +49,8 @@ class HealthProber:
         self._targets: dict[str, tuple[str, grpc.Channel]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # When a server last missed a health check or was (re)started.
+        self._last_trouble = time.monotonic()
 
     def set_target(self, role: str, address: str) -> None:
         """Probes `role` at `address` from now on; a (re)started service's
@@ -59,6 +61,7 @@ class HealthProber:
                 old[1].close()
             self._targets[role] = (address, rpc.make_channel(address))
             self.liveness.started(role, time.monotonic())
+            self._last_trouble = time.monotonic()
 
     def set_targets(self, targets: dict[str, str]) -> None:
         for role, address in targets.items():
@@ -67,6 +70,13 @@ class HealthProber:
     def lost(self) -> list[str]:
         with self._lock:
             return self.liveness.lost(time.monotonic())
+
+    def services_fine_for(self) -> float:
+        """Seconds since a server last missed a health check or was
+        (re)started: workers waiting on a server in that time are not to
+        blame for their lack of progress (`policy.blame_overdue`)."""
+        with self._lock:
+            return time.monotonic() - self._last_trouble
 
     def silent_for(self, role: str) -> float:
         with self._lock:
@@ -113,3 +123,5 @@ class HealthProber:
                 # A target replaced meanwhile starts afresh (set_target).
                 answers = {r: ok for r, ok in answers.items() if r in self._targets}
                 self.liveness.observed(answers, time.monotonic())
+                if not all(answers.values()):
+                    self._last_trouble = time.monotonic()

@@ -14,6 +14,8 @@ Train's `FailurePolicy` and torch elastic's agent:
 - `desired_workers` and `scale_steps`: how many workers the job should have
   (`--num_workers`, `keras-elastic scale`, nodes that joined) and what to
   start or stop to get there;
+- `blame_overdue`: which worker holding a task far too long is to blame
+  (not when a server it waits for was in trouble meanwhile);
 - `ServiceLiveness`: which service (the master, a parameter server) has not
   answered a health check for `--liveness_timeout` seconds, and is lost
   although its process lives (frozen, deadlocked, cut off).
@@ -232,3 +234,20 @@ class ServiceLiveness:
     def lost(self, now: float) -> list[str]:
         """The services silent for `timeout` seconds or more."""
         return sorted(r for r, t in self._last_ok.items() if now - t >= self.timeout)
+
+
+def blame_overdue(overdue: dict[int, float], services_fine_for: float) -> list[int]:
+    """The workers to declare lost among those the master finds `overdue`
+    (`{worker: the limit, in seconds, its hold of a task passed}`: far longer
+    than the dataset's tasks take): those whose servers were all fine for
+    longer than that limit (`services_fine_for`: seconds since a server last
+    missed a health check or was recovered). A worker that waits for a
+    server that hangs is not to blame: the server is found and replaced, and
+    the worker goes on.
+
+    >>> blame_overdue({1: 90.0, 2: 30.0}, services_fine_for=60.0)
+    [2]
+    >>> blame_overdue({1: 90.0}, services_fine_for=float("inf"))
+    [1]
+    """
+    return sorted(w for w, limit in overdue.items() if services_fine_for > limit)

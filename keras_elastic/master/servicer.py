@@ -42,6 +42,7 @@ from keras_elastic.master.task_queue import (
     DatasetTasks,
     auto_records_per_task,
     sizing_warning,
+    task_timeout,
 )
 from keras_elastic.proto import master_pb2, master_pb2_grpc
 
@@ -72,6 +73,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._workers: dict[int, dict] = {}
         self._waiting: dict[str, dict[int, int]] = {}  # dataset -> worker -> epoch
         self._heartbeat_timeout = heartbeat_timeout
+        # {worker: (seconds held, the limit passed, why)}: alive workers
+        # holding a task far too long.
+        self._overdue: dict[int, tuple[float, float, str]] = {}
         # The least time a task may be held before its worker counts as making
         # no progress (more for a dataset whose tasks are slow: task_timeout).
         self._progress_timeout = progress_timeout
@@ -344,16 +348,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 if silent > self._heartbeat_timeout:
                     self._lose(worker_id, f"no heartbeat for {silent:.0f} s")
                     lost.append(worker_id)
+            # Workers that hold a task far too long are only *named* here
+            # (`overdue` in the status): they may be waiting for a server that
+            # hangs, which only the launcher can tell; it decides, and reports
+            # the ones to blame dead (launcher/policy.blame_overdue).
+            overdue = {}
             for name, ds in self._datasets.items():
                 for worker_id, (task_id, held) in ds.overdue(
                         now, self._progress_timeout).items():
-                    if worker_id in self._alive():
+                    if worker_id in self._alive() and held > overdue.get(
+                            worker_id, (0.0, 0.0, ""))[0]:
                         mean = sum(ds.durations) / len(ds.durations)
-                        self._lose(worker_id, (
+                        limit = task_timeout(ds.durations, self._progress_timeout)
+                        overdue[worker_id] = (held, limit, (
                             f"no progress: task {task_id} of '{name}' held for "
                             f"{held:.0f} s, while its tasks take {mean:.1f} s on "
                             "average"))
-                        lost.append(worker_id)
+            self._overdue = overdue
         return lost
 
     def _touch(self, worker_id: int) -> None:
@@ -668,6 +679,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     "lost": self._lost,
                     "lost_ids": sorted(w for w, s in self._workers.items()
                                        if s["state"] == "lost"),
+                    "overdue": {w: limit for w, (_, limit, _) in
+                                self._overdue.items() if w in self._alive()},
                     "exited": sorted(w for w, s in self._workers.items()
                                      if s["state"] == "exited"),
                     "registered": len(self._workers),

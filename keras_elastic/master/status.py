@@ -99,6 +99,7 @@ class WorkersStatus:
     exited: list[int]
     registered: int
     lost_ids: list[int] = dataclasses.field(default_factory=list)
+    overdue: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,10 @@ class JobStatus:
     @classmethod
     def from_dict(cls, data: dict) -> JobStatus:
         return cls(uptime=data["uptime"], master_restarts=data["master_restarts"],
-                   error=data["error"], workers=WorkersStatus(**data["workers"]),
+                   error=data["error"], workers=WorkersStatus(**{
+                       **data["workers"], "overdue": {
+                           int(w): float(s) for w, s in
+                           data["workers"].get("overdue", {}).items()}}),
                    datasets={n: DatasetStatus.from_dict(d)
                              for n, d in data["datasets"].items()},
                    tasks_done=data["tasks_done"], requeued=data["requeued"],
@@ -144,7 +148,8 @@ class JobStatus:
                    error=m.error or None,
                    workers=WorkersStatus(alive=list(w.alive), lost=w.lost,
                                          exited=list(w.exited), registered=w.registered,
-                                         lost_ids=list(w.lost_ids)),
+                                         lost_ids=list(w.lost_ids),
+                                         overdue=dict(w.overdue)),
                    datasets={n: DatasetStatus.from_proto(d, include_ledger)
                              for n, d in m.datasets.items()},
                    tasks_done=m.tasks_done, requeued=m.requeued,

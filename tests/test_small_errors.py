@@ -82,7 +82,7 @@ def test_missing_grpc_modules_are_a_clear_error_and_the_named_command_makes_them
     assert refused.returncode != 0
     generator = copy / "proto" / "_generate.py"
     assert ("the gRPC modules of keras_elastic.proto in "
-            f"{copy / 'proto'} are missing (tensor, master, ps)") in refused.stderr
+            f"{copy / 'proto'} are missing (tensor, master, ps, fencing)") in refused.stderr
     assert f"to generate them now: python {generator}" in refused.stderr
     assert not list((copy / "proto").glob("*_pb2.py"))  # nothing written
     subprocess.run([sys.executable, str(generator)], check=True, env=env,

@@ -201,7 +201,7 @@ def test_the_launcher_gives_the_master_its_effective_maximum():
 
     def master_args(**config):
         fake = types.SimpleNamespace(
-            config=LaunchConfig(**config), journal_path="/tmp/j",
+            config=LaunchConfig(**config), journal_path="/tmp/j", generation=0,
             backend=types.SimpleNamespace(service_host=lambda: "127.0.0.1"))
         return Launcher._master_args(fake)
 

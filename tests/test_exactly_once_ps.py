@@ -110,6 +110,7 @@ def test_chaos_soak_smoke_kills_and_freezes_and_stays_exact(tmp_path):
     freezes for good of random roles (master included), then exact."""
     result = subprocess.run(
         [sys.executable, os.path.join(REPO, "tools", "chaos_soak.py"), "--smoke",
+         "--minutes=1",
          f"--job_dir={tmp_path / 'soak'}", "--seed=3"],
         env=subprocess_env(), capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr

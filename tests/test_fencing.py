@@ -192,3 +192,24 @@ def test_a_replaced_master_woken_up_writes_nothing_and_hands_out_nothing(tmp_pat
             tmp_path / "master-again.log").read_text()
     finally:
         stop(again)
+
+
+def test_generation_rules_and_bad_values_are_named(monkeypatch):
+    from keras_elastic.common import cluster_env
+    from keras_elastic.launcher import LaunchConfig
+
+    generation = fencing.Generation(2)
+    assert generation.refusal(None) is None and generation.refusal("2") is None
+    assert "the job recovered a service since" in generation.refusal("1")
+    assert "it was replaced" in generation.refusal("3")
+    assert generation.refusal("x") == f"bad {fencing.METADATA_KEY} 'x'"
+    monkeypatch.setenv(fencing.GENERATION_ENV, "two")
+    with pytest.raises(ValueError, match="KERAS_ELASTIC_GENERATION='two' is not an "
+                       "integer"):
+        fencing.from_env()
+    monkeypatch.setenv(cluster_env.LIVENESS_TIMEOUT, "soon")
+    with pytest.raises(ValueError, match="KERAS_ELASTIC_LIVENESS_TIMEOUT='soon' is "
+                       "not a number of seconds"):
+        cluster_env.call_deadline(10)
+    with pytest.raises(ValueError, match="--liveness_timeout must be positive, got 0"):
+        LaunchConfig(liveness_timeout=0).validate()

@@ -43,6 +43,7 @@ import time
 from absl import app, flags, logging
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # keras_elastic of this checkout
 SCRIPT = os.path.join(REPO, "tests", "counting_script.py")
 RECORDS = 1024
 TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
@@ -70,7 +71,6 @@ def _cluster(job_dir: str) -> dict:
 
 
 def _status(job_dir: str) -> dict | None:
-    sys.path.insert(0, REPO)
     from keras_elastic.master.client import MasterClient
 
     address = _cluster(job_dir).get("master")

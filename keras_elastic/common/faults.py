@@ -150,11 +150,6 @@ def act(point: str, action: str = "kill") -> None:
     os.kill(os.getpid(), signal.SIGSTOP if action == "freeze" else signal.SIGKILL)
 
 
-def die(point: str) -> None:
-    """Kills this process with SIGKILL, saying where."""
-    act(point, "kill")
-
-
 def reached(point: str) -> None:
     """Counts `point`; acts if the plan says so."""
     action = due(point)

@@ -657,6 +657,7 @@ class Launcher:
         (no heartbeat, or no progress on a task: a deadlocked training
         thread): their tasks went to others, and the process must not wake up
         into the job. The death is then handled as any other (relaunch)."""
+        lost = list(status.workers.lost_ids)
         fine_for = self.prober.services_fine_for()
         for worker_id in blame_overdue(status.workers.overdue, fine_for):
             if worker_id in self.workers and worker_id not in self._fenced:
@@ -666,8 +667,8 @@ class Launcher:
                           f"answered")
                 logging.warning("worker %d: %s; declaring it lost", worker_id, reason)
                 self._report_dead(worker_id, reason)
-                status.workers.lost_ids.append(worker_id)
-        for worker_id in status.workers.lost_ids:
+                lost.append(worker_id)
+        for worker_id in lost:
             proc = self.workers.get(worker_id)
             if proc is None or worker_id in self._fenced or proc.poll() is not None:
                 continue

@@ -73,9 +73,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._workers: dict[int, dict] = {}
         self._waiting: dict[str, dict[int, int]] = {}  # dataset -> worker -> epoch
         self._heartbeat_timeout = heartbeat_timeout
-        # {worker: (seconds held, the limit passed, why)}: alive workers
-        # holding a task far too long.
-        self._overdue: dict[int, tuple[float, float, str]] = {}
+        # {worker: the limit (seconds) its hold of a task passed}.
+        self._overdue: dict[int, float] = {}
         # The least time a task may be held before its worker counts as making
         # no progress (more for a dataset whose tasks are slow: task_timeout).
         self._progress_timeout = progress_timeout
@@ -352,18 +351,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             # (`overdue` in the status): they may be waiting for a server that
             # hangs, which only the launcher can tell; it decides, and reports
             # the ones to blame dead (launcher/policy.blame_overdue).
-            overdue = {}
-            for name, ds in self._datasets.items():
-                for worker_id, (task_id, held) in ds.overdue(
-                        now, self._progress_timeout).items():
-                    if worker_id in self._alive() and held > overdue.get(
-                            worker_id, (0.0, 0.0, ""))[0]:
-                        mean = sum(ds.durations) / len(ds.durations)
-                        limit = task_timeout(ds.durations, self._progress_timeout)
-                        overdue[worker_id] = (held, limit, (
-                            f"no progress: task {task_id} of '{name}' held for "
-                            f"{held:.0f} s, while its tasks take {mean:.1f} s on "
-                            "average"))
+            overdue: dict[int, float] = {}
+            for ds in self._datasets.values():
+                limit = task_timeout(ds.durations, self._progress_timeout)
+                for worker_id in ds.overdue(now, self._progress_timeout):
+                    overdue[worker_id] = max(limit, overdue.get(worker_id, 0.0))
             self._overdue = overdue
         return lost
 
@@ -679,8 +671,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     "lost": self._lost,
                     "lost_ids": sorted(w for w, s in self._workers.items()
                                        if s["state"] == "lost"),
-                    "overdue": {w: limit for w, (_, limit, _) in
-                                self._overdue.items() if w in self._alive()},
+                    "overdue": {w: limit for w, limit in self._overdue.items()
+                                if w in self._alive()},
                     "exited": sorted(w for w, s in self._workers.items()
                                      if s["state"] == "exited"),
                     "registered": len(self._workers),

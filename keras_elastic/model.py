@@ -182,7 +182,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
                              f"'{dataset.name}': give them different names.")
     # ModelCheckpoint, CSVLogger, BackupAndRestore: the chief writes the real
     # paths, the other workers temporary ones (worker/file_callbacks.py).
-    job_callbacks = JobCallbacks(self, callbacks, cluster)
+    job_callbacks = JobCallbacks(self, callbacks, cluster, fit_name=dataset.name)
     call = describe_call(
         "fit", x, y=y, batch_size=batch_size, epochs=epochs,
         validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,

@@ -11,6 +11,8 @@ import csv
 import glob
 import json
 import os
+import time
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -193,11 +195,18 @@ class FakeCluster:
         self.alive = alive
         self.master = self
 
+        self.marks: dict[int, dict[str, int]] = {}
+
     def job_status(self):
         """As `MasterClient.job_status()` (typed) answers it, workers only."""
-        from types import SimpleNamespace
+        from keras_elastic.master.status import WorkersStatus
 
-        return SimpleNamespace(workers=SimpleNamespace(alive=list(self.alive)))
+        return SimpleNamespace(workers=WorkersStatus(
+            alive=list(self.alive), lost=0, exited=[], registered=2,
+            marks={w: dict(m) for w, m in self.marks.items()}))
+
+    def set_mark(self, name: str, value: int = 1) -> None:
+        self.marks.setdefault(self.worker_id, {})[name] = value
 
 
 class Kill(keras.callbacks.Callback):
@@ -239,6 +248,106 @@ def test_worker_that_becomes_chief_promotes_what_it_wrote(tmp_path):
     assert all(out in getattr(cb, "filepath", getattr(cb, "filename", out))
                and TEMP_PREFIX not in getattr(cb, "filepath", "")
                for cb in jc.callbacks[1:])
+
+
+class ChiefAtTrainEnd(FakeCluster):
+    """Worker 1 of [0, 1]; from the train end of worker 1's fit on, the
+    `at`-th status call finds `then()` done (the chief finishing, or dying)."""
+
+    def __init__(self, at: int, then) -> None:
+        super().__init__(1, [0, 1])
+        self.at, self.then, self.calls = at, then, None
+
+    def job_status(self):
+        if self.calls is not None:
+            self.calls += 1
+            if self.calls == self.at:
+                self.then(self)
+        return super().job_status()
+
+
+class ArmAtTrainEnd(keras.callbacks.Callback):
+    def __init__(self, cluster: ChiefAtTrainEnd) -> None:
+        super().__init__()
+        self.cluster = cluster
+
+    def on_train_end(self, logs=None):
+        self.cluster.calls = 0
+
+
+def fit_as_worker_1(out: str, cluster: ChiefAtTrainEnd) -> JobCallbacks:
+    x, y = make_arrays(128)
+    model = make_model()
+    checkpoint = keras.callbacks.ModelCheckpoint(os.path.join(out, "ckpt-{epoch}.keras"))
+    jc = JobCallbacks(model, [checkpoint], cluster, fit_name="training@2")
+    # The helper that waits is last: the test's callback runs just before it.
+    callbacks = jc.callbacks[:-1] + [ArmAtTrainEnd(cluster)] + jc.callbacks[-1:]
+    try:
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0,
+                  callbacks=callbacks)
+    finally:
+        jc.close()
+    return jc
+
+
+def test_fit_of_a_non_chief_returns_once_the_chiefs_files_are_written(tmp_path):
+    out = str(tmp_path / "ckpt")
+    chief_model = make_model()
+
+    def chief_finishes(cluster):
+        for epoch in (1, 2):
+            chief_model.save(os.path.join(out, f"ckpt-{epoch}.keras"))
+        cluster.marks[0] = {"callbacks/training@2": 1}
+
+    cluster = ChiefAtTrainEnd(at=3, then=chief_finishes)
+    fit_as_worker_1(out, cluster)
+    # Worker 1 asked until the chief's mark was there, and not longer.
+    assert cluster.calls == 4, cluster.calls  # 1 decide, 2 waits, 1 decide
+    assert listing(out) == ["ckpt-1.keras", "ckpt-2.keras"], listing(out)
+    assert cluster.marks == {0: {"callbacks/training@2": 1}}  # worker 1 marks nothing
+
+
+def test_a_non_chief_waiting_for_a_chief_that_dies_promotes_its_own_files(tmp_path):
+    out = str(tmp_path / "ckpt")
+
+    def chief_dies(cluster):
+        cluster.alive = [1]
+
+    cluster = ChiefAtTrainEnd(at=3, then=chief_dies)
+    fit_as_worker_1(out, cluster)
+    assert listing(out) == ["ckpt-1.keras", "ckpt-2.keras"], listing(out)
+    assert cluster.marks == {1: {"callbacks/training@2": 1}}  # now the chief
+
+
+def test_marks_travel_through_the_master_and_survive_its_restart(tmp_path):
+    """`MasterClient.set_mark`, read by another worker; a restarted master
+    learns the marks back from the next heartbeats."""
+    from keras_elastic.master.client import MasterClient
+    from keras_elastic.master.server import MasterServer
+
+    journal = str(tmp_path / "journal")
+    master = MasterServer(host="127.0.0.1", journal=journal)
+    port = int(master.address.rsplit(":", 1)[1])
+    chief, other = (MasterClient(master.address) for _ in range(2))
+    try:
+        assert [chief.register_worker(), other.register_worker()] == [0, 1]
+        chief.set_mark("callbacks/training", 1)
+        chief.set_mark("callbacks/training", 0)  # marks only go up
+        workers = other.job_status().workers
+        assert workers.mark(0, "callbacks/training") == 1, workers
+        assert workers.mark(1, "callbacks/training") is None
+        master.stop()
+        master = MasterServer(host="127.0.0.1", port=port, journal=journal)
+        assert other.job_status().workers.marks == {}
+        chief.start_heartbeats(interval=0.05)
+        for _ in range(400):  # the first heartbeat brings it back
+            if other.job_status().workers.marks:
+                break
+            time.sleep(0.05)
+        assert other.job_status().workers.marks == {0: {"callbacks/training": 1}}
+    finally:
+        chief.worker_exited()
+        master.stop()
 
 
 # -- a job: the chief writes the real paths ----------------------------------------

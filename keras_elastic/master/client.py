@@ -50,6 +50,7 @@ class MasterClient:
         rpc.wait_ready(self._channel, address, "master", connect_timeout)
         self._stub = master_pb2_grpc.MasterStub(self._channel)
         self._heartbeat_stop = threading.Event()
+        self._marks: dict[str, int] = {}  # set_mark: sent with every heartbeat
         self._heartbeat_thread: threading.Thread | None = None
 
     def _call(self, method: str, request, timeout: float | None = 60.0):
@@ -92,7 +93,7 @@ class MasterClient:
             while not self._heartbeat_stop.wait(interval):
                 try:
                     self._stub.Heartbeat(master_pb2.WorkerRequest(
-                        worker_id=self.worker_id,
+                        worker_id=self.worker_id, marks=dict(self._marks),
                         timings=timings() if timings else {}), timeout=interval * 5)
                 except grpc.RpcError as e:
                     logging.log_every_n_seconds(
@@ -102,6 +103,14 @@ class MasterClient:
         self._heartbeat_thread = threading.Thread(target=beat, daemon=True,
                                                   name="ke-heartbeat")
         self._heartbeat_thread.start()
+
+    def set_mark(self, name: str, value: int = 1) -> None:
+        """Reports that this worker reached milestone `name` (`value`: a count
+        that only goes up), at once and with every later heartbeat; other
+        workers read it in `job_status().workers.marks`."""
+        self._marks[name] = max(int(value), self._marks.get(name, int(value)))
+        self._call("Heartbeat", master_pb2.WorkerRequest(
+            worker_id=self.worker_id, marks={name: self._marks[name]}))
 
     def worker_exited(self, timings: dict[str, float] | None = None) -> None:
         self._heartbeat_stop.set()

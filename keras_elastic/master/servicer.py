@@ -271,6 +271,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             worker["last_seen"] = time.monotonic()
             if request.timings:
                 worker["timings"] = dict(request.timings)
+            if request.marks:
+                marks = worker.setdefault("marks", {})
+                for name, value in request.marks.items():
+                    marks[name] = max(value, marks.get(name, value))
             return master_pb2.WorkerResponse(accepted=True, error=self._error or "")
 
     def WorkerExited(self, request, context):
@@ -673,6 +677,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                        if s["state"] == "lost"),
                     "overdue": {w: limit for w, limit in self._overdue.items()
                                 if w in self._alive()},
+                    "marks": {w: dict(self._workers[w]["marks"]) for w in self._alive()
+                              if self._workers[w].get("marks")},
                     "exited": sorted(w for w, s in self._workers.items()
                                      if s["state"] == "exited"),
                     "registered": len(self._workers),

@@ -100,6 +100,18 @@ class WorkersStatus:
     registered: int
     lost_ids: list[int] = dataclasses.field(default_factory=list)
     overdue: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Milestones each alive worker reported (`MasterClient.set_mark`).
+    marks: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    def mark(self, worker: int, name: str) -> int | None:
+        """The value `worker` reported for mark `name`, None if none."""
+        return self.marks.get(worker, {}).get(name)
+
+    def to_proto(self) -> master_pb2.WorkersStatus:
+        data = dataclasses.asdict(self)
+        data["marks"] = {w: master_pb2.WorkerMarks(values=v)
+                         for w, v in self.marks.items()}
+        return master_pb2.WorkersStatus(**data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +138,9 @@ class JobStatus:
                    error=data["error"], workers=WorkersStatus(**{
                        **data["workers"], "overdue": {
                            int(w): float(s) for w, s in
-                           data["workers"].get("overdue", {}).items()}}),
+                           data["workers"].get("overdue", {}).items()},
+                       "marks": {int(w): {k: int(v) for k, v in m.items()} for w, m in
+                                 data["workers"].get("marks", {}).items()}}),
                    datasets={n: DatasetStatus.from_dict(d)
                              for n, d in data["datasets"].items()},
                    tasks_done=data["tasks_done"], requeued=data["requeued"],
@@ -136,7 +150,7 @@ class JobStatus:
         return master_pb2.StatusResponse(
             uptime=self.uptime, master_restarts=self.master_restarts,
             error=self.error or "",
-            workers=master_pb2.WorkersStatus(**dataclasses.asdict(self.workers)),
+            workers=self.workers.to_proto(),
             datasets={n: ds.to_proto() for n, ds in self.datasets.items()},
             tasks_done=self.tasks_done, requeued=self.requeued, timings=self.timings)
 
@@ -149,7 +163,9 @@ class JobStatus:
                    workers=WorkersStatus(alive=list(w.alive), lost=w.lost,
                                          exited=list(w.exited), registered=w.registered,
                                          lost_ids=list(w.lost_ids),
-                                         overdue=dict(w.overdue)),
+                                         overdue=dict(w.overdue),
+                                         marks={i: dict(m.values)
+                                                for i, m in w.marks.items()}),
                    datasets={n: DatasetStatus.from_proto(d, include_ledger)
                              for n, d in m.datasets.items()},
                    tasks_done=m.tasks_done, requeued=m.requeued,

@@ -23,6 +23,14 @@ adapted callbacks at the real or the temporary paths. Non-chief workers still
 run every callback (its state, e.g. `ModelCheckpoint.best`, stays the chief's),
 so a worker that becomes chief carries on where the chief was.
 
+`fit` returns on every worker only once the chief's callbacks of the fit
+are through (a helper callback, last in the list, waits at train end for the
+chief's mark on the master: `MasterClient.set_mark`), so a script that reads
+the newest checkpoint after `fit` (keras-io's `make_or_restore_model`) reads
+the same, complete file on every worker, as after a plain Keras `fit`. A
+non-chief waiting sees the chief die and takes over (below); it stops waiting
+after the liveness timeout, with a warning.
+
 When a worker becomes the chief (the chief died: the next smallest id takes
 over at its next epoch begin, or at its train end after the last epoch), it
 first *promotes* what it wrote meanwhile, so the real paths hold what a
@@ -101,6 +109,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 import keras
 from absl import logging
@@ -142,16 +151,19 @@ class JobCallbacks:
     ```
     """
 
-    def __init__(self, model: keras.Model, callbacks: list | None, cluster) -> None:
+    def __init__(self, model: keras.Model, callbacks: list | None, cluster,
+                 fit_name: str = "fit") -> None:
         self.model = model
         self.cluster = cluster
+        self.fit_name = fit_name
         self.embedded = bool(cluster.embedded)
         self.worker_id = int(cluster.worker_id)
         self.adapters: list[_Adapter] = []
         self._backup: _BackupAdapter | None = None
         adapted = [self._adapt(i, cb) for i, cb in enumerate(list(callbacks or []))]
-        tracker = [_ChiefTracker(self)] if self.adapters else []
-        self.callbacks: list = tracker + adapted
+        self.tracker = _ChiefTracker(self)
+        self.callbacks: list = ([self.tracker] + adapted + [_FitEnd(self)]
+                                if self.adapters else adapted)
         self.resume_epoch: int | None = None
         self._weights: str | None = None   # a private copy of the backup's weights
         self._copy_dir: str | None = None
@@ -334,11 +346,50 @@ class _ChiefTracker(keras.callbacks.Callback):
             adapter.prune()
         self.decide()
 
-    def on_train_end(self, logs=None):
+    def wait_for_chief(self, mark: str) -> None:
+        """Returns once the chief reported `mark` (its callbacks of this fit
+        are through: its files are written), or this worker became the chief
+        (the chief died), or after the liveness timeout (a warning)."""
+        from keras_elastic.common import cluster_env
+
+        master, me = self.job.cluster.master, self.job.worker_id
+        limit = cluster_env.call_deadline(60.0)
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                workers = master.job_status().workers
+            except ConnectionError:  # the master is restarting
+                workers = None
+            if workers is not None:
+                chief = min(workers.alive, default=me)
+                if chief == me or workers.mark(chief, mark):
+                    return
+            if time.monotonic() > deadline:
+                logging.warning("keras_elastic: worker %d: the chief did not finish "
+                                "the callbacks of %s within %.0f s; going on without "
+                                "its files", me, self.job.fit_name, limit)
+                return
+            time.sleep(0.1)
+
+    def train_end(self) -> None:
+        """After every callback's `on_train_end` (`_FitEnd`): a non-chief
+        waits for the chief's, so that when `fit` returns on any worker the
+        files of the whole fit are there (as after a plain Keras `fit`: a
+        script that reads its newest checkpoint next reads the same file on
+        every worker); the chief then reports its own."""
+        mark = f"callbacks/{self.job.fit_name}"
+        if not self.decide():
+            self.wait_for_chief(mark)
         for adapter in self.job.adapters:
             adapter.prune()
         if self.decide():
             self._remove_dead_workers_files()
+            try:
+                self.job.cluster.master.set_mark(mark)
+            except ConnectionError as e:
+                logging.warning("keras_elastic: cannot report the end of %s's "
+                                "callbacks (%s): the other workers wait for it up "
+                                "to the liveness timeout", self.job.fit_name, e)
         for adapter in self.job.adapters:
             if isinstance(adapter, _CheckpointAdapter):
                 adapter.close()  # Keras' ModelCheckpoint does nothing at train end
@@ -359,6 +410,18 @@ class _ChiefTracker(keras.callbacks.Callback):
                     logging.info("keras_elastic: removing %s (worker %s is gone)",
                                  path, suffix)
                     shutil.rmtree(path, ignore_errors=True)
+
+
+class _FitEnd(keras.callbacks.Callback):
+    """Last in the list: at train end, after the user's callbacks, the chief's
+    files of the fit are complete (`_ChiefTracker.train_end`)."""
+
+    def __init__(self, job: JobCallbacks) -> None:
+        super().__init__()
+        self.job = job
+
+    def on_train_end(self, logs=None):
+        self.job.tracker.train_end()
 
 
 # -- the adapted callbacks ------------------------------------------------------

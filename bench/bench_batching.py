@@ -16,6 +16,11 @@ dense_shape, and a per-element map that does the same + `batch`.
 
     PYTHONPATH=. python bench/bench_batching.py
     PYTHONPATH=. python bench/bench_batching.py --num_elements=100000 --repeats=5
+    PYTHONPATH=. python bench/bench_batching.py --smoke  # tiny sizes: every case runs
+
+`--smoke`: 1,024 elements, batches of 32, best of 2 (flags given on the
+command line are kept): checks that every case runs and prints its ratio; the
+figures mean nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ flags.DEFINE_integer("repeats", 10, "Runs per pipeline; the best is reported.")
 flags.DEFINE_list("cases", ["control", "dense", "padded", "padded_fixed",
                             "padded_sparse", "padded_sparse_fixed", "mixed"],
                   "Cases to run.")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (1,024 elements, batch 32, best of 2; "
+                  "a test runs it: tests/test_bench_smoke*.py); the figures mean "
+                  "nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"num_elements": 1024, "batch_size": 32, "repeats": 2}
 
 
 def _source(pool: tf.data.Dataset, n: int) -> tf.data.Dataset:
@@ -150,6 +161,10 @@ def _measure(pipelines: dict[str, Callable[[], tf.data.Dataset]], n: int,
 
 def main(argv: list[str]) -> None:
     del argv
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     n, b, max_len = FLAGS.num_elements, FLAGS.batch_size, FLAGS.max_len
     logging.info("Preparing sources of %d elements", n)
     src = _sources(n, max_len)

@@ -13,6 +13,11 @@ Compares, on the same ~200 MB Keras model in the same run:
 Prints the medians and the ratio plain/ours (higher is better; 1.0 = same).
 
     PYTHONPATH=. python bench/bench_checkpoint.py --size_mb=200 --repeats=5
+    PYTHONPATH=. python bench/bench_checkpoint.py --smoke  # tiny sizes: a few seconds
+
+`--smoke`: a 2 MiB model, 2 repeats (flags given on the command line are
+kept): checks that save, restore and the asynchronous save run and print their
+ratios; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ flags.DEFINE_bool("async_save", True, "Also time how long an asynchronous save "
 flags.DEFINE_bool("durable", False, "Ours with durable=True (fsync before "
                   "commit); plain TF does not fsync.")
 flags.DEFINE_string("dir", None, "Scratch directory (default: a temporary one).")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (a 2 MiB model, 2 repeats; a test runs "
+                  "it: tests/test_bench_smoke*.py); the figures mean nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"size_mb": 2, "repeats": 2}
 
 
 def build_model(size_mb: int, layers: int):
@@ -72,6 +82,10 @@ def recreate(directory: str) -> None:
 
 def main(argv):
     del argv
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     import tensorflow as tf
     from absl import logging
 

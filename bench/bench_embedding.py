@@ -43,7 +43,13 @@ Run from the repository root:
 
 ```
 PYTHONPATH=. python bench/bench_embedding.py
+PYTHONPATH=. python bench/bench_embedding.py --smoke  # tiny sizes: both configurations
 ```
+
+`--smoke`: a 10,000 x 8 table, 4 fields, one hidden layer of 16, batch 64,
+2 warm-up steps then 6 timed steps elastic and 3 plain, 2 minibatches per
+task (flags given on the command line are kept): checks that both
+configurations run and the report prints its ratios; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -81,6 +87,13 @@ flags.DEFINE_float("target_bytes_ratio", 1.5,
 flags.DEFINE_bool("wire_bytes", True, "Also take the protobuf size of the Lookup and "
                   "PushSmall messages (serializes each message once more: about 1 "
                   "ms per step of the elastic run).")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (a 10,000 x 8 table, batch 64, 2 + 6 "
+                  "steps; a test runs it: tests/test_bench_smoke*.py); the figures "
+                  "mean nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"rows": 10_000, "dim": 8, "fields": 4, "hidden": ["16"], "batch_size": 64,
+         "steps": 6, "plain_steps": 3, "warmup_steps": 2, "minibatches_per_task": 2}
 
 _MB = 1_000_000  # decimal megabytes
 
@@ -174,10 +187,10 @@ def instrument_ps_client() -> None:
                     rows_received=sum(r.nbytes for r in out.values()))
         return out
 
-    def counted_exchange(self, grads, assigns, ranges=(), targets=None, sparse=None):
+    def counted_exchange(self, grads, assigns, *args, **kwargs):
         start = time.perf_counter()
-        reply = exchange(self, grads, assigns, ranges, targets, sparse)
-        sparse = sparse or {}
+        reply = exchange(self, grads, assigns, *args, **kwargs)
+        sparse = kwargs.get("sparse", args[2] if len(args) > 2 else None) or {}
         TRAFFIC.add(exchanges=1, exchange_us=(time.perf_counter() - start) * 1e6,
                     push_ids_sent=sum(i.nbytes for i, _ in sparse.values()),
                     grad_rows_sent=sum(r.nbytes for _, r in sparse.values()),
@@ -447,6 +460,10 @@ def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     if FLAGS.warmup_steps < 1 or FLAGS.steps < 1:
         raise app.UsageError("--warmup_steps and --steps must be at least 1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -6,14 +6,20 @@ over `--client_processes` processes, each a `MasterClient` of its own) ask for
 tasks and report them done, as fast as they can, for `--seconds`: first as a
 worker's task stream does (one task per GetTask, then a ReportTask), then as a
 client that fetches `--tasks_per_call` tasks ahead and reports them with its
-next GetTask (one call per round trip). The same run
+next GetTask (one call per round trip). Every client connects and registers
+before the clock starts. The same run
 measures the master without a journal and with it (every answer waits for
 its record to be fsync'd; records are written in batches), and prints tasks/s
 of each and the ratio on / off.
 
 ```
 PYTHONPATH=. python bench/bench_master.py
+PYTHONPATH=. python bench/bench_master.py --smoke  # tiny sizes: both configurations
 ```
+
+`--smoke`: 4 clients in 2 processes, one round of 1 s per configuration (flags
+given on the command line are kept): checks that both configurations run, with
+the journal off and on, and print their ratios; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -39,22 +45,37 @@ flags.DEFINE_integer("tasks_per_call", 8, "Second configuration: tasks each clie
                      "asks for per call, reporting the previous ones with the same "
                      "call (the first configuration is what a worker's task stream "
                      "does: one task per GetTask, then a ReportTask).")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (4 clients in 2 processes, one round "
+                  "of 1 s per configuration; a test runs it: "
+                  "tests/test_bench_smoke*.py); the figures mean nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"clients": 4, "client_processes": 2, "seconds": 1.0, "rounds": 1}
 
 
 def _client_process(address: str, threads: int, first_id: int, seconds: float,
-                    start_at: float, per_call: int, queue) -> None:
+                    per_call: int, start, queue) -> None:
+    """`threads` clients, each registered before this process says "ready" on
+    `queue`; they run from the time it then reads from `start` for `seconds`,
+    and the tasks they completed go to `queue`."""
     from keras_elastic.master.client import MasterClient
     from keras_elastic.proto import master_pb2
 
     counts = [0] * threads
-
-    def run(k: int) -> None:
+    clients = []
+    for k in range(threads):
         client = MasterClient(address, worker_id=first_id + k)
         client.register_worker("bench")
         client.register_dataset(master_pb2.RegisterDatasetRequest(
             dataset="bench", mode="training",
             shards=[master_pb2.Shard(name="s", num_records=300_000)],
             records_per_task=1, num_epochs=1))
+        clients.append(client)
+    queue.put("ready")
+    start_at = start.get()
+
+    def run(k: int) -> None:
+        client = clients[k]
         while time.time() < start_at:
             time.sleep(0.001)
         end = start_at + seconds
@@ -102,14 +123,19 @@ def measure(journal: str | None, per_call: int) -> float:
 
         address = json.load(open(ready))["address"]
         context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
+        queue, start = context.Queue(), context.Queue()
         per = FLAGS.clients // FLAGS.client_processes
-        start_at = time.time() + 8.0  # every client connected and registered
         procs = [context.Process(target=_client_process, args=(
-            address, per, i * per, FLAGS.seconds, start_at, per_call, queue))
+            address, per, i * per, FLAGS.seconds, per_call, start, queue))
             for i in range(FLAGS.client_processes)]
         for p in procs:
             p.start()
+        for _ in procs:  # every client connected and registered
+            if queue.get(timeout=300) != "ready":
+                raise RuntimeError("a client process did not start")
+        start_at = time.time() + 0.5
+        for _ in procs:
+            start.put(start_at)
         done = sum(queue.get(timeout=FLAGS.seconds + 120) for _ in procs)
         cpu = cpu_seconds([master.pid])
         for p in procs:
@@ -124,6 +150,10 @@ def measure(journal: str | None, per_call: int) -> float:
 
 def main(argv) -> None:
     del argv
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
     print(f"master, {FLAGS.clients} clients in {FLAGS.client_processes} processes, "
           f"best of {FLAGS.rounds} x {FLAGS.seconds:.0f} s per configuration:")

@@ -23,7 +23,14 @@ the per-push CPU cost is the figure that carries to other machines.
 ```
 PYTHONPATH=. python bench/bench_ps_scaling.py
 PYTHONPATH=. python bench/bench_ps_scaling.py --model_mb=16 --seconds=10
+PYTHONPATH=. python bench/bench_ps_scaling.py --smoke  # tiny sizes: 1 and 2 servers
 ```
+
+`--smoke`: 1 and 2 servers (not 4: starting each server process costs
+seconds, and 4 run the same code as 2), a 0.1 MB model of 4 tensors, 2 and 4
+workers in 2 processes, 0.3 s of warm-up and 1 s measured per configuration
+(flags given on the command line are kept): checks that the measurement runs
+and prints the table and the scaling efficiencies; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ flags.DEFINE_float("seconds", 4.0, "Seconds measured per configuration.")
 flags.DEFINE_float("warmup", 1.0, "Seconds each configuration runs before it is "
                    "measured.")
 flags.DEFINE_enum("optimizer", "SGD", ["SGD", "Adam"], "The servers' optimizer.")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (1 and 2 servers, a 0.1 MB model, 2 and "
+                  "4 workers, 1 s per configuration; a test runs it: "
+                  "tests/test_bench_smoke*.py); the figures mean nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"num_ps": ["1", "2"], "workers": ["2", "4"], "model_mb": 0.1, "tensors": 4,
+         "client_processes": 2, "seconds": 1.0, "warmup": 0.3}
 
 _MB = 1_000_000
 
@@ -280,6 +294,10 @@ def report(rows: list[dict]) -> list[str]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     counts = [int(n) for n in FLAGS.num_ps]

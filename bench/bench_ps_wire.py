@@ -30,7 +30,12 @@ and the device TensorFlow uses.
 ```
 PYTHONPATH=. python bench/bench_ps_wire.py
 PYTHONPATH=. python bench/bench_ps_wire.py --sizes_mb=100,400
+PYTHONPATH=. python bench/bench_ps_wire.py --smoke  # tiny sizes: 1 and 2 servers
 ```
+
+`--smoke`: a 1 MB model, best of 2 rounds (flags given on the command line are
+kept): checks that every configuration runs, with 1 and 2 servers, and prints
+its ratios; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ flags.DEFINE_integer("rounds", 5, "Measurements per configuration (best kept).")
 flags.DEFINE_float("target_ratio", 0.7, "PS exchange / echo MB/s to meet at 100 MB.")
 flags.DEFINE_bool("serve_echo", False, "Internal: run as an echo server.")
 flags.DEFINE_string("ready_file", None, "Internal: the echo server's ready file.")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (a 1 MB model, best of 2 rounds; a test "
+                  "runs it: tests/test_bench_smoke*.py); the figures mean nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"sizes_mb": ["1"], "rounds": 2}
 
 _MB = 1_000_000
 _ECHO_SERVICE = "kebench.Echo"
@@ -314,6 +324,10 @@ def main(argv: list[str]) -> None:
 
         rpc.serve_until_signal(_EchoServer(), FLAGS.ready_file)
         return
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("KERAS_ELASTIC_TOKEN", os.urandom(16).hex())
     import tensorflow as tf

@@ -52,7 +52,17 @@ Run from the repository root:
 
 ```
 PYTHONPATH=. python bench/bench_training.py
+PYTHONPATH=. python bench/bench_training.py --smoke  # tiny sizes, 4 configurations
 ```
+
+`--smoke`: 256 records, batch 32, 2 minibatches per task, 2 warm-up batches,
+one round, and of the configurations plain, processes, legacy and embedded
+(flags given on the command line are kept): checks that they run and that the
+report prints its ratios, the seed's table included; the figures mean nothing.
+The others are left out because each costs tens of seconds even at this size
+(pipelined: processes with one compile argument; local_backend and ray: a
+worker process of its own, ray a Ray instance too); `--smoke --configs=...`
+runs them.
 """
 
 from __future__ import annotations
@@ -111,6 +121,15 @@ flags.DEFINE_string("worker_output", None, "Internal (ray, local_backend): run a
 flags.DEFINE_list("worker_files", [], "Internal: the data files of --worker_output.")
 flags.DEFINE_list("service_pids", [], "Internal: the master and PS pids of "
                   "--worker_output (for their CPU seconds).")
+flags.DEFINE_bool("smoke", False, "Tiny sizes (256 records, batch 32, one round; "
+                  "configurations plain, processes, legacy, embedded unless "
+                  "--configs; a test runs it: tests/test_bench_smoke*.py); the "
+                  "figures mean nothing.")
+
+# --smoke: the values of the flags not given on the command line.
+SMOKE = {"num_records": 256, "batch_size": 32, "minibatches_per_task": 2,
+         "warmup_batches": 2, "rounds": 1,
+         "configs": ["plain", "processes", "legacy", "embedded"]}
 
 CONFIGS = ("plain", "processes", "pipelined", "legacy", "embedded", "local_backend",
            "ray")
@@ -440,6 +459,10 @@ def _logged(order: list[str]):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.smoke:
+        for name, value in SMOKE.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     if FLAGS.worker_output:
         worker_main()
         return

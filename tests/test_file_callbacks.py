@@ -22,8 +22,9 @@ from file_callbacks_script import file_callbacks, make_model
 from tfrecord_data import make_arrays
 
 import keras_elastic as ke
+from keras_elastic.common import cluster_env
 from keras_elastic.worker import cluster as cluster_mod
-from keras_elastic.worker.file_callbacks import TEMP_PREFIX, JobCallbacks, merge_csv
+from keras_elastic.worker.file_callbacks import SCRATCH, JobCallbacks, merge_csv
 
 SCRIPT = os.path.join(REPO, "tests", "file_callbacks_script.py")
 
@@ -221,9 +222,11 @@ class Kill(keras.callbacks.Callback):
             self.cluster.alive = [1]
 
 
-def test_worker_that_becomes_chief_promotes_what_it_wrote(tmp_path):
-    out = str(tmp_path / "out")
-    os.makedirs(os.path.join(out, TEMP_PREFIX + "7"))  # left by a killed worker 7
+def test_worker_that_becomes_chief_promotes_what_it_wrote(tmp_path, monkeypatch):
+    out, job = str(tmp_path / "out"), str(tmp_path / "job")
+    monkeypatch.setenv(cluster_env.JOB_DIR, job)
+    os.makedirs(out)
+    os.makedirs(os.path.join(job, SCRATCH, "worker-7"))  # left by a killed worker 7
     x, y = make_arrays(256)
     # Worker 0, the chief, writes epoch 0 (as plain Keras: the real paths)...
     make_model().fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
@@ -240,13 +243,13 @@ def test_worker_that_becomes_chief_promotes_what_it_wrote(tmp_path):
                   callbacks=jc.callbacks + [Kill(cluster, at=2)])
     finally:
         jc.close()
-    check_outputs(out, epochs=4)
+    check_outputs(out, epochs=4, job_dir=job)
     rows = csv_rows(os.path.join(out, "log.csv"))
     assert [float(r["loss"]) for r in rows][1:] == sorted(
         [float(r["loss"]) for r in rows][1:], reverse=True)  # worker 1's, in order
     # The user's callbacks have their own paths back.
     assert all(out in getattr(cb, "filepath", getattr(cb, "filename", out))
-               and TEMP_PREFIX not in getattr(cb, "filepath", "")
+               and SCRATCH not in getattr(cb, "filepath", "")
                for cb in jc.callbacks[1:])
 
 
@@ -290,11 +293,14 @@ def fit_as_worker_1(out: str, cluster: ChiefAtTrainEnd) -> JobCallbacks:
     return jc
 
 
-def test_fit_of_a_non_chief_returns_once_the_chiefs_files_are_written(tmp_path):
+def test_fit_of_a_non_chief_returns_once_the_chiefs_files_are_written(
+        tmp_path, monkeypatch):
     out = str(tmp_path / "ckpt")
+    monkeypatch.setenv(cluster_env.JOB_DIR, str(tmp_path / "job"))
     chief_model = make_model()
 
     def chief_finishes(cluster):
+        os.makedirs(out, exist_ok=True)
         for epoch in (1, 2):
             chief_model.save(os.path.join(out, f"ckpt-{epoch}.keras"))
         cluster.marks[0] = {"callbacks/training@2": 1}
@@ -307,8 +313,10 @@ def test_fit_of_a_non_chief_returns_once_the_chiefs_files_are_written(tmp_path):
     assert cluster.marks == {0: {"callbacks/training@2": 1}}  # worker 1 marks nothing
 
 
-def test_a_non_chief_waiting_for_a_chief_that_dies_promotes_its_own_files(tmp_path):
+def test_a_non_chief_waiting_for_a_chief_that_dies_promotes_its_own_files(
+        tmp_path, monkeypatch):
     out = str(tmp_path / "ckpt")
+    monkeypatch.setenv(cluster_env.JOB_DIR, str(tmp_path / "job"))
 
     def chief_dies(cluster):
         cluster.alive = [1]
@@ -351,12 +359,14 @@ def test_marks_travel_through_the_master_and_survive_its_restart(tmp_path):
 
 
 # -- a job: the chief writes the real paths ----------------------------------------
-def check_outputs(out_dir: str, epochs: int) -> None:
-    """One file set, one CSV row per epoch, no temporary directory, no backup."""
+def check_outputs(out_dir: str, epochs: int, job_dir: str | None = None) -> None:
+    """One file set, one CSV row per epoch, no backup; no temporary file of
+    any worker left in the job directory."""
     assert listing(out_dir) == sorted(
         ["best.weights.h5", "log.csv"]
         + [f"ckpt/model-{e + 1:02d}.keras" for e in range(epochs)]), listing(out_dir)
-    assert not glob.glob(os.path.join(out_dir, "**", TEMP_PREFIX + "*"), recursive=True)
+    if job_dir is not None:
+        assert not os.path.exists(os.path.join(job_dir, SCRATCH)), listing(job_dir)
     text = open(os.path.join(out_dir, "log.csv")).read()
     assert text.count("epoch,") == 1, text
     rows = csv_rows(os.path.join(out_dir, "log.csv"))
@@ -378,7 +388,7 @@ def test_two_worker_job_writes_each_file_once(tmp_path):
                     script_args=(f"--out_dir={out_dir}", "--epochs=3"), timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    check_outputs(out_dir, epochs=3)
+    check_outputs(out_dir, epochs=3, job_dir=job)
     logs = worker_logs(job)
     assert "Errno" not in logs and "unable to lock" not in logs, logs[-4000:]
     # Worker 1 ran the callbacks too, on its temporary paths.
@@ -400,4 +410,4 @@ def test_chief_killed_mid_training_the_next_worker_continues_the_files(tmp_path)
     logs = worker_logs(job)
     assert "SIGKILL at 'epoch_end'" in logs, output[-4000:]
     assert "worker 1 is the chief" in logs, logs[-4000:]
-    check_outputs(out_dir, epochs=4)
+    check_outputs(out_dir, epochs=4, job_dir=job)

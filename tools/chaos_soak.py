@@ -23,7 +23,8 @@ recovered, the seconds lost per fault by kind, and the result. Exit status
 0 only when exact.
 
     python tools/chaos_soak.py --minutes=30 --seed=1
-    python tools/chaos_soak.py --smoke        # about 2 minutes (CI)
+    python tools/chaos_soak.py --faults=20     # 20 faults, however long
+    python tools/chaos_soak.py --smoke        # 4 faults: about 2 minutes (CI)
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ flags.DEFINE_float("sleep_per_batch", 0.03, "Paces the workers.")
 flags.DEFINE_integer("epochs", 30, "Epochs of each counting job (the soak runs one "
                      "job after the other until --minutes are over).")
 flags.DEFINE_string("job_dir", None, "Where the job runs (default: a new temp dir).")
-flags.DEFINE_bool("smoke", False, "A short soak: 1 minute, at most 5 faults.")
+flags.DEFINE_integer("faults", 0, "Inject exactly this many faults, however long "
+                     "the jobs take (a slow machine gets as many as a fast one); "
+                     "--minutes is then only a cap. 0: as many as --minutes allow.")
+flags.DEFINE_bool("smoke", False, "A short soak: 4 faults (--faults), at most 10 "
+                  "minutes, jobs of 20 epochs.")
 
 
 def _cluster(job_dir: str) -> dict:
@@ -205,8 +210,10 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
     return problems + [f"job {index}: {p}" for p in _exact(job, out, epochs)]
 
 
-def soak(root: str, minutes: float, seed: int, max_faults: int) -> int:
-    """Counting jobs one after the other, under faults, for `minutes`."""
+def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0
+         ) -> int:
+    """Counting jobs one after the other, under faults, for `minutes` (with
+    `target`: until that many faults, `minutes` a cap)."""
     rng = random.Random(seed)
     os.makedirs(root, exist_ok=True)
     # The jobs' token, shared with their launchers so that this process may
@@ -227,6 +234,9 @@ def soak(root: str, minutes: float, seed: int, max_faults: int) -> int:
         problems += _run_job(root, jobs, data_dir, FLAGS.epochs, rng, started,
                              deadline, faults, max_faults)
         jobs += 1
+    if target and len(faults) < target:
+        problems.append(f"only {len(faults)} of the {target} faults asked for "
+                        f"within the cap of {minutes:g} minutes")
     return _report(root, faults, problems, jobs, time.monotonic() - started)
 
 
@@ -283,12 +293,15 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
 
 def main(argv) -> None:
     del argv
-    minutes, max_faults = FLAGS.minutes, FLAGS.max_faults
+    minutes, max_faults, target = FLAGS.minutes, FLAGS.max_faults, FLAGS.faults
     if FLAGS.smoke:
-        minutes, max_faults = min(minutes, 1.0), min(max_faults, 5)
+        target = target or 4
+        minutes = minutes if FLAGS["minutes"].present else 10.0
         FLAGS.epochs = min(FLAGS.epochs, 20)
+    if target:
+        max_faults = min(max_faults, target)
     job_dir = FLAGS.job_dir or tempfile.mkdtemp(prefix="chaos-soak-")
-    sys.exit(soak(job_dir, minutes, FLAGS.seed, max_faults))
+    sys.exit(soak(job_dir, minutes, FLAGS.seed, max_faults, target))
 
 
 if __name__ == "__main__":

@@ -5,15 +5,22 @@ Every worker of a launched job runs the user's callbacks, so two workers'
 HDF5 file, and their `ModelCheckpoint`s and `CSVLogger`s the same files.
 `ke.Model.fit` gives Keras the callbacks through `JobCallbacks`, which follows
 Keras' multi-worker convention (tf_keras' `distributed_file_utils`): the
-*chief* writes the user's real paths, every other worker a temporary path of
-its own next to them, which it deletes when `fit` ends.
+*chief* writes the user's real paths, every other worker temporary paths of
+its own, which it deletes when `fit` ends. Unlike tf_keras, which puts them
+next to the real files, they go to the job directory, never into the user's
+directories: a script that lists its checkpoint directory (keras-io's
+`make_or_restore_model` takes the newest entry of it) sees only its own files.
 
 ```
-<dir>/model-03.keras                        the chief's: the user's real paths
-<dir>/.ke-worker-<id>/checkpoint-<i>/...    worker <id>'s temporary files for the
-                                            callback at position <i> of the list
-                                            ("csv-<i>", "backup-<i>" alike)
+<dir>/model-03.keras             the chief's: the user's real paths
+<job_dir>/callback-files/worker-<id>/checkpoint-<i>/model-03.keras
+                                 worker <id>'s temporary files for the callback
+                                 at position <i> of the list ("csv-<i>",
+                                 "backup-<i>" alike)
 ```
+
+(`scratch_dir`: without a job directory, a directory under the system's
+temporary one, named after the master's address.)
 
 The chief is `keras_elastic.worker.cluster.is_chief`: the alive worker with the
 smallest id (a plain, embedded process always is). A helper callback, first in
@@ -74,7 +81,10 @@ others always delete their temporary backup.
 
 Temporary directories are deleted at train end, and also when `fit` fails
 (`JobCallbacks.close`); those of workers that died (SIGKILL leaves them) are
-deleted by the chief at its train end. An embedded cluster behaves exactly
+deleted by the chief at its train end. A promotion moves files from the job
+directory to the real paths: a rename on one filesystem, else a copy to a
+temporary name beside the real file and a rename (never a half-written real
+file). An embedded cluster behaves exactly
 like plain Keras (the real paths; `BackupAndRestore` restores the way Keras
 does, through `resume_epoch` and `restore_weights`). Set
 `callback.keras_elastic_per_worker = False` to give a callback to Keras
@@ -103,6 +113,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -116,7 +127,26 @@ from absl import logging
 
 from keras_elastic.common.keras_compat import file_utils
 
-TEMP_PREFIX = ".ke-worker-"
+SCRATCH = "callback-files"  # under the job directory
+
+
+def scratch_dir(cluster) -> str:
+    """Where the workers of a job keep their temporary callback files: the
+    job directory's `callback-files` (`KERAS_ELASTIC_JOB_DIR`, which the
+    launcher sets), else one under the system's temporary directory, named
+    after the master's address.
+
+    >>> scratch_dir(cluster)             # doctest: +SKIP
+    '/jobs/mnist/callback-files'
+    """
+    from keras_elastic.common import cluster_env
+
+    job_dir = os.environ.get(cluster_env.JOB_DIR)
+    if job_dir:
+        return os.path.join(job_dir, SCRATCH)
+    address = str(getattr(cluster.master, "address", "") or "local")
+    return os.path.join(tempfile.gettempdir(), "keras-elastic-" + SCRATCH,
+                        re.sub(r"[^\w.-]", "_", address))
 _HOOKS = ("on_batch_begin", "on_batch_end", "on_epoch_begin", "on_epoch_end",
           "on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
           "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end",
@@ -158,6 +188,7 @@ class JobCallbacks:
         self.fit_name = fit_name
         self.embedded = bool(cluster.embedded)
         self.worker_id = int(cluster.worker_id)
+        self.scratch = scratch_dir(cluster)
         self.adapters: list[_Adapter] = []
         self._backup: _BackupAdapter | None = None
         adapted = [self._adapt(i, cb) for i, cb in enumerate(list(callbacks or []))]
@@ -298,6 +329,7 @@ class JobCallbacks:
                                 adapter.temp_root, e)
         for adapter in self.adapters:
             _remove_if_empty(adapter.worker_dir)
+        _remove_if_empty(self.scratch)
         self._drop_copy()
 
     def _drop_copy(self) -> None:
@@ -402,14 +434,12 @@ class _ChiefTracker(keras.callbacks.Callback):
         except ConnectionError:
             return
         alive.add(self.job.worker_id)
-        for parent in sorted({a.parent for a in self.job.adapters}):
-            for path in glob.glob(os.path.join(glob.escape(parent) or ".",
-                                               TEMP_PREFIX + "*")):
-                suffix = os.path.basename(path)[len(TEMP_PREFIX):]
-                if suffix.isdigit() and int(suffix) not in alive:
-                    logging.info("keras_elastic: removing %s (worker %s is gone)",
-                                 path, suffix)
-                    shutil.rmtree(path, ignore_errors=True)
+        for path in glob.glob(os.path.join(glob.escape(self.job.scratch), "worker-*")):
+            suffix = os.path.basename(path)[len("worker-"):]
+            if suffix.isdigit() and int(suffix) not in alive:
+                logging.info("keras_elastic: removing %s (worker %s is gone)",
+                             path, suffix)
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class _FitEnd(keras.callbacks.Callback):
@@ -435,7 +465,7 @@ class _Adapter:
         self.job = job
         self.real = real
         self.parent, rest = _split_template(real)
-        self.worker_dir = os.path.join(self.parent, f"{TEMP_PREFIX}{job.worker_id}")
+        self.worker_dir = os.path.join(job.scratch, f"worker-{job.worker_id}")
         self.temp_root = os.path.join(self.worker_dir, f"{self.kind}-{index}")
         self.temp = os.path.join(self.temp_root, rest)
         self.chief: bool | None = None
@@ -688,7 +718,16 @@ def _move_tree(source: str, target: str) -> None:
     for path in _files(source):
         destination = os.path.join(target, os.path.relpath(path, source))
         os.makedirs(os.path.dirname(destination) or ".", exist_ok=True)
-        os.replace(path, destination)
+        try:
+            os.replace(path, destination)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            # Another filesystem: a copy beside the real file, then a rename.
+            partial = f"{destination}.ke-partial"
+            shutil.copyfile(path, partial)
+            os.replace(partial, destination)
+            os.remove(path)
         logging.info("keras_elastic: promoted %s to %s", path, destination)
     shutil.rmtree(source, ignore_errors=True)
 

@@ -1,0 +1,39 @@
+"""The parameter-server and master benches run with --smoke (tiny sizes) and
+print their ratio lines: bench/bench_ps_scaling.py, bench/bench_ps_wire.py,
+bench/bench_master.py. No timing is checked."""
+
+import pytest
+from bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
+
+pytestmark = [skip_without_bench, pytest.mark.multiprocess]
+
+
+def test_ps_scaling(tmp_path):
+    out = run_smoke("bench_ps_scaling", str(tmp_path))
+    # The table: PS, workers, pushes/s, MB/s, median and p90 ms, PS CPU ms per
+    # push and per MB, PS busy, clients busy (--smoke: 1 and 2 PS, 2 and 4 workers).
+    rows = figures(r"^\s+(\d+)\s+(\d+)\s+" + r"\s+".join([NUM] * 8) + r"$", out)
+    assert {(ps, w) for ps, w, *_ in rows} == {(1, 2), (1, 4), (2, 2), (2, 4)}, out
+    assert all(rate > 0 for _, _, rate, *_ in rows), out
+    efficiency = figures(r"^\s+(\d+) workers: 2 PS " + NUM + r"$", out)
+    assert [w for w, _ in efficiency] == [2, 4], out
+    assert all(e > 0 for _, e in efficiency), out
+    one_positive(r"PS CPU per push of the whole .* model \(median over the "
+                 r"configurations\): " + NUM + " ms", out)
+
+
+def test_ps_wire(tmp_path):
+    out = run_smoke("bench_ps_wire", str(tmp_path))
+    assert [ps for (ps,) in figures(r"^\s+1 MB model, (\d+) PS", out)] == [1, 2], out
+    for kind in ("exchange", "pull"):  # one line per server count
+        ratios = figures(rf"ratio PS {kind} / echo {kind}: {NUM} \(medians {NUM}\)", out)
+        assert len(ratios) == 2 and all(r > 0 for pair in ratios for r in pair), out
+    one_positive(r"parallel halves: .* both / sum of alone " + NUM, out)
+
+
+def test_master(tmp_path):
+    out = run_smoke("bench_master", str(tmp_path))
+    lines = figures(rf"^\s+(\d+) task\(s\) per call: journal off\s+{NUM} tasks/s, "
+                    rf"on\s+{NUM} tasks/s, ratio on / off {NUM} ", out)
+    assert [per_call for per_call, *_ in lines] == [1, 8], out
+    assert all(value > 0 for line in lines for value in line), out

@@ -1,0 +1,49 @@
+"""The training benches run with --smoke (tiny sizes) and print their ratio
+lines: bench/bench_training.py, bench/bench_embedding.py,
+bench/bench_recovery.py. No timing is checked."""
+
+import re
+
+import pytest
+from bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
+
+pytestmark = [skip_without_bench, pytest.mark.multiprocess]
+
+
+def test_training(tmp_path):
+    out = run_smoke("bench_training", str(tmp_path))
+    # --smoke's configurations: plain, processes, legacy, embedded. A row:
+    # label, samples/s, wall s, ratio, samples/CPU-s, CPU s (...), CPU ratio.
+    for label in ("keras-elastic, master + PS processes",
+                  "seed 000's 2019 loop, processes",
+                  "keras-elastic, embedded cluster"):
+        found = figures(rf"^  {re.escape(label)}\s+{NUM}\s+[\d.]+\s+{NUM}\s+{NUM}\s+"
+                        rf"[\d.]+ \([\d.]+\+[\d.]+\)\s+{NUM}$", out)
+        assert len(found) == 1, (label, out)
+        # samples/s, its ratio, samples per CPU second, its ratio (not the
+        # wall seconds, printed to 0.1 s).
+        assert all(value > 0 for value in found[0]), (label, out)
+    one_positive(rf"keras-elastic / legacy: {NUM}x faster", out)
+    one_positive(rf"^processes exchange: samples/s ratio to plain {NUM} ", out)
+    one_positive(rf"^processes: samples/s ratio {NUM} \(median of 1 round\(s\)\)", out)
+
+
+def test_embedding(tmp_path):
+    out = run_smoke("bench_embedding", str(tmp_path))
+    one_positive(rf"^  keras-elastic, ke.layers.Embedding on PS\s+{NUM}\s+[\d.]+\s+"
+                 r"[\d.]+\s", out)
+    one_positive(rf"^samples/s ratio elastic/plain {NUM} (?:meets|is BELOW) the "
+                 "target", out)
+    one_positive(rf"^embedding bytes per step / minimum {NUM} (?:meets|is ABOVE) the "
+                 "target", out)
+
+
+def test_recovery(tmp_path):
+    out = run_smoke("bench_recovery", str(tmp_path))
+    one_positive(rf"^baseline: {NUM} s, val_accuracy [\d.]+$", out)
+    one_positive(rf"^faults:\s+{NUM} s, val_accuracy [\d.]+ \(a worker killed", out)
+    # Its sign is the machine's: no timing is checked.
+    assert len(figures(rf"^time lost to both failures: {NUM} s \({NUM}% of the "
+                       r"baseline\)$", out)) == 1, out
+    assert len(figures(rf"^worker failure: .* requeued tasks {NUM}$", out)) == 1, out
+    one_positive(rf"^parameter-server failure: recovered in {NUM} s from ", out)

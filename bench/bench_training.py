@@ -23,6 +23,13 @@ Configurations, each a fresh model trained for one epoch over the same files:
              (total, get_batch, input_fn, compute, get_model,
              report_gradient) is printed for it and "processes", with the
              speed-up (seed 000: 2.14x; target >= 2.1x);
+- liveness:  "processes" with the liveness and fencing a launched job runs:
+             master and PS fenced (`--generation`, every call checked by the
+             generation interceptor, the worker's calls carrying its
+             generation), the worker's call deadlines from a 60 s liveness
+             timeout, and the launcher's health prober probing both services
+             every 2 s from this process; its ratio to "processes" is printed
+             (issue 25: liveness must not cost speed);
 - embedded:  the same with the embedded cluster (master and PS in this process);
 - ray:       master, PS and the worker as Ray actors (the launcher's Ray backend,
              `keras_elastic/launcher/backends/ray.py`) on a local one-node Ray
@@ -105,10 +112,10 @@ flags.DEFINE_integer("warmup_batches", 8,
 flags.DEFINE_string("data_dir", os.path.join(tempfile.gettempdir(),
                                              "keras_elastic_bench", "cifar10"),
                     "Where the synthetic TFRecords are written (kept for reuse).")
-flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "legacy", "embedded",
-                              "local_backend", "ray"],
+flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "liveness", "legacy",
+                              "embedded", "local_backend", "ray"],
                   "Configurations to measure, among plain, processes, pipelined, "
-                  "legacy, embedded, local_backend, ray; "
+                  "liveness, legacy, embedded, local_backend, ray; "
                   "plain is always measured (it is the baseline); ray is skipped "
                   "when Ray is not installed.")
 flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
@@ -129,10 +136,10 @@ flags.DEFINE_bool("smoke", False, "Tiny sizes (256 records, batch 32, one round;
 # --smoke: the values of the flags not given on the command line.
 SMOKE = {"num_records": 256, "batch_size": 32, "minibatches_per_task": 2,
          "warmup_batches": 2, "rounds": 1,
-         "configs": ["plain", "processes", "legacy", "embedded"]}
+         "configs": ["plain", "processes", "liveness", "legacy", "embedded"]}
 
-CONFIGS = ("plain", "processes", "pipelined", "legacy", "embedded", "local_backend",
-           "ray")
+CONFIGS = ("plain", "processes", "pipelined", "liveness", "legacy", "embedded",
+           "local_backend", "ray")
 
 
 class WindowTimer:
@@ -261,32 +268,50 @@ def run_legacy(files: list[str], service_pids: list[int]) -> Measurement:
 
 
 def run_with_processes(files: list[str], exchange: str = "sync",
-                       worker=None) -> Measurement:
-    """The worker here; master and PS as `python -m` processes."""
-    from keras_elastic.common import cluster_env
+                       worker=None, liveness: bool = False) -> Measurement:
+    """The worker here; master and PS as `python -m` processes. `liveness`:
+    fenced services, probed every 2 s, as a launched job runs them."""
+    from keras_elastic.common import cluster_env, fencing
+    from keras_elastic.launcher.liveness import HealthProber
+    from keras_elastic.launcher.policy import ServiceLiveness
     from keras_elastic.launcher.processes import start_service
     from keras_elastic.worker.cluster import reset_cluster
 
     job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-")
     services = []
-    saved = {k: os.environ.get(k) for k in (cluster_env.MASTER, cluster_env.PS,
-                                            cluster_env.WORKER_ID, cluster_env.JOB_DIR)}
+    prober = None
+    saved = {k: os.environ.get(k) for k in (
+        cluster_env.MASTER, cluster_env.PS, cluster_env.WORKER_ID, cluster_env.JOB_DIR,
+        cluster_env.LIVENESS_TIMEOUT, fencing.GENERATION_ENV)}
+    fenced = ["--generation=0"] if liveness else []
     try:
-        master, master_info = start_service("master", "keras_elastic.master", [],
+        master, master_info = start_service("master", "keras_elastic.master", fenced,
                                             job_dir)
         services.append(master)
         ps, ps_info = start_service("ps-0", "keras_elastic.ps",
-                                    ["--ps_index=0", "--num_ps=1", "--grads_to_wait=1"],
-                                    job_dir)
+                                    ["--ps_index=0", "--num_ps=1", "--grads_to_wait=1",
+                                     *fenced], job_dir)
         services.append(ps)
         os.environ.update(cluster_env.to_env(master_info["address"],
                                              [ps_info["address"]], 0, job_dir))
+        if liveness:  # as the launcher does (launcher/launcher.py)
+            os.environ[cluster_env.LIVENESS_TIMEOUT] = "60"
+            os.environ[fencing.GENERATION_ENV] = "0"
+            prober = HealthProber(ServiceLiveness(60.0, 2.0), 2.0)
+            prober.set_targets({"master": master_info["address"],
+                                "ps-0": ps_info["address"]})
+            prober.start()
         reset_cluster()
         pids = [p.pid for p in services]
         if worker is not None:
             return worker(files, pids)
         return run_elastic(files, pids, exchange)
     finally:
+        if prober is not None:
+            lost = prober.lost()
+            prober.stop()
+            if lost:
+                raise RuntimeError(f"the health prober found {lost} silent")
         reset_cluster()
         for key, value in saved.items():
             if value is None:
@@ -484,6 +509,7 @@ def main(argv: list[str]) -> None:
     n = FLAGS.num_records - FLAGS.warmup_batches * FLAGS.batch_size
     runners = {"plain": run_plain, "processes": run_with_processes,
                "pipelined": lambda f: run_with_processes(f, exchange="pipelined"),
+               "liveness": lambda f: run_with_processes(f, liveness=True),
                "legacy": lambda f: run_with_processes(f, worker=run_legacy),
                "embedded": run_embedded, "local_backend": run_with_local_backend,
                "ray": run_with_ray}
@@ -526,6 +552,7 @@ def main(argv: list[str]) -> None:
     plain_cpu_rate = sum(n / m.cpu for m in plain) / len(plain)
     labels = {"processes": "keras-elastic, master + PS processes",
               "pipelined": "keras-elastic, processes, pipelined",
+              "liveness": "keras-elastic, processes, liveness + fencing",
               "legacy": "seed 000's 2019 loop, processes",
               "embedded": "keras-elastic, embedded cluster",
               "local_backend": "keras-elastic, local backend processes",
@@ -591,6 +618,14 @@ def main(argv: list[str]) -> None:
             lines.append(f"\n{name} exchange: samples/s ratio to plain {ratio:.3f} "
                          f"(target >= {target}: "
                          f"{'met' if ratio >= target else 'NOT met'})")
+    if "liveness" in ratios and "processes" in ratios:
+        # Run one after the other in each round: their quotient drifts less
+        # with the machine's load than either ratio to plain.
+        paired = [r / q for r, q in zip(ratios["liveness"], ratios["processes"],
+                                        strict=True)]
+        lines.append("\nliveness + fencing / processes per round: "
+                     + " ".join(f"{p:.3f}" for p in paired)
+                     + f"   median {statistics.median(paired):.3f}")
     if "ray" in ratios:
         # Compared with the same roles started by the local backend (a separate
         # worker process too); else with the in-process worker.

@@ -303,15 +303,14 @@ def run_with_processes(files: list[str], exchange: str = "sync",
             prober.start()
         reset_cluster()
         pids = [p.pid for p in services]
-        if worker is not None:
-            return worker(files, pids)
-        return run_elastic(files, pids, exchange)
+        measured = (worker(files, pids) if worker is not None
+                    else run_elastic(files, pids, exchange))
+        if prober is not None and (lost := prober.lost()):
+            raise RuntimeError(f"the health prober found {lost} silent")
+        return measured
     finally:
         if prober is not None:
-            lost = prober.lost()
             prober.stop()
-            if lost:
-                raise RuntimeError(f"the health prober found {lost} silent")
         reset_cluster()
         for key, value in saved.items():
             if value is None:

@@ -327,6 +327,19 @@ def test_a_non_chief_waiting_for_a_chief_that_dies_promotes_its_own_files(
     assert cluster.marks == {1: {"callbacks/training@2": 1}}  # now the chief
 
 
+def test_a_non_chief_stops_waiting_for_a_silent_chief_with_a_warning(
+        tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setenv(cluster_env.JOB_DIR, str(tmp_path / "job"))
+    jc = JobCallbacks(make_model(), [keras.callbacks.CSVLogger(str(tmp_path / "a.csv"))],
+                      FakeCluster(1, [0, 1]), fit_name="training@3")
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        jc.tracker.wait_for_chief("callbacks/training@3", limit=0.3)
+    assert ("worker 1: the chief did not finish the callbacks of training@3 within "
+            "0 s; going on without its files") in caplog.text, caplog.text
+
+
 def test_marks_travel_through_the_master_and_survive_its_restart(tmp_path):
     """`MasterClient.set_mark`, read by another worker; a restarted master
     learns the marks back from the next heartbeats."""

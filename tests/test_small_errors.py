@@ -38,6 +38,10 @@ def test_cluster_environment_errors(monkeypatch):
     with pytest.raises(ValueError, match="KERAS_ELASTIC_CONNECT_TIMEOUT='soon' is not a "
                        "number of seconds"):
         cluster_env.connect_timeout()
+    monkeypatch.setenv(cluster_env.LIVENESS_TIMEOUT, "soon")
+    with pytest.raises(ValueError, match="KERAS_ELASTIC_LIVENESS_TIMEOUT='soon' is "
+                       "not a number of seconds"):
+        cluster_env.call_deadline(10)
 
 
 def test_model_def_file_errors(tmp_path):

@@ -378,14 +378,16 @@ class _ChiefTracker(keras.callbacks.Callback):
             adapter.prune()
         self.decide()
 
-    def wait_for_chief(self, mark: str) -> None:
+    def wait_for_chief(self, mark: str, limit: float | None = None) -> None:
         """Returns once the chief reported `mark` (its callbacks of this fit
         are through: its files are written), or this worker became the chief
-        (the chief died), or after the liveness timeout (a warning)."""
+        (the chief died), or after `limit` seconds (default: the liveness
+        timeout; a warning)."""
         from keras_elastic.common import cluster_env
 
         master, me = self.job.cluster.master, self.job.worker_id
-        limit = cluster_env.call_deadline(60.0)
+        if limit is None:
+            limit = cluster_env.call_deadline(60.0)
         deadline = time.monotonic() + limit
         while True:
             try:

@@ -36,11 +36,15 @@ EMBEDDED = {
     "csv_columns": EXACT,
 }
 # A 2-worker job: asynchronous updates, and each worker's BatchNormalization
-# statistics come from its own half of the batches.
+# statistics come from its own half of the batches; the servers merge both
+# workers' updates of the moving statistics (`ParameterStore.push`'s bases).
+# When the last writer won, half the updates were lost and the moving
+# statistics lagged: best validation loss 0.22..0.27, test accuracy 0.93..0.94;
+# merged: 0.088 and 0.99.
 JOB = {
-    "test_accuracy": Tol(abs=0.10),
-    "predicted_accuracy": Tol(abs=0.10),
-    "best_val_loss": Tol(abs=0.1, rel=1.0),
+    "test_accuracy": Tol(abs=0.05),
+    "predicted_accuracy": Tol(abs=0.05),
+    "best_val_loss": Tol(abs=0.05, rel=0.5),
     "csv_columns": EXACT,
 }
 

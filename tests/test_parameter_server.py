@@ -41,6 +41,45 @@ def test_push_applies_sgd_and_returns_only_changed_values(servers):
     assert set(c.pull()) == {"w", "b", "bn"}
 
 
+def test_non_trainable_updates_of_two_workers_are_merged_not_overwritten(servers):
+    # A BatchNormalization moving mean, updated by two workers from the same
+    # value: each worker's change is kept (the last writer does not erase the
+    # first's), as TensorFlow's parameter-server strategy's assign_sub on the
+    # server's variable keeps both.
+    a = PSClient([s.address for s in servers], worker_id=0)
+    b = PSClient([s.address for s in servers], worker_id=1)
+    base = np.array([1.0, 2.0], np.float32)
+    a.init({"moving_mean": (base, False)}, SGD)
+    b.init({"moving_mean": (base, False)}, SGD)
+
+    def ema(value, x):  # BatchNormalization's update, momentum 0.9
+        return (value * 0.9 + np.float32(x) * 0.1).astype(np.float32)
+
+    first = ema(base, 11.0)
+    a.push({}, {"moving_mean": first})  # no bases: plain assign
+    np.testing.assert_array_equal(a.pull()["moving_mean"], first)
+    # a's next step starts from the server's value: assigned bit for bit.
+    second = ema(first, 5.0)
+    a.exchange({}, {"moving_mean": second}, bases={"moving_mean": first})
+    np.testing.assert_array_equal(a.pull()["moving_mean"], second)
+    # b computed from the older `first`: its change is added to `second`.
+    other = ema(first, -7.0)
+    b.exchange({}, {"moving_mean": other}, bases={"moving_mean": first})
+    np.testing.assert_allclose(b.pull()["moving_mean"], second + (other - first),
+                               rtol=1e-6)
+
+
+def test_a_base_value_must_come_with_its_assign_and_match_its_variable(servers):
+    c = PSClient([servers[0].address])
+    c.init({"bn": (np.zeros(2, np.float32), False)}, SGD)
+    with pytest.raises(ValueError, match="does not assign"):
+        c.exchange({}, {}, bases={"bn": np.zeros(2, np.float32)})
+    with pytest.raises(ValueError, match="bn"):
+        c.exchange({}, {"bn": np.ones(2, np.float32)},
+                   bases={"bn": np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(c.pull()["bn"], [0, 0])  # nothing applied
+
+
 def test_keras_optimizer_with_slots_matches_local_apply(servers):
     config = keras.optimizers.serialize(keras.optimizers.Adam(0.01))
     c = PSClient([servers[0].address])

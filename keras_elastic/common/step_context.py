@@ -50,6 +50,11 @@ class StepContext:
         # Gradients of embedding-table rows the built-in step computed, pushed
         # with the model optimizer's first update: [(table, ids, rows)].
         self.row_grads: list = []
+        # The model's non-trainable values as the next update found them (at
+        # the step's start, then after each update's assign): what the
+        # update's non-trainable values are computed from. See
+        # `ParameterStore.push`'s `bases`.
+        self.bases: list | None = None
 
     def update_name(self, group: str) -> str:
         """The name of the next apply of optimizer group `group` in this step."""

@@ -47,6 +47,7 @@ from keras_elastic.common.tensor_codec import (
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.partition import (
     ASSIGN_PREFIX,
+    BASE_PREFIX,
     OPTIMIZER_STATE_PREFIX,
     SPARSE_PREFIX,
     ps_for,
@@ -361,7 +362,8 @@ class PSClient:
                  sparse: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
                  hyperparameters: Mapping[str, float] | None = None,
                  optimizer: str = "",
-                 optimizer_spec: tuple[str, Sequence[str]] | None = None
+                 optimizer_spec: tuple[str, Sequence[str]] | None = None,
+                 bases: Mapping[str, np.ndarray] | None = None
                  ) -> PushReply:
         """Pushes gradients that contain the elements `ranges`, and
         non-trainable values, to the servers `targets` (default: every server
@@ -374,7 +376,11 @@ class PSClient:
         no tensor for gets an empty push carrying them). `optimizer`: the
         optimizer group that applies the gradients ("": the model's own);
         another group's pushes carry `optimizer_spec`, (config JSON, keys of
-        the variables it updates), from which a server creates it."""
+        the variables it updates), from which a server creates it. `bases`:
+        {name: the value the non-trainable value `assigns[name]` was computed
+        from}; a server whose value changed meanwhile (another worker's push)
+        adds the change `assigns[name] - bases[name]` to it rather than
+        overwriting it (see `ParameterStore.push`)."""
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
@@ -385,7 +391,12 @@ class PSClient:
                     grad_parts[i][f"{SPARSE_PREFIX}{table}/ids"] = ids[at]
                     grad_parts[i][f"{SPARSE_PREFIX}{table}/grads"] = rows[at]
         for name, v in assigns.items():
-            assign_parts[self.owner(name)][name] = v
+            assign_parts[self.owner(name)][ASSIGN_PREFIX + name] = v
+        for name, v in (bases or {}).items():
+            if name not in assigns:
+                raise ValueError(f"a base value for '{name}', which the push does "
+                                 "not assign")
+            assign_parts[self.owner(name)][BASE_PREFIX + name] = v
         ranges = list(ranges)
         # A gradient push without ranges could be applied twice if repeated.
         retry = bool(ranges) or not (grads or sparse)
@@ -419,7 +430,7 @@ class PSClient:
                 yield ps_pb2.PushRequest(header=header(i)).SerializeToString()
                 yield from chunk_frames_all(2, grad_parts[i].items())
                 for n, v in assign_parts[i].items():
-                    yield from chunk_frames(2, ASSIGN_PREFIX + n, v)
+                    yield from chunk_frames(2, n, v)
             reply, values = self._call(i, "Push", lambda: read_stream(
                 self._streams[i].Push(requests(), timeout=600)),
                 retry or i in extra)
@@ -427,8 +438,7 @@ class PSClient:
 
         def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:
             tensors = list(encode_all(grad_parts[i].items(), chunk_bytes=1 << 62))
-            tensors += list(encode_all(((ASSIGN_PREFIX + n, v) for n, v in
-                                        assign_parts[i].items()), chunk_bytes=1 << 62))
+            tensors += list(encode_all(assign_parts[i].items(), chunk_bytes=1 << 62))
             reply = self._call(i, "Push", lambda: self._stubs[i].PushSmall(
                 ps_pb2.PushBundle(header=header(i), tensors=tensors), timeout=600),
                 retry or i in extra)

@@ -16,6 +16,10 @@ import zlib
 import numpy as np
 
 ASSIGN_PREFIX = "="  # chunk names of non-trainable values in a push
+# Chunk names of the values a push's non-trainable values were computed from
+# (the variable at the step's start): the server merges the change into a value
+# another worker changed meanwhile (`ParameterStore.push`'s `bases`).
+BASE_PREFIX = "~"
 # Chunk names of embedding rows in a push: "@table/ids" (int64) and
 # "@table/grads" (one row per id).
 SPARSE_PREFIX = "@"

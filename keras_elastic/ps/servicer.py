@@ -29,6 +29,7 @@ from keras_elastic.common.tensor_codec import (
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.partition import (
     ASSIGN_PREFIX,
+    BASE_PREFIX,
     OPTIMIZER_STATE_PREFIX,
     SPARSE_PREFIX,
     ps_for,
@@ -136,8 +137,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self.store.check_sparse(table, None)
             else:
                 self.store.check_sparse(table, None, shape, dtype)
-        elif name.startswith(ASSIGN_PREFIX):
-            self.store.check_tensor(name[len(ASSIGN_PREFIX):], dtype, shape, False)
+        elif name.startswith((ASSIGN_PREFIX, BASE_PREFIX)):
+            self.store.check_tensor(name[1:], dtype, shape, False)
         else:
             self.store.check_tensor(name, dtype, shape, True)
 
@@ -287,9 +288,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def _push(self, header, tensors, context, method: str = "Push"):
         faults.reached("ps_push")
         grads = {n: v for n, v in tensors.items()
-                 if not n.startswith((ASSIGN_PREFIX, SPARSE_PREFIX))}
+                 if not n.startswith((ASSIGN_PREFIX, BASE_PREFIX, SPARSE_PREFIX))}
         assigns = {n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()
                    if n.startswith(ASSIGN_PREFIX)}
+        bases = {n[len(BASE_PREFIX):]: v for n, v in tensors.items()
+                 if n.startswith(BASE_PREFIX)}
         try:
             sparse = self._sparse_grads(tensors)
             spec = optimizer_spec_of(header)
@@ -300,7 +303,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 since = self._since(header.base_version, header.incarnation)
                 result = self.store.push(grads, assigns, since, ranges_of(header),
                                          sparse, dict(header.hyperparameters),
-                                         header.optimizer)
+                                         header.optimizer, bases=bases)
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:

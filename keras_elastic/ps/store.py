@@ -162,6 +162,27 @@ def load_optimizer_state(optimizer: keras.optimizers.Optimizer,
         variable.assign(value)
 
 
+def merged_value(variable, value: np.ndarray, base: np.ndarray | None) -> np.ndarray:
+    """What a pushed non-trainable `value`, computed from `base`, makes of
+    `variable` (see `ParameterStore.push`): `value` where the variable is
+    still `base` (or no base came), else the variable plus the change.
+
+    >>> v = tf.Variable([1.0, 2.0])
+    >>> merged_value(v, np.array([1.5, 2.0]), np.array([1.0, 2.0])).tolist()
+    [1.5, 2.0]
+    >>> v.assign([3.0, 2.0])  # another worker's push   # doctest: +ELLIPSIS
+    <...>
+    >>> merged_value(v, np.array([1.5, 2.0]), np.array([1.0, 2.0])).tolist()
+    [3.5, 2.0]
+    """
+    if base is None or value.dtype == np.bool_:
+        return value
+    current = variable.numpy()
+    if np.array_equal(current, base):
+        return value
+    return (current + (value - base)).astype(value.dtype, copy=False)
+
+
 def new_incarnation() -> int:
     """A random id for one life of a server's state (a start or a restore)."""
     return random.SystemRandom().getrandbits(62) + 1
@@ -533,8 +554,19 @@ class ParameterStore:
              base_version: int, ranges: list[Range] | tuple = (),
              sparse: SparseGrads | None = None,
              hyperparameters: Mapping[str, float] | None = None,
-             optimizer: str = "") -> PushResult:
+             optimizer: str = "",
+             bases: Mapping[str, np.ndarray] | None = None) -> PushResult:
         """Applies (or buffers) gradients, assigns non-trainable values.
+
+        `bases`: {name: the value the worker's `assigns[name]` was computed
+        from (the variable at its step's start)}. Where the server's value is
+        still that base, the pushed value is assigned as is (one worker: the
+        same value as plain Keras, bit for bit); where another worker's push
+        changed it meanwhile, the worker's change `assigns[name] - base` is
+        added to it instead of overwriting it. So the moving statistics of a
+        `BatchNormalization` layer take every worker's update, as
+        TensorFlow's parameter-server strategy's `assign_sub` on the server's
+        variable does, and not only the last writer's.
 
         `optimizer`: the optimizer group that applies the gradients ("": the
         model's own; see `register_optimizer`).
@@ -584,6 +616,12 @@ class ParameterStore:
                 self.check_tensor(name, value.dtype, np.shape(value), gradient=True)
             for name, value in assigns.items():
                 self.check_tensor(name, value.dtype, np.shape(value), gradient=False)
+            bases = bases or {}
+            for name, value in bases.items():
+                if name not in assigns:
+                    raise ValueError(f"the push has a base value for '{name}' but "
+                                     "does not assign it")
+                self.check_tensor(name, value.dtype, np.shape(value), gradient=False)
             sparse = sparse or {}
             for name, (ids, rows) in sparse.items():
                 self.check_sparse(name, ids, np.shape(rows), rows.dtype)
@@ -605,7 +643,8 @@ class ParameterStore:
                 return PushResult(False, self.version, STALE)
             hp.set_hyperparameters(hyperparameters, group.optimizer)
             for name, value in assigns.items():
-                self.variables[name].assign(value)
+                self.variables[name].assign(merged_value(
+                    self.variables[name], value, bases.get(name)))
                 self.updated_at[name] = (self.version + 1 if grads or sparse
                                          else self.version)
             if not grads and not sparse:

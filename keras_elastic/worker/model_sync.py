@@ -433,12 +433,19 @@ class ModelSync:
             self._dead_at_mark = self.stream.dead()
 
     # -- called from the compiled train step ------------------------------
+    def non_trainable_values(self) -> list:
+        """Copies of the non-trainable variables' values, read where the
+        step traces this (before the step's own updates, in the step's order):
+        what the step's non-trainable updates start from."""
+        return [tf.identity(v.value) for v in self.non_trainable]
+
     def exchange(self, push, tags, *tensors) -> list[np.ndarray]:
         """Pushes one update's gradients + the non-trainable values; returns
         every variable's value. `push` (a `remote_optimizer.Push`) says what
         `tensors` are: the gradients of `push.grad_keys`, the non-trainable
-        values, the (ids, rows) of each table of `push.tables`, and the
-        learning rate when `push.rate` is set.
+        values, the non-trainable values they were computed from (the
+        step's `StepContext.bases`), the (ids, rows) of each table of
+        `push.tables`, and the learning rate when `push.rate` is set.
 
         `tags`: `[seq, position, fingerprint]` of each element of the batch.
         """
@@ -458,10 +465,12 @@ class ModelSync:
         grads = {k: t.numpy() for k, t in zip(push.grad_keys, tensors[:n])}
         assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
                                                  tensors[n:n + m])}
-        sparse = sum_rows(push.tables, tensors[n + m:])
+        bases = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
+                                               tensors[n + m:n + 2 * m])}
+        sparse = sum_rows(push.tables, tensors[n + 2 * m:])
         if self.pipelined:
             out = self._exchange_pipelined(push, tags.numpy(), grads, assigns, sparse,
-                                           t_grads, wanted)
+                                           t_grads, wanted, bases)
             self._t_mark = time.perf_counter()
             return out
         ranges, live = [], []
@@ -471,7 +480,7 @@ class ModelSync:
                 grads, sparse = {}, {}  # every element belongs to an abandoned task
         reply = self.ps.exchange(grads, assigns, ranges, sparse=sparse,
                                  hyperparameters=wanted, optimizer=push.group,
-                                 optimizer_spec=push.spec)
+                                 optimizer_spec=push.spec, bases=bases)
         faults.reached("after_push")
         if not reply.accepted:
             self.stream.abandon(live, f"push refused: {reply.refusals()}")
@@ -485,7 +494,8 @@ class ModelSync:
         return out
 
     def _exchange_pipelined(self, push, tags: np.ndarray, grads, assigns, sparse,
-                            t_grads: float, wanted=None) -> list[np.ndarray]:
+                            t_grads: float, wanted=None, bases=None
+                            ) -> list[np.ndarray]:
         """Waits for the previous push, sends this one on the pipeline's
         thread, returns the newest values that arrived (see push_pipeline)."""
         self._finish_push()
@@ -507,7 +517,7 @@ class ModelSync:
         self.pipeline.submit(
             lambda: self.ps.exchange(grads, assigns, ranges, sparse=sparse,
                                      hyperparameters=wanted, optimizer=push.group,
-                                     optimizer_spec=push.spec),
+                                     optimizer_spec=push.spec, bases=bases),
             max_seq, live)
         t_sent = time.perf_counter()
         self.timer.add("push", t_sent - t_grads)

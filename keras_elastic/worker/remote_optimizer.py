@@ -137,8 +137,11 @@ class RemoteOptimizer:
                     tuple(k for k, _ in pairs), tuple(t for t, _, _ in rows), rate,
                     self._group_spec(keys))
         sync.note_update(push)
+        bases = context.bases
+        if bases is None:  # (a step traced outside TrainFunction: nothing merged)
+            bases = sync.non_trainable_values()
         inputs = [context.tags] + [tf.convert_to_tensor(g) for _, g in pairs] + [
-            v.value for v in sync.non_trainable] + [
+            v.value for v in sync.non_trainable] + list(bases) + [
             t for _, ids, g in rows for t in (ids, tf.convert_to_tensor(g))]
         if rate is not None:
             inputs.append(tf.convert_to_tensor(rate.value))
@@ -147,6 +150,8 @@ class RemoteOptimizer:
         for variable, value in zip(sync.variables, values):
             value.set_shape(variable.shape)
             variable.assign(value)
+        # A later update of the step computes from the values just assigned.
+        context.bases = sync.non_trainable_values()
         self.optimizer.iterations.assign_add(1)
 
     def _apply_in_step(self, context: step_context.StepContext, grads, variables,

@@ -80,7 +80,9 @@ class TrainFunction:
     def _traced_step(self, tags, data, allowed):
         if isinstance(data, tuple) and len(data) == 1:
             data = data[0]  # `fit(x)` without labels: the step gets x, as in Keras
-        with step_context.stepping(self, tags, allowed):
+        with step_context.stepping(self, tags, allowed) as context:
+            if not self.sync.local:
+                context.bases = self.sync.non_trainable_values()
             return self._step_fn(data)
 
     def _traced_fetching_step(self, iterator):

@@ -167,6 +167,82 @@ def test_the_observers_own_stall_is_not_the_services_silence():
     assert live.lost(360.0) == ["master"]
 
 
+def test_workers_that_cannot_reach_a_silent_server_make_it_lost_sooner():
+    """Health checks unanswered and workers' calls failing as UNAVAILABLE:
+    two observers agree, so `confirm` (a quarter of the timeout) suffices."""
+    live = ServiceLiveness(timeout=60, interval=2)
+    assert live.confirm == 15
+    live.started("ps-0", 0.0)
+    live.started("ps-1", 0.0)
+    for t in range(2, 16, 2):
+        live.observed({"ps-0": False, "ps-1": True}, float(t))
+        live.reported({0: {"ps-0": t - 0.5}, 1: {"ps-0": t - 1.0}},
+                      {0: {"ps-0": t - 0.5}}, alive=[0, 1], now=float(t))
+        assert live.lost(float(t)) == (["ps-0"] if t >= 16 else [])
+    live.observed({"ps-0": False, "ps-1": True}, 16.0)
+    live.reported({0: {"ps-0": 15.5}}, {0: {"ps-0": 15.5}}, alive=[0, 1], now=16.0)
+    assert live.lost(16.0) == ["ps-0"]
+    assert live.why("ps-0", 16.0) == (
+        "answered no health check for 16 s, and worker(s) 0 could not reach it for "
+        "16 s (--liveness_timeout=60)")
+
+
+def test_a_slow_or_stopped_server_is_given_the_whole_timeout():
+    """A long GC pause (or SIGSTOP): health checks and the workers' calls hang,
+    none fails as unreachable: only `timeout` seconds of it make a loss."""
+    live = ServiceLiveness(timeout=60, interval=2)
+    live.started("ps-0", 0.0)
+    for t in range(2, 60, 2):
+        live.observed({"ps-0": False}, float(t))
+        live.reported({0: {"ps-0": float(t)}}, {}, alive=[0, 1], now=float(t))
+        assert live.lost(float(t)) == []
+    # Workers that could not reach it for a moment only (a reconnect): no loss.
+    live = ServiceLiveness(timeout=60, interval=2)
+    live.started("ps-0", 0.0)
+    for t in range(2, 40, 2):
+        live.observed({"ps-0": t > 20}, float(t))
+        live.reported({}, {0: {"ps-0": 1.0}} if t < 20 else {}, alive=[0], now=float(t))
+        assert live.lost(float(t)) == []
+
+
+def test_a_server_every_worker_waits_on_is_lost_though_it_answers_health_checks():
+    """A partition between the workers and a server (or a wedged servicer
+    behind a live health service): lost after the timeout; not while only
+    some workers wait on it (those are the workers' trouble)."""
+    live = ServiceLiveness(timeout=10, interval=1)
+    live.started("ps-0", 0.0)
+    for t in range(1, 30):
+        live.observed({"ps-0": True}, float(t))
+        live.reported({0: {"ps-0": float(t)}}, {0: {"ps-0": float(t)}},
+                      alive=[0, 1], now=float(t))
+        assert live.lost(float(t)) == []  # worker 1 does fine with it
+    live = ServiceLiveness(timeout=10, interval=1)
+    live.started("ps-0", 0.0)
+    for t in range(1, 11):
+        live.observed({"ps-0": True}, float(t))
+        live.reported({0: {"ps-0": t - 0.5}, 1: {"ps-0": float(t)}}, {},
+                      alive=[0, 1], now=float(t))
+    assert live.lost(10.0) == [] and live.lost(10.5) == ["ps-0"]
+    assert "every worker (0, 1) has waited 10 s for it: the workers are cut off" in (
+        live.why("ps-0", 10.5))
+
+
+def test_waits_during_a_recovery_or_before_a_restart_do_not_count():
+    live = ServiceLiveness(timeout=10, interval=1)
+    live.started("ps-0", 0.0)
+    live.started("ps-1", 0.0)
+    # ps-1 was recovered at t=20; the servers were paused meanwhile.
+    live.started("ps-1", 20.0)
+    live.recovered(20.0)
+    for t in range(21, 30):
+        live.observed({"ps-0": True, "ps-1": True}, float(t))
+        live.reported({0: {"ps-0": t - 5.0, "ps-1": t - 5.0}}, {}, alive=[0],
+                      now=float(t))
+        assert live.lost(float(t)) == []
+    live.reported({0: {"ps-0": 25.0}}, {}, alive=[0], now=30.0)
+    assert live.lost(30.0) == ["ps-0"]  # waited from the recovery's end
+
+
 def test_a_worker_waiting_for_a_server_in_trouble_is_not_to_blame():
     """Overdue workers are blamed only when every server answered for longer
     than the limit their hold passed."""
@@ -175,3 +251,6 @@ def test_a_worker_waiting_for_a_server_in_trouble_is_not_to_blame():
     assert blame_overdue(overdue, services_fine_for=30.0) == [0, 3]
     assert blame_overdue(overdue, services_fine_for=1e9) == [0, 3, 5]
     assert blame_overdue({}, services_fine_for=1e9) == []
+    # A worker that reports waiting on a server is not to blame either.
+    assert blame_overdue(overdue, services_fine_for=1e9, waiting={3: {"ps-0": 40.0}}
+                         ) == [0, 5]

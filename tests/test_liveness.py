@@ -21,10 +21,10 @@ def data(tmp_path_factory):
     return write_data(str(tmp_path_factory.mktemp("counting")))
 
 
-def frozen_pid(log_path) -> int:
-    """The pid the fault injection froze, from the role's log."""
+def frozen_pid(log_path, action: str = "freeze") -> int:
+    """The pid the fault injection froze (or cut off), from the role's log."""
     text = open(log_path).read()
-    found = re.findall(r"fault injection: freeze at '\w+', pid (\d+)", text)
+    found = re.findall(rf"fault injection: {action} at '\w+', pid (\d+)", text)
     assert len(found) == 1, text[-3000:]
     return int(found[0])
 
@@ -52,6 +52,28 @@ def test_a_parameter_server_frozen_for_good_is_killed_and_recovered(
     check_exact(tmp_path, out, output)
     # The frozen process was killed: it does not outlive the job.
     assert_gone(frozen_pid(tmp_path / "job" / f"ps-{victim}.log"))
+
+
+def test_a_server_the_workers_are_cut_off_from_is_replaced(tmp_path, data):
+    """A partition between the workers and the only server (its process
+    answers every call but health checks with UNAVAILABLE from its 40th push
+    on): the launcher's health checks pass, but every worker reports waiting
+    on it; after --liveness_timeout the launcher kills and replaces it, and
+    the workers, none of them blamed for the tasks they could not finish,
+    go on to the exact result."""
+    out, result = counting_job(
+        tmp_path, data, "--num_ps=1", "--ps_checkpoint_secs=1",
+        "--liveness_timeout=8", faults="ps_push@40:ps0=cut")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["ps_restarts"] == 1, summary
+    assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, summary
+    reason = summary["ps_recoveries"][0]["reason"]
+    assert re.search(r"answers health checks, but every worker \(0, 1\) has waited "
+                     r"\d+ s for it: the workers are cut off from it", reason), reason
+    check_exact(tmp_path, out, output)
+    assert_gone(frozen_pid(tmp_path / "job" / "ps-0.log", action="cut"))
 
 
 def test_the_master_frozen_for_good_is_killed_and_restarted(tmp_path, data):

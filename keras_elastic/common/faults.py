@@ -10,7 +10,11 @@ entries. The N-th time POINT is reached (in the role WHO only, if given:
 - `freeze`: SIGSTOP of the process, for good (it holds its sockets and
   answers nothing; only SIGKILL or SIGCONT ends that);
 - `hang`: the thread that reached the point blocks for good while the rest
-  of the process (a worker's heartbeats, a server's other calls) goes on.
+  of the process (a worker's heartbeats, a server's other calls) goes on;
+- `cut`: from then on the process answers every call but health checks
+  with UNAVAILABLE (only a server: `common/rpc.make_server`): the workers
+  are cut off from it, as in a network partition, while the launcher's
+  health checks still get through. A replacement process runs clean.
 
 The points:
 
@@ -52,12 +56,13 @@ ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
           "ps_push", "master_task")
-ACTIONS = ("kill", "freeze", "hang")
+ACTIONS = ("kill", "freeze", "hang", "cut")
 
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
 _plan: dict[str, Fault] | None = None
 _role: str | None = None
+_cut = threading.Event()  # the `cut` action happened in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,12 +144,20 @@ def due(point: str) -> str | None:
     return fault.action
 
 
+def is_cut() -> bool:
+    """Whether a `cut` cut this process off from the job's other roles."""
+    return _cut.is_set()
+
+
 def act(point: str, action: str = "kill") -> None:
     """Does `action` here, saying where."""
     what = "SIGKILL" if action == "kill" else action
     sys.stderr.write(f"keras_elastic fault injection: {what} at '{point}', "
                      f"pid {os.getpid()}\n")
     sys.stderr.flush()
+    if action == "cut":
+        _cut.set()
+        return
     if action == "hang":
         threading.Event().wait()
     os.kill(os.getpid(), signal.SIGSTOP if action == "freeze" else signal.SIGKILL)

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import grpc
 from absl import logging
 
-from keras_elastic.common import auth, fencing, tls
+from keras_elastic.common import auth, faults, fencing, tls
 from keras_elastic.common import resolver as resolver_mod
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
@@ -77,10 +77,11 @@ def is_unreachable(error: grpc.RpcError) -> bool:
     return error.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def retry_unreachable(call: Callable[[], T], what: str, timeout: float) -> T:
+def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
+                      on_unreachable: Callable[[], None] | None = None) -> T:
     """Runs `call()`, retrying with backoff while the server is unreachable, for
     at most `timeout` seconds; then raises the last error. Only for calls that
-    are safe to repeat."""
+    are safe to repeat. `on_unreachable()` runs at each failure retried."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     first_failure = None
@@ -90,6 +91,8 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float) -> T:
         except grpc.RpcError as e:
             if not is_unreachable(e) or time.monotonic() + delay > deadline:
                 raise
+            if on_unreachable is not None:
+                on_unreachable()
             if first_failure is None:
                 first_failure = time.monotonic()
                 logging.warning("%s is unreachable (%s); retrying for up to %.0f s",
@@ -113,6 +116,8 @@ def make_server(max_workers: int = 32,
     from keras_elastic.proto import fencing_pb2_grpc
 
     interceptors = [auth.TokenInterceptor(auth.job_token(), exempt=(HEALTH_METHODS,))]
+    if os.environ.get(faults.ENV):
+        interceptors.insert(0, _CutInterceptor())
     if generation is not None:
         interceptors.append(fencing.GenerationInterceptor(generation,
                                                           exempt=(HEALTH_METHODS,)))
@@ -123,6 +128,23 @@ def make_server(max_workers: int = 32,
         fencing_pb2_grpc.add_FencingServicer_to_server(
             fencing.FencingServicer(generation), server)
     return server
+
+
+class _CutInterceptor(grpc.ServerInterceptor):
+    """Fault injection's `cut` (`faults.py`): once it happened, every call
+    but a health check fails as UNAVAILABLE."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if (handler is None or not faults.is_cut()
+                or handler_call_details.method.startswith(HEALTH_METHODS)):
+            return handler
+
+        def refuse(request_or_iterator, context):
+            context.abort(grpc.StatusCode.UNAVAILABLE,
+                          "cut off from the job (fault injection)")
+
+        return auth.refusing_handler(handler, refuse)
 
 
 def check_bind(host: str, tls_on: bool, insecure: bool) -> None:

@@ -423,17 +423,13 @@ class Launcher:
             return code, proc.describe_exit(code)
         if role not in self.prober.lost():
             return None
-        silent = self.prober.silent_for(role)
-        logging.warning("%s (pid %s) answered no health check for %.0f s "
-                        "(--liveness_timeout=%g): killing it", role, proc.pid, silent,
-                        self.config.liveness_timeout)
+        why = self.prober.why(role) or "was declared lost"
+        logging.warning("%s (pid %s) %s: killing it", role, proc.pid, why)
         proc.kill()
         deadline = time.monotonic() + 30
         while (code := proc.poll()) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        return (-9 if code is None else code), (
-            f"answered no health check for {silent:.0f} s (--liveness_timeout="
-            f"{self.config.liveness_timeout:g}) and was killed")
+        return (-9 if code is None else code), f"{why} and was killed"
 
     def _check_master(self) -> None:
         exited = self._exit_or_lost("master", self.master_proc)
@@ -458,6 +454,7 @@ class Launcher:
             self.error = str(e)
             return
         self.prober.set_target("master", self.master_address)
+        self.prober.recovered()
         self.master_recoveries.append(record)
         logging.warning("the master is back in %.1f s", record["seconds"])
 
@@ -548,6 +545,7 @@ class Launcher:
             self.error = str(e)
             return
         self.prober.set_target(f"ps-{i}", self.ps_addresses[i])
+        self.prober.recovered()  # (the other servers were paused meanwhile)
         if record is not None:
             self.recoveries.append(record)
             logging.warning("parameter server %d is back from %s in %.1f s; tasks "
@@ -659,7 +657,8 @@ class Launcher:
         into the job. The death is then handled as any other (relaunch)."""
         lost = list(status.workers.lost_ids)
         fine_for = self.prober.services_fine_for()
-        for worker_id in blame_overdue(status.workers.overdue, fine_for):
+        for worker_id in blame_overdue(status.workers.overdue, fine_for,
+                                       status.workers.waiting):
             if worker_id in self.workers and worker_id not in self._fenced:
                 limit = status.workers.overdue[worker_id]
                 reason = (f"no progress: it held a task for more than {limit:.0f} s "
@@ -778,6 +777,8 @@ class Launcher:
                 if status.error:
                     self.error = f"the master failed the job: {status.error}"
                     break
+                self.prober.reported(status.workers.waiting, status.workers.unreachable,
+                                     status.workers.alive)
                 self._fence_lost_workers(status)
                 if not self.workers and self.finished_ok and not status.workers.alive:
                     break  # every worker is done, joined ones included

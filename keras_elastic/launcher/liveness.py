@@ -5,7 +5,8 @@ A `HealthProber` thread calls the standard gRPC health-checking service
 `common/rpc.make_server`) of the master and of each parameter server every
 `interval` seconds, all at once, each with a deadline, and feeds the answers
 to a `policy.ServiceLiveness`, which decides when a service that still runs
-is lost (no answer for `--liveness_timeout` seconds). The launcher then
+is lost (no answer for `--liveness_timeout` seconds, or for less when the
+workers report waiting on it too, or workers cut off from it). The launcher then
 kills it (fencing: a frozen process must not wake up into the job) and runs
 the recovery it runs for a service that died.
 
@@ -81,6 +82,24 @@ class HealthProber:
     def silent_for(self, role: str) -> float:
         with self._lock:
             return self.liveness.silent_for(role, time.monotonic())
+
+    def why(self, role: str) -> str | None:
+        """Why `role` is lost, None while it is not (`ServiceLiveness.why`)."""
+        with self._lock:
+            return self.liveness.why(role, time.monotonic())
+
+    def reported(self, waiting: dict[int, dict[str, float]],
+                 unreachable: dict[int, dict[str, float]], alive: list[int]) -> None:
+        """What the workers wait on (the master's `workers.waiting` and
+        `workers.unreachable`)."""
+        with self._lock:
+            self.liveness.reported(waiting, unreachable, alive, time.monotonic())
+
+    def recovered(self) -> None:
+        """A recovery ended: workers' waits so far were the recovery's."""
+        with self._lock:
+            self.liveness.recovered(time.monotonic())
+            self._last_trouble = time.monotonic()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, daemon=True,

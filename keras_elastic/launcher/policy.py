@@ -16,9 +16,10 @@ Train's `FailurePolicy` and torch elastic's agent:
   start or stop to get there;
 - `blame_overdue`: which worker holding a task far too long is to blame
   (not when a server it waits for was in trouble meanwhile);
-- `ServiceLiveness`: which service (the master, a parameter server) has not
-  answered a health check for `--liveness_timeout` seconds, and is lost
-  although its process lives (frozen, deadlocked, cut off).
+- `ServiceLiveness`: which service (the master, a parameter server) is lost
+  although its process lives (frozen, deadlocked, cut off from the
+  workers): from the launcher's health checks and what the workers report
+  waiting on.
 
 Example:
 
@@ -33,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 RELAUNCH = "relaunch"
 WAIT_FOR_ROOM = "wait_for_room"
@@ -181,15 +183,31 @@ def scale_steps(running: int, pending: int, desired: int, room: int | None) -> S
 
 
 class ServiceLiveness:
-    """When a service that still runs is lost: no health check answered for
-    `timeout` seconds. The clock is the caller's (monotonic seconds), so the
-    rule is tested without processes or waiting.
+    """When a service that still runs is lost. The clock is the caller's
+    (monotonic seconds), so every rule is tested without processes or waiting.
 
-    One missed answer is nothing (a long GC pause, a busy server): only
-    `timeout` seconds of silence count. Time the observer itself did not run
-    (the launcher's machine or process stalled: `observed` is called every
-    `interval` seconds, and a gap much longer than that is the observer's
-    own) is not counted as the services' silence.
+    A service is lost when
+
+    - it answered no health check for `timeout` seconds; or
+    - it answered none for `confirm` seconds (default: a quarter of
+      `timeout`, at least three probes) while a worker could not reach it
+      for as long (`reported`: its calls failed as UNAVAILABLE, not merely
+      slow): two observers agree that it is gone, so the launcher need not
+      wait the whole timeout; or
+    - it answers health checks but every live worker has waited `timeout`
+      seconds for it: the workers are cut off from it (a network
+      partition, a wedged servicer behind a live health service), and the
+      job cannot go on with it.
+
+    One missed answer is nothing, and neither is a server that is slow but
+    there (a long GC pause, a busy server, a process stopped for a while:
+    calls hang rather than fail): only `timeout` seconds of it count. Time
+    the observer itself did not run (the launcher's machine or process
+    stalled: `observed` is called every `interval` seconds, and a gap much
+    longer than that is the observer's own) is not counted as the services'
+    silence. A worker's wait counts only from the service's (re)start and
+    from the end of the last recovery (`recovered`: a server paused for a
+    rollback makes workers wait too).
 
     >>> live = ServiceLiveness(timeout=60, interval=2)
     >>> live.started("ps-0", now=0.0)
@@ -201,20 +219,43 @@ class ServiceLiveness:
     ...     live.observed({"ps-0": False}, now=float(t))
     >>> live.lost(now=123.0)
     ['ps-0']
+    >>> live.why("ps-0", now=123.0)
+    'answered no health check for 66 s (--liveness_timeout=60)'
     """
 
-    def __init__(self, timeout: float, interval: float) -> None:
+    def __init__(self, timeout: float, interval: float,
+                 confirm: float | None = None) -> None:
         self.timeout = timeout
         self.interval = interval
+        self.confirm = (confirm if confirm is not None
+                        else min(timeout, max(3 * interval, timeout / 4)))
         self._last_ok: dict[str, float] = {}
+        self._started: dict[str, float] = {}
         self._last_observed: float | None = None
+        self._recovered = float("-inf")
+        # From the last `reported`: role -> (since when some worker could not
+        # reach it, those workers) and role -> (since when every live worker
+        # waits on it, the workers).
+        self._unreachable: dict[str, tuple[float, list[int]]] = {}
+        self._waited: dict[str, tuple[float, list[int]]] = {}
 
     def started(self, role: str, now: float) -> None:
         """A service (re)started: its silence counts from `now`."""
         self._last_ok[role] = now
+        self._started[role] = now
 
     def forget(self, role: str) -> None:
         self._last_ok.pop(role, None)
+        self._started.pop(role, None)
+        self._unreachable.pop(role, None)
+        self._waited.pop(role, None)
+
+    def recovered(self, now: float) -> None:
+        """A recovery (a restart, a rollback that paused the servers) ended:
+        workers' waits before `now` were the recovery's."""
+        self._recovered = now
+        self._unreachable.clear()
+        self._waited.clear()
 
     def observed(self, answers: dict[str, bool], now: float) -> None:
         """A round of health checks: `{role: answered SERVING}`."""
@@ -228,26 +269,69 @@ class ServiceLiveness:
             if ok or role not in self._last_ok:
                 self._last_ok[role] = now
 
+    def reported(self, waiting: dict[int, dict[str, float]],
+                 unreachable: dict[int, dict[str, float]], alive: list[int],
+                 now: float) -> None:
+        """What the workers wait on, as the master last heard it:
+        `waiting`: {worker: {role: seconds its oldest call to role has
+        waited}}; `unreachable`: {worker: {role: seconds since such a call
+        first failed to reach it}}; `alive`: the job's live workers."""
+        self._unreachable, self._waited = {}, {}
+        for role in self._last_ok:
+            floor = max(self._started.get(role, float("-inf")), self._recovered)
+            gone = {w: unreachable[w][role] for w in alive
+                    if role in unreachable.get(w, {})}
+            if gone:
+                self._unreachable[role] = (max(now - max(gone.values()), floor),
+                                           sorted(gone))
+            waits = {w: waiting[w][role] for w in alive if role in waiting.get(w, {})}
+            if waits and len(waits) == len(alive):
+                self._waited[role] = (max(now - min(waits.values()), floor),
+                                      sorted(waits))
+
     def silent_for(self, role: str, now: float) -> float:
         return now - self._last_ok.get(role, now)
 
+    def why(self, role: str, now: float) -> str | None:
+        """Why `role` is lost (None while it is not)."""
+        silent = self.silent_for(role, now)
+        limit = f"(--liveness_timeout={self.timeout:g})"
+        if silent >= self.timeout:
+            return f"answered no health check for {silent:.0f} s {limit}"
+        since, workers = self._unreachable.get(role, (now, []))
+        if silent >= self.confirm and now - since >= self.confirm:
+            return (f"answered no health check for {silent:.0f} s, and worker(s) "
+                    f"{', '.join(map(str, workers))} could not reach it for "
+                    f"{now - since:.0f} s {limit}")
+        since, workers = self._waited.get(role, (now, []))
+        if now - since >= self.timeout:
+            return (f"answers health checks, but every worker "
+                    f"({', '.join(map(str, workers))}) has waited {now - since:.0f} s "
+                    f"for it: the workers are cut off from it {limit}")
+        return None
+
     def lost(self, now: float) -> list[str]:
-        """The services silent for `timeout` seconds or more."""
-        return sorted(r for r, t in self._last_ok.items() if now - t >= self.timeout)
+        """The services lost (see the class doc), by name."""
+        return sorted(r for r in self._last_ok if self.why(r, now) is not None)
 
 
-def blame_overdue(overdue: dict[int, float], services_fine_for: float) -> list[int]:
+def blame_overdue(overdue: dict[int, float], services_fine_for: float,
+                  waiting: Collection[int] = ()) -> list[int]:
     """The workers to declare lost among those the master finds `overdue`
     (`{worker: the limit, in seconds, its hold of a task passed}`: far longer
     than the dataset's tasks take): those whose servers were all fine for
     longer than that limit (`services_fine_for`: seconds since a server last
-    missed a health check or was recovered). A worker that waits for a
-    server that hangs is not to blame: the server is found and replaced, and
-    the worker goes on.
+    missed a health check or was recovered), and which do not report
+    `waiting` on a server now. A worker that waits for a server that hangs,
+    or that it cannot reach, is not to blame: the server is found and
+    replaced (`ServiceLiveness`), and the worker goes on.
 
     >>> blame_overdue({1: 90.0, 2: 30.0}, services_fine_for=60.0)
     [2]
     >>> blame_overdue({1: 90.0}, services_fine_for=float("inf"))
     [1]
+    >>> blame_overdue({1: 90.0}, services_fine_for=float("inf"), waiting=[1])
+    []
     """
-    return sorted(w for w, limit in overdue.items() if services_fine_for > limit)
+    return sorted(w for w, limit in overdue.items()
+                  if services_fine_for > limit and w not in waiting)

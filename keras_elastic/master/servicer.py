@@ -275,6 +275,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 marks = worker.setdefault("marks", {})
                 for name, value in request.marks.items():
                     marks[name] = max(value, marks.get(name, value))
+            if request.periodic:
+                worker["waiting"] = dict(request.waiting)
+                worker["unreachable"] = dict(request.unreachable)
             return master_pb2.WorkerResponse(accepted=True, error=self._error or "")
 
     def WorkerExited(self, request, context):
@@ -679,6 +682,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                 if w in self._alive()},
                     "marks": {w: dict(self._workers[w]["marks"]) for w in self._alive()
                               if self._workers[w].get("marks")},
+                    "waiting": {w: dict(self._workers[w]["waiting"])
+                                for w in self._alive() if self._workers[w].get("waiting")},
+                    "unreachable": {w: dict(self._workers[w]["unreachable"])
+                                    for w in self._alive()
+                                    if self._workers[w].get("unreachable")},
                     "exited": sorted(w for w, s in self._workers.items()
                                      if s["state"] == "exited"),
                     "registered": len(self._workers),

@@ -102,6 +102,11 @@ class WorkersStatus:
     overdue: dict[int, float] = dataclasses.field(default_factory=dict)
     # Milestones each alive worker reported (`MasterClient.set_mark`).
     marks: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # The servers each alive worker waits on: {worker: {"ps-<i>": seconds its
+    # oldest call to it has gone unanswered}} (`WorkerRequest.waiting`).
+    waiting: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # Of those, the servers their calls could not reach (UNAVAILABLE, retried).
+    unreachable: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def mark(self, worker: int, name: str) -> int | None:
         """The value `worker` reported for mark `name`, None if none."""
@@ -111,6 +116,9 @@ class WorkersStatus:
         data = dataclasses.asdict(self)
         data["marks"] = {w: master_pb2.WorkerMarks(values=v)
                          for w, v in self.marks.items()}
+        for field in ("waiting", "unreachable"):
+            data[field] = {w: master_pb2.WorkerWaits(seconds=v)
+                           for w, v in getattr(self, field).items()}
         return master_pb2.WorkersStatus(**data)
 
 
@@ -140,7 +148,10 @@ class JobStatus:
                            int(w): float(s) for w, s in
                            data["workers"].get("overdue", {}).items()},
                        "marks": {int(w): {k: int(v) for k, v in m.items()} for w, m in
-                                 data["workers"].get("marks", {}).items()}}),
+                                 data["workers"].get("marks", {}).items()},
+                       **{field: {int(w): {k: float(v) for k, v in m.items()}
+                                  for w, m in data["workers"].get(field, {}).items()}
+                          for field in ("waiting", "unreachable")}}),
                    datasets={n: DatasetStatus.from_dict(d)
                              for n, d in data["datasets"].items()},
                    tasks_done=data["tasks_done"], requeued=data["requeued"],
@@ -165,7 +176,11 @@ class JobStatus:
                                          lost_ids=list(w.lost_ids),
                                          overdue=dict(w.overdue),
                                          marks={i: dict(m.values)
-                                                for i, m in w.marks.items()}),
+                                                for i, m in w.marks.items()},
+                                         waiting={i: dict(m.seconds)
+                                                  for i, m in w.waiting.items()},
+                                         unreachable={i: dict(m.seconds) for i, m
+                                                      in w.unreachable.items()}),
                    datasets={n: DatasetStatus.from_proto(d, include_ledger)
                              for n, d in m.datasets.items()},
                    tasks_done=m.tasks_done, requeued=m.requeued,

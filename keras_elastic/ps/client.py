@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 
@@ -158,6 +160,12 @@ class PushReply:
                 if s not in ("applied", "duplicate")}
 
 
+# The calls of training whose waits a worker reports (`PSClient.waiting`):
+# each answers at once on a live server. (Save, Restore, Init and Flush may
+# take long on a live one.)
+_WATCHED = frozenset({"Pull", "Push", "Lookup", "Claim"})
+
+
 class PSClient:
     """Talks to `len(addresses)` parameter servers."""
 
@@ -189,6 +197,10 @@ class PSClient:
         self.dropped_pushes = 0
         # Bytes of the variables each server owns (bounds the size of a reply).
         self._owned_bytes = [0] * len(self.addresses)
+        # The training calls in flight: id -> [server, when it began, when it
+        # first found the server unreachable or None]; see `waits`.
+        self._in_flight: dict[int, list] = {}
+        self._flight_lock = threading.Lock()
 
     @property
     def num_ps(self) -> int:
@@ -214,14 +226,55 @@ class PSClient:
         return ValueError(f"parameter server {index} at {self._address(index)}: "
                           f"{e.details()}")
 
+    def waits(self, at_least: float = 1.0) -> tuple[dict[str, float], dict[str, float]]:
+        """The servers this worker waits on: ({"ps-<i>": seconds its oldest
+        training call (Pull, Push, Lookup, Claim) to server i has waited,
+        retries included}, {"ps-<i>": seconds since such a call first found
+        server i unreachable}), for waits of `at_least` seconds. The worker's
+        heartbeats carry them to the master, where the launcher's liveness
+        policy reads them (`launcher/policy.ServiceLiveness`).
+
+        >>> client.waits()        # doctest: +SKIP
+        ({'ps-1': 12.5}, {'ps-1': 12.1})
+        """
+        now = time.monotonic()
+        waiting: dict[str, float] = {}
+        unreachable: dict[str, float] = {}
+        with self._flight_lock:
+            for index, began, failed in self._in_flight.values():
+                role = f"ps-{index}"
+                waiting[role] = max(now - began, waiting.get(role, 0.0))
+                if failed is not None:
+                    unreachable[role] = max(now - failed, unreachable.get(role, 0.0))
+        return ({r: t for r, t in waiting.items() if t >= at_least},
+                {r: t for r, t in unreachable.items() if t >= at_least})
+
     def _call(self, index: int, method: str, call, retry: bool = True):
         """`call()` against server `index`, retried while it is unreachable."""
+        if method not in _WATCHED:
+            return self._call_once(index, method, call, retry)
+        flight = [index, time.monotonic(), None]  # see `waits`
+
+        def failed() -> None:
+            if flight[2] is None:
+                flight[2] = time.monotonic()
+
+        with self._flight_lock:
+            self._in_flight[id(flight)] = flight
+        try:
+            return self._call_once(index, method, call, retry, failed)
+        finally:
+            with self._flight_lock:
+                del self._in_flight[id(flight)]
+
+    def _call_once(self, index: int, method: str, call, retry: bool,
+                   on_unreachable=None):
         try:
             if not retry:
                 return call()
             return rpc.retry_unreachable(
                 call, f"parameter server {index} at {self._address(index)}",
-                self.reconnect_timeout)
+                self.reconnect_timeout, on_unreachable)
         except grpc.RpcError as e:
             raise self._error(index, method, e) from None
 

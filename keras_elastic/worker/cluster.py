@@ -44,7 +44,8 @@ class Cluster:
             reason=f"pid {os.getpid()}" + (" (embedded)" if self.embedded else ""))
         self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id,
                            connect_timeout=timeout)
-        self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot)
+        self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot,
+                                     self.ps.waits)
         self._closed = False
 
     @property

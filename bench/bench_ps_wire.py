@@ -22,7 +22,8 @@ goes to 2 processes, half each, from 2 threads.
 MB/s counts the bytes of both directions (decimal MB) over the wall time of
 one call. Configurations alternate within each round; the best of
 `--rounds` is kept (medians printed beside). Prints the ratio PS / echo per
-configuration (target >= `--target_ratio` at 100 MB), how parallel the two
+configuration (target >= `--target_ratio` at 100 MB), the servers' CPU per MB
+moved against the echo servers' (target <= 1.5), how parallel the two
 halves travel with 2 servers (the exchange to both against the exchange to
 each alone), CPU seconds per exchange of this process and of the servers,
 and the device TensorFlow uses.
@@ -302,6 +303,22 @@ def report(size: int, num_ps: int, results: dict[str, Measured]) -> list[str]:
                 f" the target {FLAGS.target_ratio}")
         lines.append(f"    ratio PS {kind} / echo {kind}: {ratio:.3f} (medians "
                      f"{ps.median / echo.median:.3f}){verdict}")
+    # Server CPU per MB moved (both directions), over every round (/proc
+    # counts CPU in 10 ms ticks): what a server process costs per byte,
+    # against the echo's (the floor gRPC itself sets).
+    cpu = {k: sum(results[k].server_cpu) for k in ("ps exchange", "echo exchange")}
+    moved = {k: sum(r * t for r, t in zip(results[k].rates, results[k].seconds))
+             for k in cpu}
+    if min(cpu.values()) >= 0.1:
+        ps_ms, echo_ms = (cpu[k] / moved[k] * 1e3 for k in ("ps exchange",
+                                                            "echo exchange"))
+        lines.append(f"    server CPU per MB moved: PS {ps_ms:.2f} ms, echo "
+                     f"{echo_ms:.2f} ms: ratio PS / echo {ps_ms / echo_ms:.2f} "
+                     f"(target <= 1.5)")
+    else:
+        lines.append(f"    server CPU per MB moved: too little CPU to count (PS "
+                     f"{cpu['ps exchange']:.2f} s, echo {cpu['echo exchange']:.2f} s "
+                     f"in all; /proc counts 10 ms ticks): use a larger model")
     if num_ps == 2:
         both = results["ps exchange"]
         alone = [results[f"ps exchange, server {i} only"] for i in range(2)]

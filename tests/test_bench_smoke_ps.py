@@ -2,6 +2,8 @@
 print their ratio lines: bench/bench_ps_scaling.py, bench/bench_ps_wire.py,
 bench/bench_master.py. No timing is checked."""
 
+import re
+
 import pytest
 from bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
 
@@ -29,6 +31,10 @@ def test_ps_wire(tmp_path):
         ratios = figures(rf"ratio PS {kind} / echo {kind}: {NUM} \(medians {NUM}\)", out)
         assert len(ratios) == 2 and all(r > 0 for pair in ratios for r in pair), out
     one_positive(r"parallel halves: .* both / sum of alone " + NUM, out)
+    # One CPU-per-MB line per server count (the smoke's 1 MB model is too
+    # small for /proc's ticks: either the figures or the reason).
+    lines = re.findall(r"server CPU per MB moved: (PS \d|too little CPU)", out)
+    assert len(lines) == 2, out
 
 
 def test_master(tmp_path):

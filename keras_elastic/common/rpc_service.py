@@ -29,15 +29,18 @@ import grpc
 from google.protobuf import descriptor, message, message_factory
 
 
-def _parser(cls: type[message.Message], where: str
+def _parser(cls: type[message.Message], where: str,
+            raw: Callable[[bytes], Any] | None = None
             ) -> Callable[[bytes, grpc.ServicerContext, str], message.Message]:
-    """A function parsing one request of type `cls`, aborting the call with
-    INVALID_ARGUMENT when it does not parse."""
+    """A function parsing one request of type `cls` (with `raw(data)`, if
+    given, instead of protobuf), aborting the call with INVALID_ARGUMENT when
+    it does not parse."""
+    read = raw or cls.FromString
 
     def parse(data: bytes, context: grpc.ServicerContext,
               which: str = "the request") -> message.Message:
         try:
-            return cls.FromString(data)
+            return read(data)
         except (message.DecodeError, ValueError, TypeError) as e:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -55,10 +58,25 @@ def _parsed_stream(requests: Iterator[bytes], parse, context: grpc.ServicerConte
         yield parse(data, context, f"message {i} of the request stream")
 
 
-def method_handler(method: descriptor.MethodDescriptor, behavior: Callable
-                   ) -> grpc.RpcMethodHandler:
+def _serializer(cls: type[message.Message]) -> Callable[[Any], bytes]:
+    """Serializes a response message; `bytes` (a message the servicer
+    serialized itself, e.g. `tensor_codec.chunk_frames`) go as they are."""
+    serialize = cls.SerializeToString
+
+    def serialized(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else serialize(response)
+
+    return serialized
+
+
+def method_handler(method: descriptor.MethodDescriptor, behavior: Callable,
+                   raw: Callable[[bytes], Any] | None = None) -> grpc.RpcMethodHandler:
     """The handler of one method: `behavior(request(s), context)` gets parsed
-    messages; requests that do not parse are answered INVALID_ARGUMENT.
+    messages (parsed by `raw(data)` when given: e.g. a
+    `tensor_codec.FrameParser`, whose chunks are views of the request's bytes
+    rather than protobuf copies); requests that do not parse are answered
+    INVALID_ARGUMENT. `behavior` may return (or yield) responses already
+    serialized, as `bytes`.
 
     >>> from keras_elastic.proto import ps_pb2
     >>> status = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"] \\
@@ -69,8 +87,9 @@ def method_handler(method: descriptor.MethodDescriptor, behavior: Callable
     """
     request_cls = message_factory.GetMessageClass(method.input_type)
     response_cls = message_factory.GetMessageClass(method.output_type)
-    parse = _parser(request_cls, f"{method.containing_service.full_name}/{method.name}")
-    serialize = response_cls.SerializeToString
+    parse = _parser(request_cls, f"{method.containing_service.full_name}/{method.name}",
+                    raw)
+    serialize = _serializer(response_cls)
     if method.client_streaming:
         def streaming(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
             return behavior(_parsed_stream(requests, parse, context), context)
@@ -90,13 +109,16 @@ def method_handler(method: descriptor.MethodDescriptor, behavior: Callable
 def add_service(server: grpc.Server, servicer: object,
                 service: descriptor.ServiceDescriptor) -> None:
     """Serves every method of `service` on `server` with the servicer's method
-    of the same name (in place of the generated `add_*Servicer_to_server`).
+    of the same name (in place of the generated `add_*Servicer_to_server`);
+    the servicer's `RAW_REQUESTS` ({method: parser of its request's bytes})
+    replaces protobuf's parsing where given.
 
     >>> from keras_elastic.proto import master_pb2
     >>> add_service(server, MasterServicer(),            # doctest: +SKIP
     ...             master_pb2.DESCRIPTOR.services_by_name["Master"])
     """
-    handlers = {m.name: method_handler(m, getattr(servicer, m.name))
+    raw = getattr(servicer, "RAW_REQUESTS", {})
+    handlers = {m.name: method_handler(m, getattr(servicer, m.name), raw.get(m.name))
                 for m in service.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))

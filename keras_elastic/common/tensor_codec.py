@@ -160,6 +160,14 @@ def chunk_frames(field: int, name: str, array: np.ndarray,
     ...     ps_pb2.PushRequest(chunk=c).SerializeToString() for c in encode("w", a, 8)]
     True
     """
+    for pieces in _chunk_pieces(field, name, array, chunk_bytes):
+        yield b"".join(pieces)
+
+
+def _chunk_pieces(field: int, name: str, array: np.ndarray, chunk_bytes: int
+                  ) -> Iterator[tuple]:
+    """The pieces of each frame of `chunk_frames` (the array's bytes as
+    views), to be joined with one copy."""
     array, buf, dtype = _as_buffer(name, array)
     total = array.nbytes
     shape = list(array.shape)
@@ -170,7 +178,28 @@ def chunk_frames(field: int, name: str, array: np.ndarray,
                                       total_bytes=total).SerializeToString()
         content = (_CONTENT_KEY, _varint(len(piece)), piece) if len(piece) else ()
         size = len(head) + sum(len(p) for p in content)
-        yield b"".join((key, _varint(size), head, *content))
+        yield (key, _varint(size), head, *content)
+
+
+def bundle_bytes(header, named: Iterable[tuple[str, np.ndarray]]) -> bytes:
+    """A serialized bundle message (`{Header header = 1; repeated TensorChunk
+    tensors = 2}`: `PushBundle`, `ModelBundle`) of `header` and one chunk per
+    array: byte for byte what protobuf serializes for `Bundle(header=header,
+    tensors=encode_all(named, 1 << 62))`, built with one copy of the arrays'
+    bytes.
+
+    >>> from keras_elastic.proto import ps_pb2
+    >>> h, a = ps_pb2.ModelHeader(version=3), np.arange(4, dtype="float32")
+    >>> bundle_bytes(h, [("w", a)]) == ps_pb2.ModelBundle(
+    ...     header=h, tensors=list(encode_all([("w", a)], 1 << 62))).SerializeToString()
+    True
+    """
+    head = header.SerializeToString()
+    pieces = [_varint(1 << 3 | _LENGTH_DELIMITED), _varint(len(head)), head]
+    for name, array in named:
+        for frame in _chunk_pieces(2, name, array, 1 << 62):
+            pieces.extend(frame)
+    return b"".join(pieces)
 
 
 def chunk_frames_all(field: int, named: Iterable[tuple[str, np.ndarray]],
@@ -321,6 +350,46 @@ class FrameParser:
                                       "length-delimited")
                 frame.chunk, frame.header = parse_chunk(value), None
         return frame
+
+
+class Bundle:
+    """A bundle message read by `BundleParser`: `header` and `tensors` (the
+    chunks, each a `RawChunk` whose content is a view of the message)."""
+
+    __slots__ = ("header", "tensors")
+
+    def __init__(self, header, tensors: list[RawChunk]) -> None:
+        self.header = header
+        self.tensors = tensors
+
+
+class BundleParser:
+    """Reads a serialized bundle message (`PushBundle`, `ModelBundle`: see
+    `bundle_bytes`) as a `Bundle` without copying the tensors' bytes: a
+    gRPC deserializer. `header_type` parses the header (a protobuf class).
+
+    >>> from keras_elastic.proto import ps_pb2
+    >>> data = bundle_bytes(ps_pb2.ModelHeader(version=3), [("w", np.ones(2, "f4"))])
+    >>> bundle = BundleParser(ps_pb2.ModelHeader)(data)
+    >>> bundle.header.version, [(n, a.tolist()) for n, a in decode_all(bundle.tensors)]
+    (3, [('w', [1.0, 1.0])])
+    """
+
+    def __init__(self, header_type) -> None:
+        self._header_type = header_type
+
+    def __call__(self, data: bytes) -> Bundle:
+        view = memoryview(data)
+        header, tensors = self._header_type(), []
+        for number, _, value in _fields(view, 0, len(view)):
+            if number in (1, 2) and not isinstance(value, memoryview):
+                raise TensorError(f"malformed message: field {number} is not "
+                                  "length-delimited")
+            if number == 1:
+                header = self._header_type.FromString(value)
+            elif number == 2:
+                tensors.append(parse_chunk(value))
+        return Bundle(header, tensors)
 
 
 def encode_all(named: Iterable[tuple[str, np.ndarray]],

@@ -39,7 +39,9 @@ from absl import logging
 from keras_elastic.common import cluster_env, faults, rpc
 from keras_elastic.common.resolver import ClusterResolver
 from keras_elastic.common.tensor_codec import (
+    BundleParser,
     FrameParser,
+    bundle_bytes,
     chunk_frames,
     chunk_frames_all,
     decode_all,
@@ -83,6 +85,10 @@ class _StreamStub:
         self.Pull = channel.unary_stream(
             _SERVICE + "Pull", request_serializer=ps_pb2.PullRequest.SerializeToString,
             response_deserializer=FrameParser(ps_pb2.ModelHeader))
+        # A push of a small model in one message each way (`bundle_bytes`).
+        self.PushSmall = channel.unary_unary(
+            _SERVICE + "PushSmall", request_serializer=None,
+            response_deserializer=BundleParser(ps_pb2.ModelHeader))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,11 +496,10 @@ class PSClient:
             return self._received(i, reply, changes[i], prefix), values
 
         def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:
-            tensors = list(encode_all(grad_parts[i].items(), chunk_bytes=1 << 62))
-            tensors += list(encode_all(assign_parts[i].items(), chunk_bytes=1 << 62))
-            reply = self._call(i, "Push", lambda: self._stubs[i].PushSmall(
-                ps_pb2.PushBundle(header=header(i), tensors=tensors), timeout=600),
-                retry or i in extra)
+            request = bundle_bytes(header(i), [*grad_parts[i].items(),
+                                               *assign_parts[i].items()])
+            reply = self._call(i, "Push", lambda: self._streams[i].PushSmall(
+                request, timeout=600), retry or i in extra)
             return (self._received(i, reply.header, changes[i], prefix),
                     dict(decode_all(reply.tensors)))
 

@@ -20,8 +20,11 @@ from absl import logging
 
 from keras_elastic.common import disk, errors, faults
 from keras_elastic.common.tensor_codec import (
+    BundleParser,
+    FrameParser,
     TensorError,
-    chunk_fields,
+    bundle_bytes,
+    chunk_frames_all,
     decode_all,
     encode_all,
     read_stream,
@@ -65,6 +68,11 @@ def optimizer_spec_of(header) -> tuple[dict, list[str]] | None:
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+    # Requests read without protobuf's copies: the pushed tensors' chunks are
+    # views of the received messages (see `rpc_service.add_service`).
+    RAW_REQUESTS = {"Push": FrameParser(ps_pb2.PushHeader),
+                    "PushSmall": BundleParser(ps_pb2.PushHeader)}
+
     def __init__(self, store: ParameterStore, ps_index: int = 0, num_ps: int = 1,
                  init_checkpoint_dir: str | None = None, paused: bool = False) -> None:
         self.store = store
@@ -224,11 +232,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def _model_stream(self, header: ps_pb2.ModelHeader, values: dict):
         yield ps_pb2.ModelChunk(header=header)
-        for name, value in values.items():
-            # Each chunk built in place (a TensorChunk copied into a ModelChunk
-            # costs one more copy of its bytes).
-            for fields in chunk_fields(name, value):
-                yield ps_pb2.ModelChunk(chunk=fields)
+        # Each chunk serialized here, from the value's bytes with one copy (a
+        # protobuf ModelChunk would copy them in, then out again).
+        yield from chunk_frames_all(2, values.items())
 
     def Init(self, request_iterator, context):
         self._refuse_if_paused(context)
@@ -278,8 +284,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         except (ValueError, KeyError) as e:
             self._abort_bad_request(context, "PushSmall", e)
         reply, values = self._push(request.header, tensors, context, "PushSmall")
-        return ps_pb2.ModelBundle(
-            header=reply, tensors=list(encode_all(values.items(), chunk_bytes=1 << 62)))
+        return bundle_bytes(reply, values.items())
 
     def _since(self, version: int, incarnation: int) -> int:
         """`version` if it belongs to this server's current state, else -1."""

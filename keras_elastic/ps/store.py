@@ -701,7 +701,7 @@ class ParameterStore:
                 self.tables[name].apply_gradients(ids, rows, step, learning_rate)
         names = tuple(sorted(grads))
         if names:
-            self._apply_fn(group, names)([tf.convert_to_tensor(grads[n]) for n in names])
+            self._apply_fn(group, names)([as_tensor(grads[n]) for n in names])
         else:
             optimizer.iterations.assign_add(1)
         self.version += 1
@@ -768,8 +768,43 @@ def _table_spec(name: str, spec: dict) -> dict:
 
 
 def _snapshot(variable) -> np.ndarray:
-    """The variable's current value, read-only: what the servicer serializes
-    (TensorFlow keeps it intact when a later push changes the variable)."""
-    value = np.asarray(variable.numpy())  # a scalar variable gives a numpy scalar
-    value.flags.writeable = False
+    """The variable's current value, read-only, without a copy: what the
+    servicer serializes. The array shares the variable's buffer; TensorFlow
+    copies the buffer before a later update writes it while the array holds
+    it (copy-on-write), so the array keeps this value.
+
+    >>> v = keras.Variable(np.ones(3, "float32"))
+    >>> snap = _snapshot(v)
+    >>> v.assign_add(np.ones(3, "float32"))  # doctest: +ELLIPSIS
+    <...>
+    >>> snap.tolist(), snap.flags.writeable
+    ([1.0, 1.0, 1.0], False)
+    """
+    handle = getattr(variable, "value", variable)  # keras.Variable -> tf.Variable
+    read = getattr(handle, "read_value", None)
+    value = np.asarray(read() if read is not None else handle)
+    if value.flags.writeable:  # (a copy was made: a scalar, another backend)
+        value.flags.writeable = False
     return value
+
+
+# dtypes TensorFlow takes from NumPy through DLPack (see `as_tensor`).
+_DLPACK_DTYPES = frozenset(np.dtype(t) for t in (
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8"))
+
+
+def as_tensor(array: np.ndarray) -> tf.Tensor:
+    """`array` as a TensorFlow tensor, without a copy where TensorFlow can use
+    its buffer (writable, C-contiguous and 64-byte aligned, as
+    `tensor_codec.ChunkAssembler` assembles a tensor received in several
+    chunks: DLPack), else copied (`tf.convert_to_tensor`). The array must not
+    change while the tensor lives.
+
+    >>> a = np.arange(4, dtype="float32")
+    >>> as_tensor(a).numpy().tolist()
+    [0.0, 1.0, 2.0, 3.0]
+    """
+    if (array.flags.writeable and array.flags.c_contiguous and array.size
+            and array.ctypes.data % 64 == 0 and array.dtype in _DLPACK_DTYPES):
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    return tf.convert_to_tensor(array)

@@ -78,6 +78,10 @@ def _define_run() -> None:
                        "Seconds a master or parameter server may answer no health "
                        "check (grpc.health.v1) before it is lost: killed, then "
                        "recovered as if it had died.")
+    flags.DEFINE_float("rendezvous_timeout", 120.0,
+                       "Seconds the job's first task waits for all --num_workers "
+                       "workers to register (the start rendezvous); then it starts "
+                       "with those there.")
     flags.DEFINE_integer("max_task_retries", 3, "Failures of one task that fail the job.")
     flags.DEFINE_float("progress_interval", 10.0, "Seconds between progress lines.")
     flags.DEFINE_string("job_dir", None, "Logs, cluster.json, ledger and summary "
@@ -157,6 +161,7 @@ def _main_run(command: list[str]) -> int:
         max_worker_restarts=FLAGS.max_worker_restarts, grads_to_wait=FLAGS.grads_to_wait,
         heartbeat_timeout=FLAGS.heartbeat_timeout,
         liveness_timeout=FLAGS.liveness_timeout,
+        rendezvous_timeout=FLAGS.rendezvous_timeout,
         max_task_retries=FLAGS.max_task_retries,
         progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
         max_ps_restarts=FLAGS.max_ps_restarts,

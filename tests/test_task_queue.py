@@ -244,3 +244,36 @@ def test_the_master_names_a_worker_without_progress(monkeypatch):
     assert ds.requeued == 1 and task.task_id not in ds.doing
     workers = servicer.status()["workers"]
     assert workers["lost_ids"] == [1] and workers["overdue"] == {}
+
+
+def test_the_start_rendezvous_waits_for_the_jobs_workers():
+    """No task before `min_workers` workers registered (a worker whose process
+    starts slower must not find the first epoch trained without it); once
+    met, for good; with the timeout passed (0 here), at once."""
+    from keras_elastic.master.client import WAIT, MasterClient
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.proto import master_pb2
+
+    request = master_pb2.RegisterDatasetRequest(
+        dataset="train", mode="training", records_per_task=5, num_epochs=1,
+        shards=[master_pb2.Shard(name="a", num_records=20)])
+    server = MasterServer(min_workers=2, rendezvous_timeout=3600)
+    try:
+        first = MasterClient(server.address)
+        first.register_worker()
+        first.register_dataset(request)
+        assert first.get_task("train", 0, return_on_wait=True) == WAIT
+        second = MasterClient(server.address)
+        second.register_worker()
+        assert first.get_task("train", 0).task_id >= 0
+        assert second.get_task("train", 0).task_id >= 0
+    finally:
+        server.stop()
+    server = MasterServer(min_workers=3, rendezvous_timeout=0)
+    try:
+        alone = MasterClient(server.address)
+        alone.register_worker()
+        alone.register_dataset(request)
+        assert alone.get_task("train", 0, return_on_wait=True).task_id >= 0
+    finally:
+        server.stop()

@@ -103,6 +103,9 @@ class LaunchConfig:
     # A master or parameter server that answers no health check for this long
     # is lost (killed, then recovered as if it had died).
     liveness_timeout: float = 60.0
+    # The start rendezvous: no task is handed out before the job's
+    # num_workers workers registered, or this many seconds passed.
+    rendezvous_timeout: float = 120.0
     max_task_retries: int = 3
     progress_interval: float = 10.0
     job_dir: str | None = None
@@ -172,6 +175,9 @@ class LaunchConfig:
         if self.ps_checkpoints_to_keep < 1:
             raise ValueError("--ps_checkpoints_to_keep must be >= 1, got "
                              f"{self.ps_checkpoints_to_keep}")
+        if self.rendezvous_timeout < 0:
+            raise ValueError(f"--rendezvous_timeout must be >= 0, got "
+                             f"{self.rendezvous_timeout}")
         if self.liveness_timeout <= 0:
             raise ValueError(f"--liveness_timeout must be positive, got "
                              f"{self.liveness_timeout}")
@@ -410,7 +416,9 @@ class Launcher:
                 f"--progress_timeout={self.config.liveness_timeout}",
                 f"--generation={self.generation}",
                 f"--max_task_retries={self.config.max_task_retries}",
-                f"--max_workers={self.config.bounds[1]}"]
+                f"--max_workers={self.config.bounds[1]}",
+                f"--min_workers={self.config.num_workers}",
+                f"--rendezvous_timeout={self.config.rendezvous_timeout}"]
 
     # -- master recovery ------------------------------------------------------
     def _exit_or_lost(self, role: str, proc: RoleHandle) -> tuple[int, str] | None:

@@ -28,7 +28,8 @@ class MasterServer:
                  heartbeat_timeout: float = 30.0, max_task_retries: int = 3,
                  max_workers: int = 0, journal: str | None = None,
                  progress_timeout: float = 60.0, generation: int | None = None,
-                 on_journal_error=None) -> None:
+                 on_journal_error=None, min_workers: int = 1,
+                 rendezvous_timeout: float = 0.0) -> None:
         # A launched master is fenced (common/fencing.py); one made in a
         # process (embedded, tests) is not, unless given a generation.
         fenced = None if generation is None else fencing.Generation(generation)
@@ -37,7 +38,9 @@ class MasterServer:
                                        max_workers=max_workers, journal_path=journal,
                                        progress_timeout=progress_timeout,
                                        generation=fenced,
-                                       on_journal_error=on_journal_error)
+                                       on_journal_error=on_journal_error,
+                                       min_workers=min_workers,
+                                       rendezvous_timeout=rendezvous_timeout)
         self._server = rpc.make_server(max_workers=64,
                                        generation=self.servicer.generation
                                        if fenced is not None else None)
@@ -72,6 +75,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_task_retries", 3,
                          "Failures of one task that fail the job.")
     flags.DEFINE_integer("max_workers", 0, "Most workers at once (0: no limit).")
+    flags.DEFINE_integer("min_workers", 1,
+                         "Workers that must have registered before the first task "
+                         "is handed out (the job's start rendezvous).")
+    flags.DEFINE_float("rendezvous_timeout", 120.0,
+                       "Seconds after the master's start after which tasks are "
+                       "handed out with fewer than --min_workers registered.")
     flags.DEFINE_string("journal", None,
                         "Append-only journal of the job's progress; a master started "
                         "on an existing one continues from it.")
@@ -97,6 +106,8 @@ def main(argv) -> None:
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
                           FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal,
                           FLAGS.progress_timeout, FLAGS.generation,
-                          on_journal_error=_stop_on_fenced_journal)
+                          on_journal_error=_stop_on_fenced_journal,
+                          min_workers=FLAGS.min_workers,
+                          rendezvous_timeout=FLAGS.rendezvous_timeout)
     logging.info("master serving at %s", server.address)
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -63,8 +63,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                  max_workers: int = 0, journal_path: str | None = None,
                  progress_timeout: float = 60.0,
                  generation: fencing.Generation | None = None,
-                 on_journal_error=None) -> None:
+                 on_journal_error=None, min_workers: int = 1,
+                 rendezvous_timeout: float = 0.0) -> None:
         self._cond = threading.Condition()
+        # The start rendezvous (`_rendezvous`): no task is handed out before
+        # `min_workers` workers registered or `rendezvous_timeout` seconds
+        # passed, so that the workers a job starts with all train from its
+        # first task (as Keras' multi-worker training and torch elastic's
+        # rendezvous start together), rather than one worker running through
+        # a small first epoch before a slower-starting one joins.
+        self._min_workers = min_workers
+        self._rendezvous_timeout = rendezvous_timeout
+        self._rendezvous_met = min_workers <= 1
         # The job's generation this master serves (common/fencing.py): every
         # journal record carries it, and a replay skips records of a master
         # that was replaced (older than one already seen).
@@ -517,7 +527,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 return kinds(kind=kinds.JOB_FAILED,
                              error=f"worker {request.worker_id} is not part of the job "
                                    "(presumed lost); restart it to rejoin")
-            if self._before_its_turn(ds, request.epoch):
+            if not self._rendezvous() or self._before_its_turn(ds, request.epoch):
                 decision = WAIT
             else:
                 decision = ds.next_task(request.worker_id, request.epoch, waiting)
@@ -547,6 +557,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
         return self._milestone(self._long_poll(request, context, attempt,
                                                kinds(kind=kinds.WAIT)))
+
+    def _rendezvous(self) -> bool:
+        """Whether tasks may be handed out: `min_workers` workers registered
+        (ever: a replay of the journal counts them too), the job already
+        made progress, or `rendezvous_timeout` seconds passed since this
+        master started. Once met, for good."""
+        if not self._rendezvous_met:
+            waited = time.monotonic() - self._started
+            if (len(self._workers) >= self._min_workers
+                    or any(ds.ledger for ds in self._datasets.values())
+                    or waited >= self._rendezvous_timeout):
+                self._rendezvous_met = True
+                logging.info("start rendezvous: %d of %d workers registered after "
+                             "%.1f s; handing out tasks", len(self._workers),
+                             self._min_workers, waited)
+        return self._rendezvous_met
 
     def _before_its_turn(self, ds: DatasetTasks, epoch: int) -> bool:
         """Round `epoch` of an evaluation waits for that training epoch's end."""

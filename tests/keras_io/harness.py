@@ -213,10 +213,13 @@ def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
     script = script_paths(name)[1]
     os.makedirs(tmp_dir, exist_ok=True)
     started = time.time()
-    # The launcher starts workers in its own working directory.
+    # The launcher starts workers in its own working directory. Every worker
+    # trains from the first task (the start rendezvous, given a long timeout
+    # here: under a loaded CI machine a worker's TensorFlow import can take a
+    # minute), so each worker's History has every epoch, as in plain Keras.
     with contextlib.chdir(tmp_dir):
         proc = launch(job_dir, script, f"--num_workers={num_workers}", "--num_ps=1",
-                      timeout=timeout)
+                      "--rendezvous_timeout=600", timeout=timeout)
     logs = sorted(glob.glob(os.path.join(job_dir, "worker-*.log")))
     texts = {}
     for path in logs:

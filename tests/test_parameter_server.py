@@ -179,3 +179,29 @@ def test_values_since_are_read_only_snapshots_that_later_pushes_leave_alone():
     np.testing.assert_array_equal(store.values_since(0)["w"], 0.5)
     grad[:] = 9  # the gradient was applied, not kept
     np.testing.assert_array_equal(store.values_since(0)["w"], 0.5)
+
+
+def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
+    """`PSClient.waits`: what a worker's heartbeats tell the launcher's
+    liveness policy. A server gone: its pull is retried (UNAVAILABLE) and
+    shows as waiting and unreachable until the call gives up."""
+    import threading
+    import time
+
+    server = ParameterServer()
+    client = PSClient([server.address], reconnect_timeout=4.0)
+    client.init({"w": (np.ones(2, np.float32), True)}, SGD)
+    assert client.waits(at_least=0.0) == ({}, {})  # nothing in flight
+    server.stop(0)
+    failed = []
+    puller = threading.Thread(target=lambda: failed.append(
+        pytest.raises(ConnectionError, client.pull)))
+    puller.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not client.waits(at_least=0.5)[1]:
+        time.sleep(0.05)
+    waiting, unreachable = client.waits(at_least=0.5)
+    assert set(waiting) == set(unreachable) == {"ps-0"}, (waiting, unreachable)
+    assert waiting["ps-0"] >= unreachable["ps-0"] >= 0.5
+    puller.join(timeout=60)
+    assert failed and client.waits(at_least=0.0) == ({}, {})  # the call ended

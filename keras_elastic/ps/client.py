@@ -166,7 +166,7 @@ class PushReply:
                 if s not in ("applied", "duplicate")}
 
 
-# The calls of training whose waits a worker reports (`PSClient.waiting`):
+# The calls of training whose waits a worker reports (`PSClient.waits`):
 # each answers at once on a live server. (Save, Restore, Init and Flush may
 # take long on a live one.)
 _WATCHED = frozenset({"Pull", "Push", "Lookup", "Claim"})

@@ -121,7 +121,9 @@ def _exit_on_sigterm() -> None:
 
 def is_chief(cluster: Cluster | None = None) -> bool:
     """Whether this worker should write the job's own outputs (final metrics,
-    an export): the alive worker with the smallest id, or a plain process.
+    an export): the worker with the smallest id among those alive or done
+    (a worker that finished the script wrote its outputs: the others must
+    not write them again), or a plain process.
 
     Worker 0 is not always there: a lost worker comes back with a new id.
 
@@ -133,8 +135,9 @@ def is_chief(cluster: Cluster | None = None) -> bool:
     cluster = cluster if cluster is not None else get_cluster()
     if cluster.embedded:
         return True
-    alive = cluster.master.job_status().workers.alive
-    return not alive or cluster.worker_id == min(alive)
+    workers = cluster.master.job_status().workers
+    candidates = [*workers.alive, *workers.exited]
+    return not candidates or cluster.worker_id == min(candidates)
 
 
 def reset_cluster() -> None:

@@ -208,3 +208,5 @@ def test_generation_rules_and_bad_values_are_named(monkeypatch):
         fencing.from_env()
     with pytest.raises(ValueError, match="--liveness_timeout must be positive, got 0"):
         LaunchConfig(liveness_timeout=0).validate()
+    with pytest.raises(ValueError, match="--rendezvous_timeout must be >= 0, got -1"):
+        LaunchConfig(rendezvous_timeout=-1).validate()

@@ -429,9 +429,9 @@ class Launcher:
         code = proc.poll()
         if code is not None:
             return code, proc.describe_exit(code)
-        if role not in self.prober.lost():
+        why = self.prober.why(role)
+        if why is None:
             return None
-        why = self.prober.why(role) or "was declared lost"
         logging.warning("%s (pid %s) %s: killing it", role, proc.pid, why)
         proc.kill()
         deadline = time.monotonic() + 30

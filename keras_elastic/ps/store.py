@@ -177,7 +177,7 @@ def merged_value(variable, value: np.ndarray, base: np.ndarray | None) -> np.nda
     """
     if base is None or value.dtype == np.bool_:
         return value
-    current = variable.numpy()
+    current = _snapshot(variable)  # (no copy: compared, read once)
     if np.array_equal(current, base):
         return value
     return (current + (value - base)).astype(value.dtype, copy=False)
@@ -740,20 +740,15 @@ class ParameterStore:
         names = list(self.variables)
         key = tuple(id(self.variables[n]) for n in names)
         if self._reader is None or self._reader[0] != key:
-            handles = [getattr(v, "value", v) for v in self.variables.values()]
+            handles = [_handle(v) for v in self.variables.values()]
 
             @tf.function(autograph=False)
             def read():
                 return [h.read_value() for h in handles]
 
             self._reader = (key, read)
-        values = {}
-        for name, tensor in zip(names, self._reader[1]()):
-            value = np.asarray(tensor)
-            if value.flags.writeable:
-                value.flags.writeable = False
-            values[name] = value
-        return values
+        return {name: _read_only(tensor)
+                for name, tensor in zip(names, self._reader[1]())}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """Every optimizer's variables, named relative to their optimizer
@@ -815,9 +810,20 @@ def _snapshot(variable) -> np.ndarray:
     >>> snap.tolist(), snap.flags.writeable
     ([1.0, 1.0, 1.0], False)
     """
-    handle = getattr(variable, "value", variable)  # keras.Variable -> tf.Variable
+    handle = _handle(variable)
     read = getattr(handle, "read_value", None)
-    value = np.asarray(read() if read is not None else handle)
+    return _read_only(read() if read is not None else handle)
+
+
+def _handle(variable):
+    """The TensorFlow variable behind a `keras.Variable` (itself otherwise:
+    a `tf.Variable`'s `value` is a method)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _read_only(tensor) -> np.ndarray:
+    """`tensor` as a read-only array, its buffer shared where NumPy can."""
+    value = np.asarray(tensor)
     if value.flags.writeable:  # (a copy was made: a scalar, another backend)
         value.flags.writeable = False
     return value

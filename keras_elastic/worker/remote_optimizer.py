@@ -137,11 +137,10 @@ class RemoteOptimizer:
                     tuple(k for k, _ in pairs), tuple(t for t, _, _ in rows), rate,
                     self._group_spec(keys))
         sync.note_update(push)
-        bases = context.bases
-        if bases is None:  # (a step traced outside TrainFunction: nothing merged)
-            bases = sync.non_trainable_values()
+        # (TrainFunction, the only maker of step contexts, set them at the
+        # step's start for every step that pushes.)
         inputs = [context.tags] + [tf.convert_to_tensor(g) for _, g in pairs] + [
-            v.value for v in sync.non_trainable] + list(bases) + [
+            v.value for v in sync.non_trainable] + list(context.bases) + [
             t for _, ids, g in rows for t in (ids, tf.convert_to_tensor(g))]
         if rate is not None:
             inputs.append(tf.convert_to_tensor(rate.value))

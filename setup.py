@@ -73,9 +73,11 @@ setup(
         "datasets": [],
         "examples": ["scikit-learn>=1.2"],
         "ray": ["ray>=2.9"],  # --backend ray
+        # bench/bench_training.py's tf_pss: TensorFlow's own parameter servers.
+        "bench": ["tf-keras>=2.21,<2.22"],
         # pytest-xdist: the README's test command runs two test files at once.
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.2",
-                 "ruff>=0.4", "ray>=2.9"],
+                 "ruff>=0.4", "ray>=2.9", "tf-keras>=2.21,<2.22"],
     },
     entry_points={"console_scripts": ["keras-elastic=keras_elastic.cli:run_main"]},
     cmdclass={"build_py": BuildWithProtos},

@@ -39,6 +39,18 @@ Configurations, each a fresh model trained for one epoch over the same files:
              process to read. Only with Ray installed (`pip install -e
              ".[ray]"`); skipped with a message otherwise. Its ratio to plain
              is printed beside the local_backend one (target: within 0.03);
+- tf_pss:    TensorFlow's own parameter-server training, the peer: tf-keras
+             2.21 (`pip install -e ".[bench]"`) with `ParameterServerStrategy`
+             and `ClusterCoordinator` (`fit` on a `DatasetCreator`), one
+             worker and one PS as in-process `tf.distribute.Server`s on
+             127.0.0.1 as TensorFlow's parameter-server tutorial sets them up,
+             the same model (examples/cifar10/model.py built with tf-keras),
+             optimizer and `dataset_fn`, in a process of its own (the
+             strategy reconfigures the process's TensorFlow). Batch-level
+             callbacks are refused under the strategy, so its warm-up is a
+             first `fit` of `--warmup_batches` steps and the timed window a
+             second `fit` of the rest. Prints keras-elastic (processes) / TF
+             PSS samples/s (target >= 1.0); skipped without tf-keras;
 - local_backend: the same roles as local processes, started through the
              launcher's LocalBackend by the same code (`run_with_backend`):
              like Ray, a separate worker process, which "processes" is not.
@@ -63,7 +75,8 @@ PYTHONPATH=. python bench/bench_training.py --smoke  # tiny sizes, 4 configurati
 ```
 
 `--smoke`: 256 records, batch 32, 2 minibatches per task, 2 warm-up batches,
-one round, and of the configurations plain, processes, legacy and embedded
+one round, and of the configurations plain, processes, liveness, legacy,
+embedded and tf_pss
 (flags given on the command line are kept): checks that they run and that the
 report prints its ratios, the seed's table included; the figures mean nothing.
 The others are left out because each costs tens of seconds even at this size
@@ -113,11 +126,11 @@ flags.DEFINE_string("data_dir", os.path.join(tempfile.gettempdir(),
                                              "keras_elastic_bench", "cifar10"),
                     "Where the synthetic TFRecords are written (kept for reuse).")
 flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "liveness", "legacy",
-                              "embedded", "local_backend", "ray"],
+                              "embedded", "local_backend", "ray", "tf_pss"],
                   "Configurations to measure, among plain, processes, pipelined, "
-                  "liveness, legacy, embedded, local_backend, ray; "
+                  "liveness, legacy, embedded, local_backend, ray, tf_pss; "
                   "plain is always measured (it is the baseline); ray is skipped "
-                  "when Ray is not installed.")
+                  "when Ray is not installed, tf_pss without tf-keras.")
 flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
 flags.DEFINE_integer("rounds", 3, "Rounds of keras-elastic runs, each bracketed by "
                      "baseline runs; the ratio reported is the median.")
@@ -126,20 +139,24 @@ flags.DEFINE_bool("deterministic", True, "ElasticDataset(deterministic=...): Fal
 flags.DEFINE_string("worker_output", None, "Internal (ray, local_backend): run as "
                     "the worker of a launched cluster, write the measurement here.")
 flags.DEFINE_list("worker_files", [], "Internal: the data files of --worker_output.")
+flags.DEFINE_string("tf_pss_output", None, "Internal (tf_pss): run TensorFlow's "
+                    "parameter-server training on --worker_files, write the "
+                    "measurement here.")
 flags.DEFINE_list("service_pids", [], "Internal: the master and PS pids of "
                   "--worker_output (for their CPU seconds).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (256 records, batch 32, one round; "
-                  "configurations plain, processes, legacy, embedded unless "
+                  "configurations plain, processes, liveness, legacy, embedded, "
+                  "tf_pss unless "
                   "--configs; a test runs it: tests/test_bench_smoke*.py); the "
                   "figures mean nothing.")
 
 # --smoke: the values of the flags not given on the command line.
 SMOKE = {"num_records": 256, "batch_size": 32, "minibatches_per_task": 2,
          "warmup_batches": 2, "rounds": 1,
-         "configs": ["plain", "processes", "liveness", "legacy", "embedded"]}
+         "configs": ["plain", "processes", "liveness", "legacy", "embedded", "tf_pss"]}
 
 CONFIGS = ("plain", "processes", "pipelined", "liveness", "legacy", "embedded",
-           "local_backend", "ray")
+           "local_backend", "ray", "tf_pss")
 
 
 class WindowTimer:
@@ -408,6 +425,90 @@ def run_with_backend(files: list[str], backend) -> Measurement:
         logging.info("%s backend: logs in %s", backend.name, job_dir)
 
 
+def _tf_keras_available() -> bool:
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+def run_tf_pss(files: list[str]) -> Measurement:
+    """TensorFlow's ParameterServerStrategy (tf-keras), in a process of its
+    own (`tf_pss_main`): its in-process servers' CPU is that process's."""
+    import json
+    import subprocess
+
+    out = tempfile.mktemp(suffix=".json")
+    argv = [sys.executable, os.path.abspath(__file__), f"--tf_pss_output={out}",
+            f"--worker_files={','.join(files)}", f"--batch_size={FLAGS.batch_size}",
+            f"--num_records={FLAGS.num_records}",
+            f"--warmup_batches={FLAGS.warmup_batches}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"the tf_pss run failed ({result.returncode}):\n"
+                           f"{result.stderr[-3000:]}")
+    with open(out) as f:
+        measured = json.load(f)
+    os.remove(out)
+    return Measurement(measured["seconds"], measured["cpu"], 0.0, {})
+
+
+def tf_pss_main() -> None:
+    """--tf_pss_output mode: one worker and one PS as in-process
+    `tf.distribute.Server`s (TensorFlow's parameter-server tutorial), this
+    process the coordinator; the CIFAR-10 example's model built by tf-keras."""
+    import json
+    import socket
+
+    import tensorflow as tf
+    import tf_keras
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    # The example's model module with `keras` bound to tf-keras.
+    saved = sys.modules.get("keras")
+    sys.modules["keras"] = tf_keras
+    try:
+        name = "_bench_cifar10_model_tf_keras"
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(_EXAMPLE_DIR, "model.py"))
+        cifar10 = importlib.util.module_from_spec(spec)
+        sys.modules[name] = cifar10
+        spec.loader.exec_module(cifar10)
+    finally:
+        if saved is not None:
+            sys.modules["keras"] = saved
+    cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{free_port()}"],
+                                    "ps": [f"127.0.0.1:{free_port()}"]})
+    servers = [tf.distribute.Server(cluster, job_name=job, task_index=0,
+                                    protocol="grpc", start=True)
+               for job in ("worker", "ps")]
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc"))
+    with strategy.scope():
+        net = cifar10.custom_model()
+        net.compile(optimizer=cifar10.optimizer(), loss=cifar10.loss(),
+                    metrics=["accuracy"])
+    files = list(FLAGS.worker_files)
+
+    def dataset_fn(input_context):
+        return cifar10.dataset_fn(tf.data.TFRecordDataset(files), "training").batch(
+            FLAGS.batch_size).repeat().prefetch(tf.data.AUTOTUNE)
+
+    data = tf_keras.utils.experimental.DatasetCreator(dataset_fn)
+    steps = FLAGS.num_records // FLAGS.batch_size
+    net.fit(data, epochs=1, steps_per_epoch=FLAGS.warmup_batches, verbose=0)
+    start, cpu = time.perf_counter(), cpu_seconds([os.getpid()])
+    net.fit(data, epochs=1, steps_per_epoch=steps - FLAGS.warmup_batches, verbose=0)
+    measured = {"seconds": time.perf_counter() - start,
+                "cpu": cpu_seconds([os.getpid()]) - cpu}
+    with open(FLAGS.tf_pss_output + ".tmp", "w") as f:
+        json.dump(measured, f)
+    os.replace(FLAGS.tf_pss_output + ".tmp", FLAGS.tf_pss_output)
+    del servers
+    os._exit(0)  # the in-process servers have no clean shutdown
+
+
 def worker_main() -> None:
     """--worker_output mode: the worker of the ray and local_backend
     configurations."""
@@ -490,6 +591,9 @@ def main(argv: list[str]) -> None:
     if FLAGS.worker_output:
         worker_main()
         return
+    if FLAGS.tf_pss_output:
+        tf_pss_main()
+        return
     unknown = [c for c in FLAGS.configs if c not in CONFIGS]
     if unknown:
         raise app.UsageError(f"--configs: unknown {unknown}; choose among {CONFIGS}")
@@ -511,12 +615,16 @@ def main(argv: list[str]) -> None:
                "liveness": lambda f: run_with_processes(f, liveness=True),
                "legacy": lambda f: run_with_processes(f, worker=run_legacy),
                "embedded": run_embedded, "local_backend": run_with_local_backend,
-               "ray": run_with_ray}
+               "ray": run_with_ray, "tf_pss": run_tf_pss}
     elastic = [c for c in FLAGS.configs if c != "plain"]
     if "ray" in elastic and not _ray_available():
         print("ray is not installed: skipping the ray configuration (pip install -e "
               "\".[ray]\")", flush=True)
         elastic.remove("ray")
+    if "tf_pss" in elastic and not _tf_keras_available():
+        print("tf-keras is not installed: skipping the tf_pss configuration (pip "
+              "install -e \".[bench]\")", flush=True)
+        elastic.remove("tf_pss")
     # The baseline runs first, last and between rounds: on a shared machine the
     # load drifts, and the two baseline runs around each keras-elastic run
     # bracket it. Each round gives one ratio per configuration; the median
@@ -555,7 +663,8 @@ def main(argv: list[str]) -> None:
               "legacy": "seed 000's 2019 loop, processes",
               "embedded": "keras-elastic, embedded cluster",
               "local_backend": "keras-elastic, local backend processes",
-              "ray": "keras-elastic, Ray actors (1 node)"}
+              "ray": "keras-elastic, Ray actors (1 node)",
+              "tf_pss": "TF ParameterServerStrategy (tf-keras)"}
     lines = ["", f"CIFAR-10 (synthetic) {FLAGS.num_records} records, batch "
              f"{FLAGS.batch_size}, {FLAGS.minibatches_per_task} minibatches per task, "
              f"1 worker, 1 PS; {n} samples timed after {FLAGS.warmup_batches} warm-up "
@@ -617,6 +726,16 @@ def main(argv: list[str]) -> None:
             lines.append(f"\n{name} exchange: samples/s ratio to plain {ratio:.3f} "
                          f"(target >= {target}: "
                          f"{'met' if ratio >= target else 'NOT met'})")
+    if "tf_pss" in ratios and "processes" in ratios:
+        # keras-elastic against TensorFlow's own parameter servers, both run
+        # in each round: the quotient of their ratios to plain.
+        paired = [r / q for r, q in zip(ratios["processes"], ratios["tf_pss"],
+                                        strict=True)]
+        median = statistics.median(paired)
+        lines.append("\nkeras-elastic (processes) / TF ParameterServerStrategy, "
+                     "samples/s per round: " + " ".join(f"{p:.3f}" for p in paired)
+                     + f"   median {median:.3f} (target >= 1.0: "
+                     f"{'met' if median >= 1.0 else 'NOT met'})")
     if "liveness" in ratios and "processes" in ratios:
         # Run one after the other in each round: their quotient drifts less
         # with the machine's load than either ratio to plain.

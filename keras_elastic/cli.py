@@ -78,6 +78,11 @@ def _define_run() -> None:
                        "Seconds a master or parameter server may answer no health "
                        "check (grpc.health.v1) before it is lost: killed, then "
                        "recovered as if it had died.")
+    flags.DEFINE_integer("ps_partition_bytes", 64 << 10,
+                         "Trainable variables of at least this many bytes are split "
+                         "into slices that balance the parameter servers' bytes "
+                         "(with an elementwise optimizer: SGD, Adam, Adagrad, ...); "
+                         "0: no variable is split.")
     flags.DEFINE_float("rendezvous_timeout", 120.0,
                        "Seconds the job's first task waits for all --num_workers "
                        "workers to register (the start rendezvous); then it starts "
@@ -162,6 +167,7 @@ def _main_run(command: list[str]) -> int:
         heartbeat_timeout=FLAGS.heartbeat_timeout,
         liveness_timeout=FLAGS.liveness_timeout,
         rendezvous_timeout=FLAGS.rendezvous_timeout,
+        ps_partition_bytes=FLAGS.ps_partition_bytes,
         max_task_retries=FLAGS.max_task_retries,
         progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
         max_ps_restarts=FLAGS.max_ps_restarts,

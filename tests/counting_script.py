@@ -28,6 +28,9 @@ flags.DEFINE_integer("epochs", 2, "Epochs.")
 flags.DEFINE_integer("batch_size", 16, "Batch size.")
 flags.DEFINE_integer("minibatches_per_task", 4, "Minibatches per task.")
 flags.DEFINE_integer("weights", 8, "Counting weights (spread over the servers).")
+flags.DEFINE_integer("vector", 0, "Elements of one more counting weight, a vector "
+                     "(large enough, it is split over the servers: "
+                     "--ps_partition_bytes).")
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
 flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"], "compile(exchange=...).")
@@ -47,9 +50,14 @@ class Counting(keras.layers.Layer):
     def build(self, input_shape):
         self.counts = [self.add_weight(shape=(), initializer="zeros", name=f"c{k}")
                        for k in range(FLAGS.weights)]
+        self.vector = (self.add_weight(shape=(FLAGS.vector,), initializer="zeros",
+                                       name="vector") if FLAGS.vector else None)
 
     def call(self, x):
-        return x[:, :1] * tf.add_n([c for c in self.counts])
+        total = tf.add_n([c for c in self.counts])
+        if self.vector is not None:  # each element's gradient: -1 per record
+            total += tf.reduce_sum(self.vector)
+        return x[:, :1] * total
 
 
 class CountingModel(keras.Model):
@@ -163,6 +171,8 @@ def main(argv):
         # worker 0 may have been killed).
         layer = model.counting if FLAGS.step != "keras" else model.layers[-1]
         counts = [float(np.asarray(c)) for c in layer.counts]
+        if getattr(layer, "vector", None) is not None:
+            counts += np.asarray(layer.vector).tolist()
         temp = f"{FLAGS.output}.{cluster.worker_id}.tmp"
         with open(temp, "w") as f:
             servers = [s.to_dict() for s in cluster.ps.status_all()]

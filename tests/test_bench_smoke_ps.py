@@ -43,3 +43,20 @@ def test_master(tmp_path):
                     rf"on\s+{NUM} tasks/s, ratio on / off {NUM} ", out)
     assert [per_call for per_call, *_ in lines] == [1, 8], out
     assert all(value > 0 for line in lines for value in line), out
+
+
+def test_partitioning(tmp_path):
+    out = run_smoke("bench_partitioning", str(tmp_path))
+    # The table: model, MB, servers, split max/avg, whole max/avg (--smoke: 1,
+    # 2 and 4 servers). No timing: the layout is a pure function, and with 4
+    # servers no server holds more than 1.1x the average (issue 26).
+    rows = re.findall(r"^\s+(.+?)\s+" + NUM + r"\s+(\d+)\s+" + NUM + r"\s+" + NUM
+                      + r"\s+[\d. ]+$", out, re.M)
+    assert {(m, int(n)) for m, _, n, _, _ in rows} == {
+        (m, n) for m in ("digits", "cifar10", "ctr", "90% one kernel")
+        for n in (1, 2, 4)}, out
+    for model, _, servers, split, whole in rows:
+        assert float(split) <= 1.1, (model, servers, out)
+        if model == "90% one kernel" and servers == "4":
+            assert float(whole) > 3, out  # the hot server partitioning removes
+    one_positive(r"split / whole: " + NUM, out)

@@ -12,12 +12,14 @@ pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 
 def test_training(tmp_path):
     out = run_smoke("bench_training", str(tmp_path))
-    # --smoke's configurations: plain, processes, liveness, legacy, embedded. A row:
+    # --smoke's configurations: plain, processes, liveness, legacy, embedded,
+    # tf_pss (TensorFlow's own parameter servers, tf-keras). A row:
     # label, samples/s, wall s, ratio, samples/CPU-s, CPU s (...), CPU ratio.
     for label in ("keras-elastic, master + PS processes",
                   "keras-elastic, processes, liveness + fencing",
                   "seed 000's 2019 loop, processes",
-                  "keras-elastic, embedded cluster"):
+                  "keras-elastic, embedded cluster",
+                  "TF ParameterServerStrategy (tf-keras)"):
         found = figures(rf"^  {re.escape(label)}\s+{NUM}\s+[\d.]+\s+{NUM}\s+{NUM}\s+"
                         rf"[\d.]+ \([\d.]+\+[\d.]+\)\s+{NUM}$", out)
         assert len(found) == 1, (label, out)
@@ -25,6 +27,8 @@ def test_training(tmp_path):
         # wall seconds, printed to 0.1 s).
         assert all(value > 0 for value in found[0]), (label, out)
     one_positive(rf"keras-elastic / legacy: {NUM}x faster", out)
+    one_positive(r"^keras-elastic \(processes\) / TF ParameterServerStrategy, "
+                 rf"samples/s per round: [\d.]+   median {NUM} ", out)
     one_positive(rf"^liveness \+ fencing / processes per round: [\d.]+   median {NUM}$",
                  out)
     one_positive(rf"^processes exchange: samples/s ratio to plain {NUM} ", out)

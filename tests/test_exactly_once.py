@@ -36,17 +36,25 @@ def data(tmp_path_factory):
     # one applied whose tasks were not reported.
     ("mid_push", 5, 2, "pipelined"),
     ("after_push", 5, 2, "pipelined"),
+    # A variable split over the servers (issue 26): a push cut between its
+    # two slices.
+    ("mid_push", 5, 2, "sync/split"),
 ])
 def test_worker_killed_at_any_moment_applies_every_gradient_once(
         tmp_path, data, point, nth, num_ps, exchange):
     extra = ("--validate",) if point == "validation" else ()
+    flags = ()
+    if exchange.endswith("/split"):
+        exchange = exchange.split("/")[0]
+        extra += ("--vector=64",)  # 256 bytes, over 2 servers
+        flags = ("--ps_partition_bytes=128",)
     extra += (f"--exchange={exchange}",)
     # Worker 1 dies at its nth time at the point; a validation round's first
     # task may go to either worker, so there the first worker to evaluate one
     # dies (once per job: the fault plan's marker).
     who = "" if point == "validation" else ":w1"
     out, result = counting_job(
-        tmp_path, data, f"--num_ps={num_ps}", "--max_worker_restarts=2",
+        tmp_path, data, f"--num_ps={num_ps}", "--max_worker_restarts=2", *flags,
         script_args=("--sleep_per_batch=0.03", *extra), faults=f"{point}@{nth}{who}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
@@ -54,7 +62,11 @@ def test_worker_killed_at_any_moment_applies_every_gradient_once(
     assert f"SIGKILL at '{point}'" in worker_logs(tmp_path), output[-3000:]
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1
-    check_exact(tmp_path, out, output)
+    result = check_exact(tmp_path, out, output)
+    if flags:  # the vector really was split: a slice on each server
+        assert len(result["counts"]) == 8 + 64
+        for server in result["ps"]:
+            assert any("__slice_" in v for v in server["variables"]), server
 
 
 def test_grads_to_wait_two_and_a_filtering_dataset_fn_with_a_push_cut_in_the_middle(

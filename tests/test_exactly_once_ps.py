@@ -36,6 +36,9 @@ def data(tmp_path_factory):
     # One of 2 PS killed in the second epoch (its 90th push), after automatic
     # checkpoints (one every 8 model versions).
     (2, 1, 90, True),
+    # The same with a variable split over both servers (issue 26): the
+    # restarted server restores its slice from the automatic checkpoint.
+    (2, 0, 90, "split"),
 ])
 def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         tmp_path, data, num_ps, victim, push, checkpoint):
@@ -43,9 +46,12 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
     # (SIGKILL at its N-th push), not from watching the job's status.
     every = ("--ps_checkpoint_versions=8", "--ps_checkpoint_secs=0") if checkpoint \
         else ("--ps_checkpoint_secs=1000",)
+    split = checkpoint == "split"
+    if split:
+        every += ("--ps_partition_bytes=128",)
     out, result = counting_job(
         tmp_path, data, f"--num_ps={num_ps}", *every,
-        script_args=("--sleep_per_batch=0.05",),
+        script_args=("--sleep_per_batch=0.05", *(("--vector=64",) if split else ())),
         faults=f"ps_push@{push}:ps{victim}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
@@ -61,6 +67,8 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         assert recovery["checkpoint"] is None or "init" in recovery["checkpoint"]
     result = check_exact(tmp_path, out, output)
     assert all(p["incarnation"] for p in result["ps"])
+    if split:
+        assert all(any("__slice_" in v for v in p["variables"]) for p in result["ps"])
 
 
 def test_parameter_server_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):

@@ -36,6 +36,7 @@ import tensorflow as tf
 from keras_elastic.checkpoint.errors import CheckpointError
 from keras_elastic.checkpoint.manifest import SaveInfo, read_manifest
 from keras_elastic.checkpoint.ps_manifest import LAYOUT
+from keras_elastic.common import variable_slices
 
 _ATTR = "/.ATTRIBUTES/VARIABLE_VALUE"
 TRACKABLE = "ps"
@@ -74,8 +75,14 @@ def part_infos(info: SaveInfo) -> list[SaveInfo]:
 def read_values(info: SaveInfo, names: list[str] | None = None
                 ) -> dict[str, np.ndarray]:
     """Values by name over every part. A name several parts hold (an optimizer's
-    `iterations`, its learning rate) takes the largest value."""
+    `iterations`, its learning rate) takes the largest value. Variables split
+    over the servers (`common/variable_slices.py`) are also read whole, by
+    their whole names (1-D), and a slice asked for is cut from the whole
+    however the checkpoint split it: a checkpoint of N servers restores onto
+    any number of them."""
     wanted = set(names) if names is not None else None
+    wholes = None if wanted is None else {
+        (found.whole if (found := variable_slices.parse(n)) else n) for n in wanted}
     values: dict[str, np.ndarray] = {}
     for part in part_infos(info):
         reader = tf.train.load_checkpoint(part.tf_prefix)
@@ -83,13 +90,29 @@ def read_values(info: SaveInfo, names: list[str] | None = None
             if not key.startswith(TRACKABLE + "/") or not key.endswith(_ATTR):
                 continue
             name = key[len(TRACKABLE) + 1:-len(_ATTR)]
-            if (wanted is not None and name not in wanted) or name.startswith("t_"):
+            if name.startswith("t_"):
                 continue  # (table rows: `read_table`)
+            if wanted is not None and name not in wanted and name not in wholes:
+                found = variable_slices.parse(name)
+                if found is None or found.whole not in wholes:
+                    continue
             value = reader.get_tensor(key)
             if name in values and np.ndim(value) == 0:
                 value = np.maximum(values[name], value)
             values[name] = value
+    sliced = {n: v for n, v in values.items() if variable_slices.parse(n)}
+    if sliced:
+        broken = [n for n in variable_slices.missing_slices(sliced) if n not in values]
+        if broken and (wanted is None or set(broken) & wholes):
+            raise CheckpointError(f"{info.path}: the slices of {broken[:10]} do not "
+                                  "cover them (a part is missing?)")
+        values.update({n: v for n, v in variable_slices.assemble(sliced).items()
+                       if n not in values})
     if wanted is not None:
+        for name in wanted - set(values):
+            value = variable_slices.value_of(values, name)
+            if value is not None:
+                values[name] = value
         missing = sorted(wanted - set(values))
         if missing:
             raise CheckpointError(f"{info.path}: no value for {missing[:10]}"
@@ -122,6 +145,16 @@ def read_table(info: SaveInfo, table: str, slot_names: tuple[str, ...] | list[st
             {s: np.concatenate(found[f"slot_{s}"]) for s in slot_names})
 
 
+def fit_shape(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """`value` in `shape`: as it is, or a variable split over servers read
+    whole (1-D, C order) reshaped; None if it is not of that shape."""
+    if tuple(np.shape(value)) == tuple(shape):
+        return value
+    if np.ndim(value) == 1 and np.size(value) == int(np.prod(shape, dtype=np.int64)):
+        return np.reshape(value, shape)
+    return None
+
+
 # Called as `listener(model, path)` once a parameter-server checkpoint's
 # variables are loaded into a model: an elastic model's session then has the
 # servers restore the whole checkpoint (worker/session.py registers itself; a
@@ -140,11 +173,12 @@ def restore_model_variables(model, info: SaveInfo) -> None:
     keys = variable_keys(model)
     values = read_values(info, [variable_name(k) for k in keys])
     for key, variable in zip(keys, model_variables(model)):
-        if tuple(variable.shape) != values[variable_name(key)].shape:
+        value = fit_shape(values[variable_name(key)], tuple(variable.shape))
+        if value is None:
             raise CheckpointError(
                 f"{info.path}: variable {key} ({variable.path}) has shape "
                 f"{tuple(variable.shape)} in the model but "
                 f"{values[variable_name(key)].shape} in the checkpoint")
-        variable.assign(values[variable_name(key)])
+        variable.assign(value)
     for listener in RESTORE_LISTENERS:
         listener(model, info.path)

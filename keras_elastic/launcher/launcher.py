@@ -83,6 +83,7 @@ from keras_elastic.launcher.ps_checkpoints import (
 from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
 from keras_elastic.master.client import MasterClient
 from keras_elastic.master.status import JobStatus
+from keras_elastic.ps.partition import DEFAULT_PARTITION_BYTES, PARTITION_BYTES_ENV
 
 DESIRED_WORKERS_FILE = "desired_workers"
 # The exit status of a job that trained but could not write some of its
@@ -106,6 +107,9 @@ class LaunchConfig:
     # The start rendezvous: no task is handed out before the job's
     # num_workers workers registered, or this many seconds passed.
     rendezvous_timeout: float = 120.0
+    # Trainable variables of at least this many bytes are split over the
+    # parameter servers (ps/partition.py); 0: none is.
+    ps_partition_bytes: int = DEFAULT_PARTITION_BYTES
     max_task_retries: int = 3
     progress_interval: float = 10.0
     job_dir: str | None = None
@@ -178,6 +182,9 @@ class LaunchConfig:
         if self.rendezvous_timeout < 0:
             raise ValueError(f"--rendezvous_timeout must be >= 0, got "
                              f"{self.rendezvous_timeout}")
+        if self.ps_partition_bytes < 0:
+            raise ValueError(f"--ps_partition_bytes must not be negative, got "
+                             f"{self.ps_partition_bytes}")
         if self.liveness_timeout <= 0:
             raise ValueError(f"--liveness_timeout must be positive, got "
                              f"{self.liveness_timeout}")
@@ -571,6 +578,7 @@ class Launcher:
         env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
         env[cluster_env.LIVENESS_TIMEOUT] = str(self.config.liveness_timeout)
         env[fencing.GENERATION_ENV] = str(self.generation)
+        env[PARTITION_BYTES_ENV] = str(self.config.ps_partition_bytes)
         for server_only in (tls.CERT_ENV, tls.KEY_ENV):  # a worker is a client
             env.pop(server_only, None)
         self.workers[worker_id] = self.backend.start(

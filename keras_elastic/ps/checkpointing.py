@@ -29,6 +29,7 @@ from keras_elastic.checkpoint import ps_layout
 from keras_elastic.checkpoint.manifest import SaveInfo
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.checkpoint.writer import save_trackables
+from keras_elastic.common import variable_slices
 from keras_elastic.ps.partition import ps_for, row_owner
 from keras_elastic.ps.store import ParameterStore
 from keras_elastic.ps.task_log import TaskLog
@@ -162,11 +163,13 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) 
             for name, g in groups.items() if name not in store.optimizers})
         named = named_variables(store)
         missing = sorted(ps_layout.variable_name(k) for k in store.variables
-                         if ps_layout.variable_name(k) not in values)
+                         if variable_slices.value_of(
+                             values, ps_layout.variable_name(k)) is None)
         if missing:
             raise ValueError(f"{info.path} has no value for model variable(s) "
                              f"{missing[:10]}: it was saved from another model")
-        skipped = sorted(n for n in named if n not in values)
+        skipped = sorted(n for n in named
+                         if variable_slices.value_of(values, n) is None)
         if skipped:
             logging.warning("parameter server %d: %s has no value for optimizer "
                             "variables %s (another optimizer?): they start afresh",
@@ -178,8 +181,15 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) 
             raise ValueError(f"{info.path} has no rows of embedding table(s) {absent}: "
                              "it was saved from another model")
         for name, variable in named.items():
-            if name in values:
-                variable.assign(values[name])
+            value = variable_slices.value_of(values, name)
+            if value is None:
+                continue
+            fitted = ps_layout.fit_shape(value, tuple(variable.shape))
+            if fitted is None:
+                raise ValueError(f"{info.path}: '{name}' has shape {list(value.shape)} "
+                                 f"there, {list(variable.shape)} on this server: it "
+                                 "was saved from another model")
+            variable.assign(fitted)
         for name, (ids, rows, slots) in tables.items():
             owned = row_owner(ids, num_ps) == ps_index
             store.reset_table(name).load(ids[owned], rows[owned],
@@ -214,8 +224,21 @@ def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
     if not trainable or config is None:
         raise ValueError(f"{info.path} does not record its variables and optimizer "
                          "(saved by an older keras_elastic): it cannot start a server")
-    owned = sorted(k for k in trainable if ps_for(k, num_ps) == ps_index)
-    values = ps_layout.read_values(info, [ps_layout.variable_name(k) for k in owned])
-    store.init({k: values[ps_layout.variable_name(k)] for k in owned},
+    parts = ps_layout.part_infos(info)
+    mine = [p for p in parts if p.extra.get("ps_index") == ps_index]
+    if info.extra.get("num_ps", len(parts)) == num_ps and mine:
+        owned = sorted(mine[0].extra.get("variables") or {})  # what it held
+    elif any(variable_slices.parse(k) for k in trainable):
+        raise ValueError(
+            f"{info.path} was saved by {info.extra.get('num_ps')} servers with "
+            f"variables split over them: a server {ps_index} of {num_ps} cannot be "
+            "created from it alone (the workers know the variables' shapes: their "
+            "Init restores it onto any number of servers, as --resume does)")
+    else:
+        owned = sorted(k for k in trainable if ps_for(k, num_ps) == ps_index)
+    names = [ps_layout.variable_name(k) for k in owned]
+    values = ps_layout.read_values(info, names)
+    store.init({k: values[n] for k, n in zip(owned, names)},
                {k: trainable[k] for k in owned}, config, tables)
     return restore_shard(store, ps_index, num_ps, info.path)
+

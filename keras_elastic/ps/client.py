@@ -1,7 +1,10 @@
 """The worker's view of the parameter servers: one logical model store.
 
-Variables are partitioned over the servers by `ps_for(name)`; every call goes
-to the servers concerned in parallel, and large tensors are streamed in chunks.
+Variables are placed on the servers by `ps/partition.layout` (whole, by a
+hash of their key, or the large ones split into slices that balance the
+servers' bytes; the client cuts what it sends and assembles what it
+receives, so callers see whole variables); every call goes to the servers
+concerned in parallel, and large tensors are streamed in chunks.
 A server that cannot be reached (it crashed and is being restarted) is retried
 with backoff for `reconnect_timeout` seconds: pushes carry the element ranges
 they contain, so a push repeated after a lost reply is recognized and not
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -36,7 +40,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import cluster_env, faults, rpc
+from keras_elastic.common import cluster_env, faults, rpc, variable_slices
 from keras_elastic.common.resolver import ClusterResolver
 from keras_elastic.common.tensor_codec import (
     BundleParser,
@@ -54,6 +58,10 @@ from keras_elastic.ps.partition import (
     BASE_PREFIX,
     OPTIMIZER_STATE_PREFIX,
     SPARSE_PREFIX,
+    Piece,
+    Spec,
+    elementwise,
+    layout,
     ps_for,
     row_owner,
 )
@@ -166,6 +174,12 @@ class PushReply:
                 if s not in ("applied", "duplicate")}
 
 
+def _server_name(key: str) -> str:
+    """A variable key as a server names the variable (and prefixes its
+    optimizer slots with it)."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", key)
+
+
 # The calls of training whose waits a worker reports (`PSClient.waits`):
 # each answers at once on a live server. (Save, Restore, Init and Flush may
 # take long on a live one.)
@@ -207,13 +221,66 @@ class PSClient:
         # first found the server unreachable or None]; see `waits`.
         self._in_flight: dict[int, list] = {}
         self._flight_lock = threading.Lock()
+        # Variables split over servers (`init`'s layout): key -> its pieces
+        # and shape; slice name -> piece; the newest value of each slice.
+        self._split: dict[str, tuple[list[Piece], tuple[int, ...]]] = {}
+        self._piece_of: dict[str, Piece] = {}
+        self._slice_values: dict[str, np.ndarray] = {}
 
     @property
     def num_ps(self) -> int:
         return len(self.addresses)
 
     def owner(self, name: str) -> int:
+        """The server of a variable held whole (the first of a split one's)."""
+        if name in self._split:
+            return self._split[name][0][0].server
         return ps_for(name, self.num_ps)
+
+    def servers_of(self, name: str) -> list[int]:
+        """The servers holding (a slice of) variable `name`."""
+        if name in self._split:
+            return sorted({p.server for p in self._split[name][0]})
+        return [ps_for(name, self.num_ps)]
+
+    def pieces(self, name: str) -> list[Piece]:
+        """Where variable `name` is: one piece for a variable held whole."""
+        if name in self._split:
+            return list(self._split[name][0])
+        return [Piece(name, name, ps_for(name, self.num_ps), 0, -1)]
+
+    def _place(self, name: str, value: np.ndarray):
+        """(server, name there, value there) for each piece of `value`."""
+        split = self._split.get(name)
+        if split is None:
+            return [(ps_for(name, self.num_ps), name, value)]
+        flat = np.reshape(np.ascontiguousarray(value), -1)
+        return [(p.server, p.name, flat[p.begin:p.end]) for p in split[0]]
+
+    def _assemble(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Received values with the slices of split variables put together
+        (the newest of each slice kept: a reply carries the changed ones)."""
+        if not self._piece_of:
+            return values
+        out: dict[str, np.ndarray] = {}
+        touched = set()
+        for name, value in values.items():
+            piece = self._piece_of.get(name)
+            if piece is None:
+                out[name] = value
+            else:
+                self._slice_values[name] = value
+                touched.add(piece.key)
+        for key in touched:
+            pieces, shape = self._split[key]
+            first = self._slice_values.get(pieces[0].name)
+            if first is None or any(p.name not in self._slice_values for p in pieces):
+                continue
+            whole = np.empty(int(np.prod(shape, dtype=np.int64)), first.dtype)
+            for p in pieces:
+                whole[p.begin:p.end] = self._slice_values[p.name]
+            out[key] = whole.reshape(shape)
+        return out
 
     def _map(self, fn, indices):
         indices = list(indices)
@@ -294,7 +361,8 @@ class PSClient:
              optimizer_config: dict, restore_from: str = "",
              tables: dict[str, dict] | None = None,
              optimizer_state: dict[str, tuple[np.ndarray, str | None]] | None = None,
-             namespace: str = "") -> dict[str, np.ndarray]:
+             namespace: str = "", partition_bytes: int | None = None
+             ) -> dict[str, np.ndarray]:
         """Initializes every server (first caller wins; it also loads the
         parameter-server checkpoint `restore_from`, if given); returns the
         servers' current values. `tables`: embedding tables, name -> {"dim",
@@ -302,8 +370,23 @@ class PSClient:
         initializer config)}; every server holds the rows of its ids.
         `optimizer_state`: {server-side name: (value, key of the variable it
         belongs to, or None for every server)} of an optimizer that already
-        trained. `namespace`: the model's ("" for the job's first)."""
+        trained. `namespace`: the model's ("" for the job's first).
+        `partition_bytes`: trainable variables of at least this many bytes are
+        split over the servers (`ps/partition.layout`; None: none, nor with an
+        optimizer whose update is not elementwise); every worker must pass
+        the same."""
         config = json.dumps(optimizer_config)
+        if not elementwise(optimizer_config):
+            partition_bytes = None
+        placed = layout([Spec(n, int(np.size(v)), np.asarray(v).dtype.itemsize,
+                              bool(t) and np.issubdtype(np.asarray(v).dtype,
+                                                        np.floating))
+                         for n, (v, t) in variables.items()], self.num_ps,
+                        partition_bytes)
+        for name, pieces in placed.items():
+            if pieces[0].name != name:  # split
+                self._split[name] = (pieces, tuple(np.shape(variables[name][0])))
+                self._piece_of.update({p.name: p for p in pieces})
         table_specs = [ps_pb2.TableSpec(
             name=n, dim=t["dim"], dtype=t.get("dtype", "float32"),
             input_dim=t.get("input_dim") or 0,
@@ -311,9 +394,14 @@ class PSClient:
             for n, t in (tables or {}).items()]
         parts: list[dict] = [{} for _ in self.addresses]
         for name, (value, trainable) in variables.items():
-            parts[self.owner(name)][name] = (value, trainable)
+            for i, there, piece in self._place(name, np.asarray(value)):
+                parts[i][there] = (piece, trainable)
         states: list[dict] = [{} for _ in self.addresses]
         for name, (value, key) in (optimizer_state or {}).items():
+            if key in self._split:  # a slot: sliced as its variable is
+                for i, there, piece in self._place_slot(name, key, np.asarray(value)):
+                    states[i][there] = piece
+                continue
             for i in ([self.owner(key)] if key else range(self.num_ps)):
                 states[i][name] = np.asarray(value)
 
@@ -356,12 +444,27 @@ class PSClient:
         merged: dict[str, np.ndarray] = {}
         for values in self._map(pull_one, range(self.num_ps)):
             merged.update(values)
-        return merged
+        return self._assemble(merged)
+
+    def _place_slot(self, name: str, key: str, value: np.ndarray):
+        """The pieces of optimizer slot `name` of split variable `key`, as the
+        servers name them (`{variable name}{slot suffix}`, see
+        `worker/model_sync.server_name`)."""
+        prefix = _server_name(key)
+        pieces, shape = self._split[key]
+        if not name.startswith(prefix) or np.size(value) != np.prod(shape):
+            raise ValueError(f"optimizer variable '{name}' of '{key}' is not a slot of "
+                             f"its shape {list(shape)}: it cannot be split with it")
+        flat = np.reshape(np.ascontiguousarray(value), -1)
+        suffix = name[len(prefix):]
+        return [(p.server, _server_name(p.name) + suffix, flat[p.begin:p.end])
+                for p in pieces]
 
     def pull_optimizer_state(self) -> dict[str, np.ndarray]:
         """The state of the servers' optimizers: {name relative to its
         optimizer: value}; a variable every server has (`iterations`, the
-        learning rate) takes the largest value."""
+        learning rate) takes the largest value; the slots of split variables
+        come whole, flattened (1-D)."""
 
         def pull_one(i: int) -> dict[str, np.ndarray]:
             _, values = self._call(i, "Pull", lambda: read_stream(
@@ -375,6 +478,10 @@ class PSClient:
                 if name in merged and np.ndim(value) == 0:
                     value = np.maximum(merged[name], value)
                 merged[name] = value
+        sliced = {n: v for n, v in merged.items() if variable_slices.parse(n)}
+        if sliced:
+            merged = {n: v for n, v in merged.items() if n not in sliced}
+            merged.update(variable_slices.assemble(sliced))
         return merged
 
     def _split_rows(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -443,19 +550,22 @@ class PSClient:
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
-            grad_parts[self.owner(name)][name] = g
+            for i, there, piece in self._place(name, g):
+                grad_parts[i][there] = piece
         for table, (ids, rows) in (sparse or {}).items():
             for i, at in enumerate(self._split_rows(ids)):
                 if at.size:
                     grad_parts[i][f"{SPARSE_PREFIX}{table}/ids"] = ids[at]
                     grad_parts[i][f"{SPARSE_PREFIX}{table}/grads"] = rows[at]
         for name, v in assigns.items():
-            assign_parts[self.owner(name)][ASSIGN_PREFIX + name] = v
+            for i, there, piece in self._place(name, v):
+                assign_parts[i][ASSIGN_PREFIX + there] = piece
         for name, v in (bases or {}).items():
             if name not in assigns:
                 raise ValueError(f"a base value for '{name}', which the push does "
                                  "not assign")
-            assign_parts[self.owner(name)][BASE_PREFIX + name] = v
+            for i, there, piece in self._place(name, v):
+                assign_parts[i][BASE_PREFIX + there] = piece
         ranges = list(ranges)
         # A gradient push without ranges could be applied twice if repeated.
         retry = bool(ranges) or not (grads or sparse)
@@ -522,7 +632,7 @@ class PSClient:
         for i, (status, values) in zip(targets, self._map(push_one, targets)):
             statuses[i] = status
             merged.update(values)
-        return PushReply(merged, statuses)
+        return PushReply(self._assemble(merged), statuses)
 
     def _received(self, i: int, header, changes: dict[str, float] | None = None,
                   prefix: str = "") -> str:

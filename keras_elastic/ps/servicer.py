@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 from absl import logging
 
-from keras_elastic.common import disk, errors, faults
+from keras_elastic.common import disk, errors, faults, variable_slices
 from keras_elastic.common.tensor_codec import (
     BundleParser,
     FrameParser,
@@ -117,7 +117,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         where = f"parameter server {self.ps_index} (of {self.num_ps}), {method}"
         code = errors.status_code(error)
         if isinstance(error, UnknownVariableError):
-            owners = {n: ps_for(n, self.num_ps) for n in error.names}
+            owners = {n: ps_for(n, self.num_ps) for n in error.names
+                      if variable_slices.parse(n) is None}
             elsewhere = [f"'{n}' belongs to parameter server {i}"
                          for n, i in owners.items() if i != self.ps_index]
             context.abort(code, f"{where}: {error}" + (
@@ -165,8 +166,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if any(d < 0 for d in v.shape):
                 raise ValueError(f"variable '{v.name}': negative dimension in shape "
                                  f"{list(v.shape)}")
+            # (A slice's server is the layout's, from the whole model: the
+            # workers' Inits must agree on it, `ParameterStore._check_same`.)
             owner = ps_for(v.name, self.num_ps)
-            if owner != self.ps_index:
+            if owner != self.ps_index and variable_slices.parse(v.name) is None:
                 raise ValueError(f"variable '{v.name}' belongs to parameter server "
                                  f"{owner}, not to this one")
             specs[v.name] = (dtype, tuple(v.shape), v.trainable)

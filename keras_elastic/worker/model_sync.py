@@ -25,6 +25,7 @@ from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.layers.embedding import Embedding
 from keras_elastic.ps.client import PSClient
 from keras_elastic.ps.hyperparameters import learning_rate_variable
+from keras_elastic.ps.partition import elementwise, partition_bytes
 from keras_elastic.ps.task_log import Range
 from keras_elastic.worker.hyperparameters import HyperparameterSync
 from keras_elastic.worker.push_pipeline import PushPipeline
@@ -114,8 +115,8 @@ class ModelSync:
 
     def note_update(self, push) -> None:
         """An update of the step was traced: the servers its pushes reach."""
-        servers = {self.ps.owner(k) for k in push.grad_keys + tuple(
-            self.non_trainable_keys)}
+        servers = {i for k in push.grad_keys + tuple(self.non_trainable_keys)
+                   for i in self.ps.servers_of(k)}
         if push.tables:
             servers = set(range(self.ps.num_ps))
         self.updates[push.update] = frozenset(servers)
@@ -145,8 +146,14 @@ class ModelSync:
             return
         state = optimizer_state(optimizer, list(zip(self.trainable,
                                                     self.trainable_keys)))
+        # Large variables are split over the servers only where every
+        # optimizer of the model updates elementwise (a GAN's two included).
+        split = all(elementwise(keras.optimizers.serialize(o))
+                    for o in self.optimizers().values())
         self._values = self.ps.init(values, _jsonable(config), restore_from, tables,
-                                    optimizer_state=state, namespace=self.namespace)
+                                    optimizer_state=state, namespace=self.namespace,
+                                    partition_bytes=(partition_bytes()
+                                                     if split else None))
         self.assign_all()
         self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
             lambda: self.model.optimizer)
@@ -386,8 +393,9 @@ class ModelSync:
             for variable in optimizer.variables:
                 name = prefix + server_name(variable, by_prefix)
                 value = state.get(name)
-                if value is not None and tuple(np.shape(value)) == tuple(variable.shape):
-                    variable.assign(value)
+                if value is not None and np.size(value) == np.prod(variable.shape):
+                    # (the slots of variables split over servers come flat)
+                    variable.assign(np.reshape(value, variable.shape))
 
     def push_values(self) -> None:
         """Makes the servers hold this model's current values (after Keras'

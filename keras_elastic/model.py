@@ -232,6 +232,7 @@ def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     session = session_of(self)
     if not isinstance(x, ElasticDataset):
         if not session.training:
+            session.connect_for_tables(x)  # server tables: connect, as fit does
             session.pull()  # the servers' newest values
         return _plain(self, "predict")(x, batch_size=batch_size, verbose=verbose,
                                        steps=steps, callbacks=callbacks, **kwargs)
@@ -450,6 +451,18 @@ class Model(keras.Model, metaclass=_ElasticMeta):
                 kwargs["name"] = keras_compat.auto_name("model")  # not "_functional_model"
             keras_compat.Functional.__init__(self, *args, **kwargs)
         _install(self)
+
+    def __call__(self, *args, **kwargs):
+        # A model with server tables called eagerly on data before any fit,
+        # evaluate or predict (a restored model serving): built from the
+        # data's spec and connected first, as predict does.
+        session = session_of(self)
+        if (session is not None and not session.connected and args
+                and tf.executing_eagerly()
+                and not any(isinstance(a, keras.KerasTensor)
+                            for a in tf.nest.flatten(args[0]))):
+            session.connect_for_tables(args[0])
+        return super().__call__(*args, **kwargs)
 
 
 class _FunctionalModel(Model, keras_compat.Functional):

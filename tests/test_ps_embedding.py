@@ -475,3 +475,54 @@ def test_export_of_a_subclassed_model_with_server_tables_is_refused(tmp_path,
     model.fit(ids, y, batch_size=32, verbose=0)
     with pytest.raises(ValueError, match="cannot export Sub with ke.layers.Embedding"):
         ke.checkpoint.export_keras(model, str(tmp_path / "b.keras"))
+
+
+# -- a model with server tables answers before any fit (issue 27) ----------------
+def _expected(model, ids):
+    """The model's output computed by hand from the servers' initial rows."""
+    layer = model.get_layer("table")
+    rows = initial_rows(keras.initializers.serialize(layer.embeddings_initializer),
+                        ids.reshape(-1), DIM, "float32").reshape(len(ids), -1)
+    hidden = model.layers[-2]
+    h = np.maximum(rows @ hidden.kernel.numpy() + hidden.bias.numpy(), 0)
+    out = model.layers[-1]
+    return 1 / (1 + np.exp(-(h @ out.kernel.numpy() + out.bias.numpy())))
+
+
+def test_a_fresh_model_predicts_and_evaluates_on_arrays_before_any_fit(cluster):
+    model = build(ke.layers.Embedding, keras.optimizers.Adam(0.01))
+    ids, y = data(64)
+    predicted = model.predict(ids, verbose=0)  # connects the model, as fit would
+    np.testing.assert_allclose(predicted, _expected(model, ids), rtol=1e-5, atol=1e-6)
+    loss = model.evaluate(ids, y, verbose=0)
+    expected = keras.losses.binary_crossentropy(y[:, None], predicted).numpy().mean()
+    np.testing.assert_allclose(loss, expected, rtol=1e-4)
+    np.testing.assert_allclose(model(ids[:8]).numpy(), predicted[:8], rtol=1e-5)
+
+
+class SubclassedTableModel(ke.Model):
+    def __init__(self):
+        super().__init__()
+        self.table = ke.layers.Embedding(VOCAB, DIM, name="table")
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.out = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, x):
+        return self.out(self.hidden(self.flatten(self.table(x))))
+
+
+def test_a_fresh_subclassed_model_answers_its_first_call_on_data(cluster):
+    model = SubclassedTableModel()
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    ids, _ = data(16)
+    first = model(tf.constant(ids)).numpy()  # built from the data, then connected
+    np.testing.assert_allclose(first, _expected(model, ids), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(ids, verbose=0), first, rtol=1e-5)
+
+
+def test_an_uncompiled_model_with_server_tables_says_to_compile_it(cluster):
+    model = SubclassedTableModel()
+    with pytest.raises(ValueError, match=r"need the model compiled .* call "
+                                         r"model.compile\(...\) before predict"):
+        model.predict(data(8)[0], verbose=0)

@@ -42,6 +42,12 @@ _UNSUPPORTED = ("embeddings_regularizer", "embeddings_constraint", "weights",
                 "lora_rank")
 
 
+# Called as `hook(layer) -> bool` by a layer looked up before it was connected:
+# the worker's sessions register one that connects the elastic model holding
+# the layer (worker/session.py; a layer imports no cluster code).
+UNCONNECTED_HOOKS: list = []
+
+
 class Embedding(keras.layers.Layer):
     """Turns non-negative integer ids into dense vectors of size `output_dim`,
     from a table held by the parameter servers.
@@ -120,6 +126,12 @@ class Embedding(keras.layers.Layer):
     def _lookup(self, unique_ids: tf.Tensor) -> np.ndarray:
         ids = unique_ids.numpy()
         self.check_ids(ids)
+        if self._rows_of is None:
+            # Called before its model's first fit, evaluate or predict (a
+            # restored model serving `model(x)`): its model connects now.
+            for hook in UNCONNECTED_HOOKS:
+                if hook(self):
+                    break
         if self._rows_of is None:
             raise RuntimeError(
                 f"ke.layers.Embedding '{self.name}' is not connected to parameter "

@@ -32,6 +32,7 @@ print(session.model_version())   # the servers' version of the model
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ from keras_elastic.checkpoint import ps_layout
 from keras_elastic.common import keras_compat
 from keras_elastic.common.variable_keys import namespace
 from keras_elastic.dataset import ElasticDataset
+from keras_elastic.layers import embedding as embedding_module
+from keras_elastic.layers.embedding import Embedding
 from keras_elastic.worker import remote_optimizer
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.model_sync import ModelSync
@@ -84,7 +87,28 @@ def start_session(model: keras.Model) -> ElasticSession:
     if session is None:
         session = ElasticSession(model)
         object.__setattr__(model, _ATTRIBUTE, session)
+        _ELASTIC_MODELS.add(model)
     return session
+
+
+# Every elastic model of the process (weakly): where a `ke.layers.Embedding`
+# called before its model connected finds that model (`_connect_owner`).
+_ELASTIC_MODELS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _connect_owner(layer: Embedding) -> bool:
+    """Connects the elastic model `layer` belongs to (its first call, on
+    arrays or tensors, came before any fit, evaluate or predict); False if no
+    elastic model holds it."""
+    for model in list(_ELASTIC_MODELS):
+        if any(candidate is layer
+               for candidate in keras_compat.all_layers(model, include_self=False)):
+            session_of(model).connect_for_tables()
+            return True
+    return False
+
+
+embedding_module.UNCONNECTED_HOOKS.append(_connect_owner)
 
 
 class ElasticSession:
@@ -198,12 +222,7 @@ class ElasticSession:
 
             restore_model(model, local_restore.path)
         if self.sync is None or self.sync.ps is not cluster.ps:
-            self.sync = ModelSync(model, cluster.ps, cluster.timer,
-                                  namespace=_next_namespace(cluster),
-                                  local_store=cluster.local_store())
-            self.sync.exchange_mode = self.exchange
-            self.sync.initialize(restore_from or self._restore_from)
-            self._restore_from = ""
+            self._link(cluster, restore_from)
         else:
             self.sync.pull()
             if adopt:
@@ -211,6 +230,50 @@ class ElasticSession:
         remote_optimizer.attach(model, self.sync)
         self.sync.exchange_mode = self.exchange
         return self.sync
+
+    def _link(self, cluster, restore_from: str = "") -> None:
+        """A `ModelSync` of the (built) model with the cluster's servers,
+        which it initializes (first worker wins) and takes its values from."""
+        self.sync = ModelSync(self.model, cluster.ps, cluster.timer,
+                              namespace=_next_namespace(cluster),
+                              local_store=cluster.local_store())
+        self.sync.exchange_mode = self.exchange
+        self.sync.initialize(restore_from or self._restore_from)
+        self._restore_from = ""
+
+    def connect_for_tables(self, x=None) -> None:
+        """Connects a model with `ke.layers.Embedding` tables (their rows live
+        on the servers) before its first `predict`, `evaluate` or call on
+        arrays or tensors `x`, as `fit` would: built from `x`'s spec if
+        needed, on the embedded cluster or the job's. A model without server
+        tables, or already connected, is left as it is (it predicts with its
+        own weights, as Keras does)."""
+        model = self.model
+        if self.sync is not None or not any(
+                isinstance(layer, Embedding)
+                for layer in keras_compat.all_layers(model, include_self=False)):
+            return
+        if x is not None and not all(layer.built
+                                     for layer in keras_compat.all_layers(model)):
+            keras_compat.build_from_input_spec(model, tf.nest.map_structure(
+                lambda a: tf.TensorSpec((None, *a.shape[1:]), a.dtype),
+                tf.nest.map_structure(tf.convert_to_tensor, x)))
+        unbuilt = [layer.name for layer in keras_compat.all_layers(model)
+                   if not layer.built]
+        if unbuilt:
+            raise ValueError(
+                f"{type(model).__name__} has ke.layers.Embedding tables on the "
+                f"parameter servers but its layers {unbuilt[:5]} are not built: build "
+                "it (model.build(input_shape), or call predict on arrays) before "
+                "calling it, so that every weight exists when the servers take it")
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError(
+                f"{type(model).__name__} has ke.layers.Embedding tables on the "
+                "parameter servers, which need the model compiled (its optimizer "
+                "updates the rows): call model.compile(...) before predict or "
+                "evaluate")
+        self._link(get_cluster())
+        remote_optimizer.attach(model, self.sync)
 
     # -- fit ----------------------------------------------------------------
     def fit(self, keras_fit: Callable, dataset: ElasticDataset,

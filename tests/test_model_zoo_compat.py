@@ -140,7 +140,21 @@ def test_elasticdl_import_path_only_while_a_module_loads():
         finder.find_spec("elasticdl.python.elasticdl.layers.embedding")
     with pytest.raises(ImportError, match="Keras preprocessing layers"):
         finder.find_spec("elasticdl.python.elasticdl.feature_column")
+    with pytest.raises(ImportError, match="convert RecordIO/CSV/ODPS data to TFRecord"):
+        finder.find_spec("elasticdl.python.data.reader.csv_reader")
     assert finder.find_spec("numpy") is None
+
+
+def test_a_ctr_module_importing_the_recordio_reader_loads_and_its_hook_says_why_not():
+    # ElasticDL's CTR modules import RecordIODataReader at the top for their
+    # optional custom_data_reader hook: the module loads; the hook, which
+    # keras-elastic never calls, fails with what to do if called.
+    module, _, _ = load_model_def("deepfm.deepfm_functional_api.custom_model", ZOO,
+                                  feed="feed")
+    with pytest.raises(NotImplementedError, match="RecordIO is not a keras-elastic data "
+                                                  "format: convert the data to TFRecord"):
+        module.custom_data_reader("data/")
+    assert not _elasticdl_importable()
 
 
 # -- hooks --------------------------------------------------------------------
@@ -367,6 +381,10 @@ MODULES = {
     "deepfm_ctr": ("deepfm.deepfm_functional_api.custom_model", "ctr",
                    "from callbacks(): LearningRateScheduler"),
 }
+# More flags of a module's jobs: deepfm's two keras.layers.Embedding tables
+# (100 rows) go to the parameter servers, as ke.wrap(ps_embeddings_above=)
+# puts them in Python (issue 27).
+JOB_FLAGS = {"deepfm_ctr": ("--ps_embeddings_above=50",)}
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +421,7 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
         result = cli(subcommand, "--model_zoo=tests/model_zoo",
                      f"--model_def={model_def}", "--minibatch_size=16",
                      "--num_minibatches_per_task=4", "--num_workers=2", "--num_ps=1",
-                     "--log_level=INFO", *args,
+                     "--log_level=INFO", *JOB_FLAGS.get(name, ()), *args,
                      f"--job_dir={job_dir or tmp_path / name / subcommand}", env=env)
         assert (result.returncode == 0) == succeeds, (
             name, subcommand, result.returncode, result.stdout[-4000:]
@@ -492,6 +510,12 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
         final = ast.literal_eval(re.search(r"final metrics: (\{.*\})", out).group(1))
         assert f"{final['loss']:.4f}" == logged[0]["loss"], (name, final, logged)
         assert float(logged[0]["loss"]) > 0
+        if name == "deepfm_ctr":  # its tables were on the servers
+            assert "'custom_data_reader' is not used" in out, out[-3000:]
+            manifest = next(glob.iglob(str(tmp_path / name / "ckpt" / "**" / "ps-000" /
+                                           "manifest.json"), recursive=True))
+            with open(manifest) as f:
+                assert len(json.load(f)["tables"]) == 2, manifest
         if name == "mnist_functional":  # ElasticDL's data conversion hook
             assert ("the module's 'prepare_data_for_a_single_file' is not used: it "
                     "converts raw files to records") in out

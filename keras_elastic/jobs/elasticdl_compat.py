@@ -17,8 +17,11 @@ put in `sys.modules`: nothing named `elasticdl` is importable before or after,
 in this process or any other (the module keeps the objects it imported). A real
 `elasticdl` installation is shadowed only during that import.
 
-Other `elasticdl` modules (ElasticDL's own Embedding layer, feature columns,
-RecordIO readers, ...) raise an ImportError saying what to use instead.
+`RecordIODataReader` (ElasticDL's CTR modules import it at the top for their
+optional `custom_data_reader` hook) imports, and says to use TFRecord files if
+constructed. Other `elasticdl` modules (ElasticDL's own Embedding layer,
+feature columns, the CSV and ODPS readers, ...) raise an ImportError saying
+what to use instead.
 """
 
 from __future__ import annotations
@@ -88,6 +91,19 @@ def _learning_rate_scheduler_class():
     return LearningRateScheduler
 
 
+class RecordIODataReader:
+    """ElasticDL's RecordIO reader, importable so that a module naming it in
+    its optional `custom_data_reader` hook loads; keras-elastic never calls
+    that hook (it reads TFRecord or ArrayRecord files), and using the reader
+    says so."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(
+            "RecordIO is not a keras-elastic data format: convert the data to "
+            "TFRecord files and give them as --training_data, --validation_data or "
+            "--prediction_data (the module's feed/dataset_fn parses them)")
+
+
 def _is_odps_configured() -> bool:
     return False
 
@@ -118,6 +134,10 @@ def _processor(m):
     m.BasePredictionOutputsProcessor = BasePredictionOutputsProcessor
 
 
+def _recordio_reader(m):
+    m.RecordIODataReader = RecordIODataReader
+
+
 def _odps_io(m):
     m.is_odps_configured = _is_odps_configured
     m.ODPSWriter = _ODPSWriter
@@ -129,10 +149,11 @@ MODULES = {
     "elasticdl.python.elasticdl.callbacks": _callbacks,
     "elasticdl.python.worker.prediction_outputs_processor": _processor,
     "elasticdl.python.data.odps_io": _odps_io,
+    "elasticdl.python.data.reader.recordio_reader": _recordio_reader,
 }
 PACKAGES = {"elasticdl", "elasticdl.python", "elasticdl.python.common",
             "elasticdl.python.elasticdl", "elasticdl.python.worker",
-            "elasticdl.python.data"}
+            "elasticdl.python.data", "elasticdl.python.data.reader"}
 
 # What to use instead of ElasticDL modules keras-elastic does not provide.
 INSTEAD = {

@@ -26,7 +26,7 @@ WORKER_FLAGS = ("model_def", "model_zoo", "model_params", "training_data",
                 "num_minibatches_per_task", "evaluation_steps", "checkpoint_dir",
                 "checkpoint_steps", "keep_checkpoint_max", "output", "shuffle",
                 "exchange", "log_level", "feed", "loss", "optimizer", "eval_metrics_fn",
-                "callbacks", "prediction_outputs_processor")
+                "callbacks", "prediction_outputs_processor", "ps_embeddings_above")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -195,6 +195,12 @@ def define_job_flags() -> None:
     flags.DEFINE_string("output", None, "train: export the final model (.keras); "
                         "evaluate: write metrics (JSON); predict: output directory.")
     flags.DEFINE_bool("shuffle", False, "Shuffle tasks and records each epoch.")
+    flags.DEFINE_integer("ps_embeddings_above", None,
+                         "Every keras.layers.Embedding of the module's model with at "
+                         "least this many rows becomes a ke.layers.Embedding: its "
+                         "table lives on the parameter servers, rows looked up and "
+                         "updated per batch (ke.wrap(model, ps_embeddings_above=...)); "
+                         "unset: none is; 0: all are.", lower_bound=0)
     flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"],
                       "train: 'sync' waits for each push to the parameter servers; "
                       "'pipelined' sends it while the next step computes "

@@ -234,7 +234,8 @@ def main(argv) -> None:
             module, compiled_by_user, dataset_fn_name, source,
             (FLAGS.loss, FLAGS.optimizer, FLAGS.eval_metrics_fn), FLAGS.feed):
         logging.warning("--model_def: the module's '%s' is not used: %s", name, why)
-    model = ke.wrap(model, exchange=FLAGS.exchange)
+    model = ke.wrap(model, exchange=FLAGS.exchange,
+                    ps_embeddings_above=FLAGS.ps_embeddings_above)
 
     if FLAGS.job == "train":
         validation = (dataset(FLAGS.validation_data, "evaluation", "validation")

@@ -144,6 +144,8 @@ class Embedding(keras.layers.Layer):
     # -- Keras layer API ---------------------------------------------------
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs)
+        if inputs.dtype.is_floating and getattr(self, "cast_float_ids", False):
+            inputs = tf.cast(inputs, tf.int64)  # as keras.layers.Embedding does
         if not inputs.dtype.is_integer:
             raise TypeError(
                 f"ke.layers.Embedding '{self.name}': ids must be integers, got a "
@@ -284,6 +286,8 @@ def convert_embeddings(model: keras.Model, min_rows: int = 0) -> int:
         layer.supports_masking = mask_zero
         layer.autocast = False
         layer.table_name, layer._rows_of = None, None
+        # A drop-in for the Keras layer: ids as Keras takes them (floats cast).
+        layer.cast_float_ids = True
         layer.built = True
         converted += 1
     return converted

@@ -1,13 +1,16 @@
 # ruff: noqa: I001, UP008  (ElasticDL model-zoo style, kept as ElasticDL writes it)
 """ElasticDL's model_zoo/deepfm_functional_api on small synthetic CTR data:
 named outputs {"logits", "probs"}, a loss on the logits, per-output
-eval_metrics_fn with AUC, a LearningRateScheduler callback. (Keras 3
+eval_metrics_fn with AUC, a LearningRateScheduler callback, and ElasticDL's
+optional custom_data_reader hook (its RecordIO reader imported at the top, as
+ElasticDL's CTR modules do; keras-elastic never calls the hook). (Keras 3
 functional models take keras.ops/layers, not tf ops on symbolic tensors.)"""
 
 import tensorflow as tf
 from tensorflow.keras.layers import Dense, Embedding, Flatten
 
 from elasticdl.python.common.constants import Mode
+from elasticdl.python.data.reader.recordio_reader import RecordIODataReader
 from elasticdl.python.elasticdl.callbacks import LearningRateScheduler
 
 ops = tf.keras.ops
@@ -93,3 +96,7 @@ def callbacks():
 
     learning_rate_scheduler = LearningRateScheduler(_schedule)
     return [learning_rate_scheduler]
+
+
+def custom_data_reader(data_origin, records_per_task=None, **kwargs):
+    return RecordIODataReader(data_dir=data_origin)

@@ -60,3 +60,13 @@ def test_partitioning(tmp_path):
         if model == "90% one kernel" and servers == "4":
             assert float(whole) > 3, out  # the hot server partitioning removes
     one_positive(r"split / whole: " + NUM, out)
+
+
+def test_id_index(tmp_path):
+    out = run_smoke("bench_id_index", str(tmp_path))
+    for name in ("IdIndex", "dict", "tf MutableHashTable"):
+        found = figures(rf"{re.escape(name)}: insert\s+{NUM} M ids/s, lookup\s+{NUM} "
+                        rf"M ids/s, 3,000 ids per call {NUM} ms", out)
+        assert len(found) == 1 and all(v > 0 for v in found[0]), (name, out)
+    one_positive(rf"IdIndex bytes per id: {NUM}", out)
+    one_positive(rf"lookup ids/s IdIndex / dict: {NUM}", out)

@@ -1,7 +1,8 @@
 """The rows of one embedding table that one parameter server owns.
 
-An `EmbeddingTable` holds only the rows of the ids it was asked for: a dict id
--> index into contiguous NumPy arrays (the values, and one array per optimizer
+An `EmbeddingTable` holds only the rows of the ids it was asked for: an
+`IdIndex` (a vectorized NumPy hash table, `ps/id_index.py`) from id to row of
+contiguous NumPy arrays (the values, and one array per optimizer
 slot) that double their capacity when full. A bounded table of 50 million ids
 of which a few thousand were touched therefore takes a few hundred kilobytes,
 not gigabytes. A row is created the first time its id is looked up or gets a
@@ -43,6 +44,7 @@ import numbers
 import numpy as np
 
 from keras_elastic.common import errors
+from keras_elastic.ps.id_index import IdIndex
 from keras_elastic.ps.row_init import initial_rows
 from keras_elastic.ps.sparse_optimizers import SparseOptimizer
 
@@ -93,7 +95,7 @@ class EmbeddingTable:
         self.initializer_config = initializer_config
         self.optimizer = optimizer
         self.slot_names: tuple[str, ...] = optimizer.slot_names if optimizer else ()
-        self._index: dict[int, int] = {}
+        self._index = IdIndex()
         self._size = 0
         self._ids = np.zeros(0, np.int64)
         self._values = np.zeros((0, self.dim), dtype)
@@ -115,7 +117,7 @@ class EmbeddingTable:
         >>> EmbeddingTable("t", 8, input_dim=10**9).nbytes
         0
         """
-        return (self._values.nbytes + self._ids.nbytes
+        return (self._values.nbytes + self._ids.nbytes + self._index.nbytes
                 + sum(a.nbytes for a in self._slots.values()))
 
     def check_ids(self, ids: np.ndarray) -> None:
@@ -188,14 +190,12 @@ the table has input_dim 10 (ids 0 to 9)
         self._values[start:end] = values
         for slot in self.slot_names:
             self._slots[slot][start:end] = slots[slot]
-        self._index.update(zip(new_ids.tolist(), range(start, end)))
+        self._index.insert(new_ids, np.arange(start, end))
         self._size = end
 
     def _rows_of(self, unique_ids: np.ndarray) -> np.ndarray:
         """Row indices of `unique_ids` (checked, unique), creating missing rows."""
-        index = self._index
-        rows = np.fromiter((index.get(i, -1) for i in unique_ids.tolist()), np.int64,
-                           count=len(unique_ids))
+        rows = self._index.get(unique_ids)
         missing = rows < 0
         if missing.any():
             new_ids = unique_ids[missing]
@@ -313,8 +313,7 @@ the table has input_dim 10 (ids 0 to 9)
             checked[what] = array.astype(self.dtype, copy=False)
         values = checked["values"]
         slots = {s: checked[f"slot {s!r}"] for s in self.slot_names}
-        index = self._index
-        rows = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, count=n)
+        rows = self._index.get(ids)
         held = rows >= 0
         self._values[rows[held]] = values[held]
         for slot in self.slot_names:

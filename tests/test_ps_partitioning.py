@@ -146,8 +146,9 @@ OPTIMIZERS = [
 ]
 
 
-@pytest.mark.parametrize("make", OPTIMIZERS,
-                         ids=lambda make: type(make()).__name__ + str(id(make) % 97))
+@pytest.mark.parametrize("make", OPTIMIZERS, ids=[
+    "sgd", "sgd_nesterov", "adam_amsgrad", "adamw", "adamax", "nadam", "adagrad",
+    "adadelta", "rmsprop_centered", "ftrl", "lion"])
 def test_every_elementwise_optimizer_on_slices_equals_keras(servers, make):
     rng = np.random.default_rng(0)
     values = _model_values(rng)

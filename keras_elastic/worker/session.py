@@ -127,6 +127,8 @@ class ElasticSession:
         # A parameter-server checkpoint the servers load when the model first
         # connects to them (set by ke.checkpoint.restore_model).
         self._restore_from = ""
+        # A built model without ke.layers.Embedding (`connect_for_tables`).
+        self._without_tables = False
 
     # -- what callbacks and checkpoint code ask ---------------------------
     @property
@@ -249,9 +251,12 @@ class ElasticSession:
         tables, or already connected, is left as it is (it predicts with its
         own weights, as Keras does)."""
         model = self.model
-        if self.sync is not None or not any(
-                isinstance(layer, Embedding)
-                for layer in keras_compat.all_layers(model, include_self=False)):
+        if self.sync is not None or self._without_tables:
+            return
+        if not any(isinstance(layer, Embedding)
+                   for layer in keras_compat.all_layers(model, include_self=False)):
+            # Known for good once built (an eager call asks at every call).
+            self._without_tables = bool(getattr(model, "built", False))
             return
         if x is not None and not all(layer.built
                                      for layer in keras_compat.all_layers(model)):

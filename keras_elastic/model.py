@@ -355,7 +355,8 @@ def _check_exchange(exchange: str) -> str:
 
 # -- the public API -----------------------------------------------------------
 def wrap(model: keras.Model, ps_embeddings_above: int | None = None,
-         exchange: str | None = None) -> keras.Model:
+         exchange: str | None = None,
+         ps_embedding_options: dict | None = None) -> keras.Model:
     """Makes an existing Keras model train on the elastic cluster, in place.
 
     Works for functional, sequential and subclassed models, with Keras'
@@ -369,6 +370,9 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None,
     parameter servers (partitioned by id, rows looked up and updated per
     batch) instead of on each worker; its rows start from the layer's
     initializer on the servers. None (the default) converts none; 0 all.
+    `ps_embedding_options`: their admission and eviction keywords (those of
+    `ke.layers.Embedding`: `admit_after`, `max_rows`, `ttl_versions`), for
+    all (`{"admit_after": 3}`) or per layer name (`{"user": {...}}`).
 
     `exchange`: `"sync"` (default) or `"pipelined"`, as in `compile`
     (which may also set it).
@@ -385,7 +389,10 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None,
     if not isinstance(model, keras.Model):
         raise TypeError(f"ke.wrap expects a keras.Model, got {type(model).__name__}")
     if ps_embeddings_above is not None:
-        convert_embeddings(model, ps_embeddings_above)
+        convert_embeddings(model, ps_embeddings_above, ps_embedding_options)
+    elif ps_embedding_options:
+        raise ValueError("ps_embedding_options needs ps_embeddings_above (which "
+                         "keras.layers.Embedding layers go to the servers)")
     if exchange is not None:
         exchange = _check_exchange(exchange)
     _install(model)

@@ -31,6 +31,11 @@ flags.DEFINE_integer("weights", 8, "Counting weights (spread over the servers)."
 flags.DEFINE_integer("vector", 0, "Elements of one more counting weight, a vector "
                      "(large enough, it is split over the servers: "
                      "--ps_partition_bytes).")
+flags.DEFINE_integer("table_rows", 0, "Ids of one more counting weight, an embedding "
+                     "table on the servers (ke.layers.Embedding, dim 1): record i's "
+                     "gradient counts on row i % table_rows (0: no table).")
+flags.DEFINE_integer("admit_after", 0, "The table's admit_after.")
+flags.DEFINE_integer("max_rows", 0, "The table's max_rows (0: none).")
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
 flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"], "compile(exchange=...).")
@@ -52,11 +57,18 @@ class Counting(keras.layers.Layer):
                        for k in range(FLAGS.weights)]
         self.vector = (self.add_weight(shape=(FLAGS.vector,), initializer="zeros",
                                        name="vector") if FLAGS.vector else None)
+        self.table = (ke.layers.Embedding(
+            FLAGS.table_rows, 1, embeddings_initializer="zeros", name="table",
+            admit_after=FLAGS.admit_after, max_rows=FLAGS.max_rows or None)
+            if FLAGS.table_rows else None)
 
     def call(self, x):
         total = tf.add_n([c for c in self.counts])
         if self.vector is not None:  # each element's gradient: -1 per record
             total += tf.reduce_sum(self.vector)
+        if self.table is not None:  # row i % table_rows: -1 per record i
+            ids = tf.cast(x[:, 1], tf.int64) % FLAGS.table_rows
+            return x[:, :1] * (total + self.table(ids))
         return x[:, :1] * total
 
 
@@ -174,9 +186,16 @@ def main(argv):
         if getattr(layer, "vector", None) is not None:
             counts += np.asarray(layer.vector).tolist()
         temp = f"{FLAGS.output}.{cluster.worker_id}.tmp"
+        table = None
+        if getattr(layer, "table", None) is not None:
+            # Every row (read without making any: ids without a row read 0).
+            rows = cluster.ps.lookup({layer.table.table_name: np.arange(
+                FLAGS.table_rows, dtype=np.int64)}, create=False)
+            table = rows[layer.table.table_name][:, 0].tolist()
         with open(temp, "w") as f:
             servers = [s.to_dict() for s in cluster.ps.status_all()]
-            json.dump({"counts": counts, "ps": servers, "worker": cluster.worker_id}, f)
+            json.dump({"counts": counts, "ps": servers, "worker": cluster.worker_id,
+                       "table": table}, f)
         os.replace(temp, FLAGS.output)
 
 

@@ -565,3 +565,77 @@ def test_load_refuses_wrong_shapes_and_slots():
     assert len(table) == 0
     table.load(ids, values.astype(np.float64), slots)
     assert len(table) == 2 and table.export()[1].dtype == np.float32
+
+
+# -- admission and eviction (issue 27) --------------------------------------------
+def _table(admit_after=0, max_rows=None, ttl_versions=None, optimizer=None):
+    config = sparse_optimizer_from_config(keras.optimizers.serialize(
+        optimizer or keras.optimizers.SGD(0.5)))
+    return EmbeddingTable("emb", DIM, "float32", None, UNIFORM, config,
+                          admit_after=admit_after, max_rows=max_rows,
+                          ttl_versions=ttl_versions)
+
+
+def test_an_id_gets_a_row_only_after_it_was_seen_admit_after_times():
+    table = _table(admit_after=3)
+    start = initial_rows(UNIFORM, np.array([7, 8]), DIM, "float32")
+    grads = np.ones((2, DIM), np.float32)
+    for seen in (1, 2):
+        # Before admission: the initializer's row, nothing kept, gradients dropped.
+        np.testing.assert_array_equal(table.lookup(np.array([7, 7, 8])),
+                                      start[[0, 0, 1]])
+        table.apply_gradients(np.array([7, 8]), grads, step=seen, learning_rate=0.5)
+        assert len(table) == 0 and table.counters()["dropped"] == 2 * seen
+    # Evaluation and prediction neither count nor make rows.
+    for _ in range(5):
+        table.lookup(np.array([8]), create=False)
+    table.lookup(np.array([7]))  # 7's third sighting: admitted
+    assert table.export()[0].tolist() == [7]
+    table.apply_gradients(np.array([7, 8]), grads, step=3, learning_rate=0.5)
+    np.testing.assert_allclose(table.lookup(np.array([7]), create=False)[0],
+                               start[0] - 0.5)  # it trains from the initializer
+    assert table.counters()["admitted"] == 1 and table.counters()["dropped"] == 5
+    table.lookup(np.array([8]))  # 8's third training sighting
+    assert sorted(table.export()[0].tolist()) == [7, 8]
+
+
+def test_max_rows_keeps_the_most_recently_used_rows():
+    table = _table(max_rows=10, optimizer=keras.optimizers.Adagrad(0.1))
+    for version in range(1, 31):  # one new id per version, ids 0..29
+        table.clock = version
+        table.lookup(np.array([version - 1]))
+        table.apply_gradients(np.array([version - 1]), np.ones((1, DIM), np.float32),
+                              step=version, learning_rate=0.1)
+        table.clock = version
+        if version % 4 == 0:  # id 0 stays in use
+            table.lookup(np.array([0]))
+        assert len(table) <= 10
+    ids, values, slots = table.export()
+    assert 0 in ids.tolist() and 29 in ids.tolist()
+    assert min(i for i in ids.tolist() if i) >= 20  # the oldest went first
+    assert table.counters()["evicted"] == 30 - len(ids)
+    assert set(slots) == {"accumulator"} and len(slots["accumulator"]) == len(ids)
+    # An evicted id starts again from its initializer.
+    table.clock = 31
+    np.testing.assert_array_equal(table.lookup(np.array([1])),
+                                  initial_rows(UNIFORM, np.array([1]), DIM, "float32"))
+
+
+def test_rows_unused_for_ttl_versions_are_removed():
+    table = _table(ttl_versions=8)
+    table.clock = 1
+    table.lookup(np.array([1, 2, 3]))
+    for version in range(2, 20):
+        table.clock = version
+        table.apply_gradients(np.array([2]), np.ones((1, DIM), np.float32),
+                              step=version, learning_rate=0.5)
+    assert table.export()[0].tolist() == [2]
+    assert table.counters()["evicted"] == 2
+
+
+def test_admission_and_eviction_keywords_are_checked():
+    for kwargs, message in [({"admit_after": -1}, "admit_after must be an integer >= 0"),
+                            ({"max_rows": 0}, "max_rows must be an integer >= 1"),
+                            ({"ttl_versions": 2.5}, "ttl_versions must be an integer")]:
+        with pytest.raises(ValueError, match=message):
+            _table(**kwargs)

@@ -39,6 +39,9 @@ def data(tmp_path_factory):
     # A variable split over the servers (issue 26): a push cut between its
     # two slices.
     ("mid_push", 5, 2, "sync/split"),
+    # An embedding table with admission (issue 27): each record's row
+    # gradient is applied or dropped (not admitted yet) exactly once.
+    ("mid_push", 5, 2, "sync/admission"),
 ])
 def test_worker_killed_at_any_moment_applies_every_gradient_once(
         tmp_path, data, point, nth, num_ps, exchange):
@@ -48,6 +51,10 @@ def test_worker_killed_at_any_moment_applies_every_gradient_once(
         exchange = exchange.split("/")[0]
         extra += ("--vector=64",)  # 256 bytes, over 2 servers
         flags = ("--ps_partition_bytes=128",)
+    admission = exchange.endswith("/admission")
+    if admission:
+        exchange = exchange.split("/")[0]
+        extra += ("--table_rows=300", "--admit_after=3")
     extra += (f"--exchange={exchange}",)
     # Worker 1 dies at its nth time at the point; a validation round's first
     # task may go to either worker, so there the first worker to evaluate one
@@ -63,6 +70,12 @@ def test_worker_killed_at_any_moment_applies_every_gradient_once(
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1
     result = check_exact(tmp_path, out, output)
+    if admission:
+        # Applied + dropped = every record's row gradient, once an epoch.
+        stats = [s["table_stats"] for s in result["ps"]]
+        dropped = sum(t["dropped"] for s in stats for t in s.values())
+        assert dropped > 0 and sum(result["table"]) + dropped == 2 * 1024, (
+            sum(result["table"]), dropped)
     if flags:  # the vector really was split: a slice on each server
         assert len(result["counts"]) == 8 + 64
         for server in result["ps"]:

@@ -39,6 +39,10 @@ def data(tmp_path_factory):
     # The same with a variable split over both servers (issue 26): the
     # restarted server restores its slice from the automatic checkpoint.
     (2, 0, 90, "split"),
+    # With an embedding table under admission and a row bound (issue 27): the
+    # counting weights stay exact through the server's recovery, the table
+    # within its bound.
+    (2, 1, 90, "table"),
 ])
 def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         tmp_path, data, num_ps, victim, push, checkpoint):
@@ -49,9 +53,12 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
     split = checkpoint == "split"
     if split:
         every += ("--ps_partition_bytes=128",)
+    table = ("--table_rows=300", "--admit_after=2", "--max_rows=120") \
+        if checkpoint == "table" else ()
     out, result = counting_job(
         tmp_path, data, f"--num_ps={num_ps}", *every,
-        script_args=("--sleep_per_batch=0.05", *(("--vector=64",) if split else ())),
+        script_args=("--sleep_per_batch=0.05", *(("--vector=64",) if split else ()),
+                     *table),
         faults=f"ps_push@{push}:ps{victim}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
@@ -69,6 +76,11 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
     assert all(p["incarnation"] for p in result["ps"])
     if split:
         assert all(any("__slice_" in v for v in p["variables"]) for p in result["ps"])
+    if table:
+        stats = [p["table_stats"]["0/1"] for p in result["ps"]]
+        assert all(s["rows"] <= 60 for s in stats), stats  # 120 over 2 servers
+        assert sum(s["evicted"] for s in stats) > 0, stats
+        assert sum(1 for v in result["table"] if v) <= 120
 
 
 def test_parameter_server_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):

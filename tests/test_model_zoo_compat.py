@@ -91,7 +91,10 @@ def test_refused_flags_through_the_cli(tmp_path):
              f"{ZOO}/mnist/mnist_functional_api.py does not define 'my_loss' (the "
              "default is 'loss')"),
             (["--prediction_outputs_processor=Processor"],
-             "--prediction_outputs_processor=Processor: the module")]:
+             "--prediction_outputs_processor=Processor: the module"),
+            (["--ps_embedding_admit_after=2"], "--ps_embedding_admit_after apply to "
+             "the tables --ps_embeddings_above puts on the parameter servers: give "
+             "--ps_embeddings_above too")]:
         result = cli("train", *model_def, f"--training_data={data}", *args)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr, result.stderr
@@ -384,7 +387,8 @@ MODULES = {
 # More flags of a module's jobs: deepfm's two keras.layers.Embedding tables
 # (100 rows) go to the parameter servers, as ke.wrap(ps_embeddings_above=)
 # puts them in Python (issue 27).
-JOB_FLAGS = {"deepfm_ctr": ("--ps_embeddings_above=50",)}
+JOB_FLAGS = {"deepfm_ctr": ("--ps_embeddings_above=50", "--ps_embedding_admit_after=2",
+                            "--ps_embedding_max_rows=80")}
 
 
 @pytest.fixture(scope="module")
@@ -515,7 +519,15 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
             manifest = next(glob.iglob(str(tmp_path / name / "ckpt" / "**" / "ps-000" /
                                            "manifest.json"), recursive=True))
             with open(manifest) as f:
-                assert len(json.load(f)["tables"]) == 2, manifest
+                tables = json.load(f)["tables"]
+            assert len(tables) == 2 and all(
+                t["admit_after"] == 2 and t["max_rows"] == 80
+                for t in tables.values()), tables
+            # The launcher's summary counts the tables' rows over the servers.
+            counted = re.findall(r"embedding table '[^']+': (\d+) rows .* (\d+) "
+                                 r"admitted, (\d+) evicted", out)
+            assert len(counted) == 2, out[-3000:]
+            assert all(int(rows) <= 80 for rows, _, _ in counted), counted
         if name == "mnist_functional":  # ElasticDL's data conversion hook
             assert ("the module's 'prepare_data_for_a_single_file' is not used: it "
                     "converts raw files to records") in out

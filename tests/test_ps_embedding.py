@@ -526,3 +526,37 @@ def test_an_uncompiled_model_with_server_tables_says_to_compile_it(cluster):
     with pytest.raises(ValueError, match=r"need the model compiled .* call "
                                          r"model.compile\(...\) before predict"):
         model.predict(data(8)[0], verbose=0)
+
+
+# -- admission and eviction in training (issue 27) --------------------------------
+@pytest.mark.parametrize("num_ps", [1, 2])
+def test_admission_and_a_row_bound_in_a_fit(start_cluster, num_ps):
+    cluster, servers = start_cluster(num_ps)
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((FIELDS,), dtype="int64")
+    x = ke.layers.Embedding(VOCAB, DIM, name="table", admit_after=2, max_rows=40)(inputs)
+    x = keras.layers.Dense(8, activation="relu")(keras.layers.Flatten()(x))
+    model = ke.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    ids, y = data(512)
+    model.fit(ids, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    layer = model.get_layer("table")
+    tables = [s.store.tables[layer.table_name] for s in servers]
+    held = np.concatenate([t.export()[0] for t in tables])
+    # Ids seen in one batch only never got a row; no server went past its share.
+    batches_seen = {}
+    for k in range(0, 512, 32):
+        for i in np.unique(ids[k:k + 32]).tolist():
+            batches_seen[i] = batches_seen.get(i, 0) + 1
+    once = {i for i, n in batches_seen.items() if n == 1}
+    assert once and not once & set(held.tolist())
+    assert all(len(t) <= -(-40 // num_ps) for t in tables)
+    stats = [s.table_stats[layer.table_name] for s in cluster.ps.status_all()]
+    assert sum(s["rows"] for s in stats) == len(held)
+    assert sum(s["dropped"] for s in stats) > 0
+    assert sum(s["admitted"] for s in stats) - sum(s["evicted"] for s in stats) == len(held)
+    # Prediction and evaluation make no rows, whatever ids they see.
+    unseen = np.setdiff1d(np.arange(VOCAB), list(batches_seen))[:FIELDS * 4]
+    model.predict(unseen.reshape(-1, FIELDS), verbose=0)
+    model.evaluate(ids[:64], y[:64], verbose=0)
+    assert sum(len(t) for t in tables) == len(held)

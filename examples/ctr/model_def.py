@@ -77,8 +77,18 @@ class FactorizationMachine(keras.layers.Layer):
         return (input_shape[0], 1)
 
 
+# Admission and a row bound on the tables (ke.layers.Embedding's keywords):
+# an id gets rows once seen in 2 training batches (ids seen once, most of a
+# Zipf tail, stay on the initializer's row and cost no memory), and each
+# table keeps at most MAX_ROWS rows over the servers, the least recently used
+# removed past it. See README.md, "Sizing the tables".
+ADMIT_AFTER = 2
+MAX_ROWS = 500_000
+
+
 def custom_model(learning_rate: float = LEARNING_RATE,
-                 embedding_dim: int = EMBEDDING_DIM) -> keras.Model:
+                 embedding_dim: int = EMBEDDING_DIM, admit_after: int = ADMIT_AFTER,
+                 max_rows: int | None = MAX_ROWS) -> keras.Model:
     """A DeepFM: first-order terms + factorization machine + MLP, summed into
     the logit of a click.
 
@@ -97,13 +107,15 @@ def custom_model(learning_rate: float = LEARNING_RATE,
     dense = keras.Input((NUM_DENSE,), name="dense")
     ids = keras.Input((NUM_FIELDS,), dtype="int64", name="cat")
 
+    limits = {"admit_after": admit_after, "max_rows": max_rows}
     weights = ke.layers.Embedding(NUM_IDS, 1, embeddings_initializer="zeros",
-                                  name="first_order")(ids)
+                                  name="first_order", **limits)(ids)
     first_order = layers.Add(name="first_order_sum")([
         SumOverFields(name="sum_over_fields")(weights),
         layers.Dense(1, name="dense_linear")(dense)])
 
-    factors = ke.layers.Embedding(NUM_IDS, embedding_dim, name="factors")(ids)
+    factors = ke.layers.Embedding(NUM_IDS, embedding_dim, name="factors",
+                                  **limits)(ids)
     second_order = FactorizationMachine(name="fm")(factors)
 
     deep = layers.Concatenate(name="deep_input")([

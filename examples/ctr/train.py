@@ -41,6 +41,11 @@ flags.DEFINE_integer("batch_size", 512, "Examples per minibatch.")
 flags.DEFINE_integer("minibatches_per_task", 8,
                      "Minibatches per task the master hands out.")
 flags.DEFINE_float("learning_rate", model_def.LEARNING_RATE, "Adagrad's learning rate.")
+flags.DEFINE_integer("admit_after", model_def.ADMIT_AFTER, "Training batches an id "
+                     "must be seen in before it gets rows (0: at once).")
+flags.DEFINE_integer("max_rows", model_def.MAX_ROWS, "Rows per table over the "
+                     "parameter servers, the least recently used removed past it "
+                     "(0: no bound).")
 flags.DEFINE_string("checkpoint_dir", None,
                     "Save a sharded checkpoint here after every epoch (and resume "
                     "from the latest one).")
@@ -90,7 +95,9 @@ def main(argv: list[str]) -> None:
                              FLAGS.num_shards, FLAGS.seed)
     train = training_data(FLAGS.data_dir, FLAGS.batch_size, FLAGS.minibatches_per_task)
     logging.info("%s", train.describe())
-    model = ke.wrap(model_def.custom_model(FLAGS.learning_rate))
+    model = ke.wrap(model_def.custom_model(FLAGS.learning_rate,
+                                           admit_after=FLAGS.admit_after,
+                                           max_rows=FLAGS.max_rows or None))
     callbacks = []
     if FLAGS.checkpoint_dir:
         callbacks.append(ke.callbacks.ShardedModelCheckpoint(

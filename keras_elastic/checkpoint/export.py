@@ -102,8 +102,9 @@ def with_local_tables(model: keras.Model) -> keras.Model:
     local = {}
     for layer in layers:
         table = np.concatenate([
+            # Reading makes no rows (ids without one get their initializer's).
             layer._rows_of(np.arange(start, min(start + _EXPORT_CHUNK, layer.input_dim),
-                                     dtype=np.int64))
+                                     dtype=np.int64), False)
             for start in range(0, layer.input_dim, _EXPORT_CHUNK)])
         plain = keras.layers.Embedding(
             layer.input_dim, layer.output_dim, name=layer.name, mask_zero=layer.mask_zero,

@@ -26,7 +26,9 @@ WORKER_FLAGS = ("model_def", "model_zoo", "model_params", "training_data",
                 "num_minibatches_per_task", "evaluation_steps", "checkpoint_dir",
                 "checkpoint_steps", "keep_checkpoint_max", "output", "shuffle",
                 "exchange", "log_level", "feed", "loss", "optimizer", "eval_metrics_fn",
-                "callbacks", "prediction_outputs_processor", "ps_embeddings_above")
+                "callbacks", "prediction_outputs_processor", "ps_embeddings_above",
+                "ps_embedding_admit_after", "ps_embedding_max_rows",
+                "ps_embedding_ttl_versions")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -201,6 +203,16 @@ def define_job_flags() -> None:
                          "table lives on the parameter servers, rows looked up and "
                          "updated per batch (ke.wrap(model, ps_embeddings_above=...)); "
                          "unset: none is; 0: all are.", lower_bound=0)
+    flags.DEFINE_integer("ps_embedding_admit_after", None, "With --ps_embeddings_above: "
+                         "an id gets a row only once seen in this many training "
+                         "batches (ke.layers.Embedding(admit_after=...)).",
+                         lower_bound=0)
+    flags.DEFINE_integer("ps_embedding_max_rows", None, "With --ps_embeddings_above: "
+                         "at most this many rows per table over all servers, the least "
+                         "recently used removed (max_rows=...).", lower_bound=1)
+    flags.DEFINE_integer("ps_embedding_ttl_versions", None, "With "
+                         "--ps_embeddings_above: rows unused for this many model "
+                         "versions are removed (ttl_versions=...).", lower_bound=1)
     flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"],
                       "train: 'sync' waits for each push to the parameter servers; "
                       "'pipelined' sends it while the next step computes "
@@ -257,6 +269,11 @@ def validate(job: str) -> None:
         FLAGS.grads_to_wait = 1
     if FLAGS.model_params:
         parse_model_params(FLAGS.model_params)
+    given = [f"--ps_embedding_{k}" for k in ("admit_after", "max_rows", "ttl_versions")
+             if getattr(FLAGS, f"ps_embedding_{k}") is not None]
+    if given and FLAGS.ps_embeddings_above is None:
+        raise ValueError(f"{', '.join(given)} apply to the tables --ps_embeddings_above "
+                         "puts on the parameter servers: give --ps_embeddings_above too")
     _check_hook_flags(path)
     data = {"training_data": FLAGS.training_data,
             "validation_data": FLAGS.validation_data,

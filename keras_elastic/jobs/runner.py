@@ -234,8 +234,12 @@ def main(argv) -> None:
             module, compiled_by_user, dataset_fn_name, source,
             (FLAGS.loss, FLAGS.optimizer, FLAGS.eval_metrics_fn), FLAGS.feed):
         logging.warning("--model_def: the module's '%s' is not used: %s", name, why)
+    options = {k: getattr(FLAGS, f"ps_embedding_{k}")
+               for k in ("admit_after", "max_rows", "ttl_versions")
+               if getattr(FLAGS, f"ps_embedding_{k}") is not None}
     model = ke.wrap(model, exchange=FLAGS.exchange,
-                    ps_embeddings_above=FLAGS.ps_embeddings_above)
+                    ps_embeddings_above=FLAGS.ps_embeddings_above,
+                    ps_embedding_options=options or None)
 
     if FLAGS.job == "train":
         validation = (dataset(FLAGS.validation_data, "evaluation", "validation")

@@ -841,6 +841,7 @@ class Launcher:
                            if self.checkpointer else 0,
                            recovery_point_age_s=self.checkpointer.recovery_point_age()
                            if self.checkpointer else None,
+                           embedding_tables=self._table_stats(),
                            launcher_error=self.error)
             self._write_artifact("summary.json", summary, indent=1)
             summary["missing_artifacts"] = dict(self.missing_artifacts)
@@ -855,6 +856,24 @@ class Launcher:
                   flush=True)
             return ARTIFACTS_MISSING
         return 0
+
+    def _table_stats(self) -> dict[str, dict[str, int]]:
+        """The embedding tables' counters summed over the servers (rows,
+        admitted, evicted, dropped, bytes); {} without tables or servers."""
+        if self.checkpointer is None or not self.ps_addresses:
+            return {}
+        try:
+            statuses = self.checkpointer.client().status_all(timeout=30)
+        except (ConnectionError, ValueError) as e:
+            logging.warning("embedding table counters unavailable: %s", e)
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for status in statuses:
+            for name, counters in status.table_stats.items():
+                total = out.setdefault(name, dict.fromkeys(counters, 0))
+                for key, value in counters.items():
+                    total[key] += value
+        return out
 
     def _write_artifact(self, name: str, data, indent: int | None = None) -> bool:
         """Writes JOB_DIR/`name` (JSON) atomically; on a disk condition (full,
@@ -892,6 +911,11 @@ class Launcher:
             lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "
                          f"{r['seconds']:.1f} s from {r['checkpoint']}, completions "
                          f"undone {r['completions_undone']}")
+        for name, t in summary.get("embedding_tables", {}).items():
+            lines.append(f"[launcher] embedding table '{name}': {t['rows']} rows "
+                         f"({t['bytes'] / 2**20:.1f} MiB) over the servers, "
+                         f"{t['admitted']} admitted, {t['evicted']} evicted, "
+                         f"{t['dropped']} gradient rows of ids not admitted dropped")
         for name, ds in summary["datasets"].items():
             unit = "epoch(s)" if ds["num_epochs"] else "round(s)"
             lines.append(f"[launcher] dataset '{name}' ({ds['mode']}): "

@@ -158,6 +158,10 @@ class AutoCheckpointer:
         return None if info is None else max(0.0, time.time() - info.created)
 
     # -- the loop ---------------------------------------------------------------
+    def client(self) -> PSClient:
+        """A client of the job's servers (made once)."""
+        return self._client()
+
     def _client(self) -> PSClient:
         if self._ps is None:
             self._ps = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=30,

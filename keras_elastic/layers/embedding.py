@@ -60,6 +60,19 @@ class Embedding(keras.layers.Layer):
             Keras default), "normal", "truncated_normal", "zeros", "ones", or
             the matching `keras.initializers` objects (and `Constant`).
         mask_zero: whether id 0 is padding to be masked, as in Keras.
+        admit_after: an id gets a trainable row only once it was seen in this
+            many training batches (counted per server in a count-min sketch
+            of 4 MiB); until then its lookups give the initializer's row for
+            it (not kept) and its gradients are dropped. 0 or 1: every id at
+            once (the default).
+        max_rows: at most this many rows over all servers (each holds its
+            share); past it the least recently used rows (looked up or
+            updated in training) are removed, down to 95%. None: no bound.
+        ttl_versions: rows that training did not use during the last this
+            many model versions of their server are removed. None: never.
+            A removed row comes back from the initializer (after admission)
+            if its id is seen again; evaluation and prediction never make
+            rows, nor count for admission.
 
     Example:
 
@@ -70,7 +83,8 @@ class Embedding(keras.layers.Layer):
 
     def __init__(self, input_dim: int | None, output_dim: int,
                  embeddings_initializer: Any = "uniform", mask_zero: bool = False,
-                 **kwargs) -> None:
+                 admit_after: int | None = None, max_rows: int | None = None,
+                 ttl_versions: int | None = None, **kwargs) -> None:
         given = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
         if given:
             raise ValueError(
@@ -87,6 +101,16 @@ class Embedding(keras.layers.Layer):
         if int(output_dim) <= 0:
             raise ValueError(f"ke.layers.Embedding '{self.name}': output_dim must be "
                              f"positive, got {output_dim}")
+        for what, value, least in (("admit_after", admit_after, 0),
+                                   ("max_rows", max_rows, 1),
+                                   ("ttl_versions", ttl_versions, 1)):
+            if value is not None and (isinstance(value, bool) or int(value) != value
+                                      or value < least):
+                raise ValueError(f"ke.layers.Embedding '{self.name}': {what} must be an "
+                                 f"integer >= {least} or None, got {value!r}")
+        self.admit_after = int(admit_after or 0)
+        self.max_rows = None if max_rows is None else int(max_rows)
+        self.ttl_versions = None if ttl_versions is None else int(ttl_versions)
         self.input_dim = None if input_dim is None else int(input_dim)
         self.output_dim = int(output_dim)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
@@ -111,7 +135,9 @@ class Embedding(keras.layers.Layer):
         return {"dim": self.output_dim, "dtype": str(np.dtype(self.compute_dtype)),
                 "input_dim": self.input_dim,
                 "initializer": keras.initializers.serialize(
-                    self.embeddings_initializer)}
+                    self.embeddings_initializer),
+                "admit_after": self.admit_after, "max_rows": self.max_rows,
+                "ttl_versions": self.ttl_versions}
 
     def check_ids(self, ids: np.ndarray) -> None:
         """ValueError naming this layer and the first id out of its range."""
@@ -123,7 +149,7 @@ class Embedding(keras.layers.Layer):
             raise ValueError(f"ke.layers.Embedding '{self.name}': id {int(ids[bad[0]])} "
                              f"is out of range: ids must be {where}")
 
-    def _lookup(self, unique_ids: tf.Tensor) -> np.ndarray:
+    def _lookup(self, unique_ids: tf.Tensor, create: bool = False) -> np.ndarray:
         ids = unique_ids.numpy()
         self.check_ids(ids)
         if self._rows_of is None:
@@ -139,7 +165,7 @@ class Embedding(keras.layers.Layer):
                 "and call fit, evaluate or predict (the table exists only there)")
         if not ids.size:
             return np.zeros((0, self.output_dim), self.compute_dtype)
-        return self._rows_of(ids)
+        return self._rows_of(ids, create)
 
     # -- Keras layer API ---------------------------------------------------
     def call(self, inputs):
@@ -164,7 +190,11 @@ class Embedding(keras.layers.Layer):
         unique, index = tf.unique(tf.reshape(ids, [-1]))
         prefetched = _prefetched(self)
         if prefetched is None:
-            rows = tf.py_function(self._lookup, [unique], Tout=self.compute_dtype)
+            # In the elastic train step (a layer whose ids the inputs do not
+            # give) the lookup makes rows; in evaluation and prediction not.
+            create = _STEP.lookups is not None
+            rows = tf.py_function(lambda u: self._lookup(u, create), [unique],
+                                  Tout=self.compute_dtype)
         else:  # looked up with every other table of the step, in one exchange
             fetched_ids, rows = prefetched
             check = tf.debugging.assert_equal(
@@ -193,7 +223,8 @@ class Embedding(keras.layers.Layer):
             "input_dim": self.input_dim, "output_dim": self.output_dim,
             "embeddings_initializer": keras.initializers.serialize(
                 self.embeddings_initializer),
-            "mask_zero": self.mask_zero})
+            "mask_zero": self.mask_zero, "admit_after": self.admit_after,
+            "max_rows": self.max_rows, "ttl_versions": self.ttl_versions})
         return config
 
 
@@ -241,12 +272,20 @@ def _watch(layer: Embedding, unique: tf.Tensor, rows: tf.Tensor) -> None:
         _STEP.lookups.append((layer, unique, rows))
 
 
-def convert_embeddings(model: keras.Model, min_rows: int = 0) -> int:
+_OPTIONS = ("admit_after", "max_rows", "ttl_versions")
+
+
+def convert_embeddings(model: keras.Model, min_rows: int = 0,
+                       options: dict | None = None) -> int:
     """Replaces, in place, each `keras.layers.Embedding` of `model` with at least
     `min_rows` rows by an `Embedding` of the same configuration whose table
     lives on the parameter servers. The rows of the converted tables start
     from the layer's initializer on the servers (the model's local table is
     dropped). Returns how many layers were converted.
+
+    `options`: the admission and eviction keywords of `Embedding`
+    (`admit_after`, `max_rows`, `ttl_versions`) for every converted layer
+    (`{"admit_after": 2}`), or per layer name (`{"user_id": {...}}`).
 
     Works on models whose layers are called through their `call` (functional,
     sequential and subclassed): the converted layer object keeps its place
@@ -261,6 +300,16 @@ def convert_embeddings(model: keras.Model, min_rows: int = 0) -> int:
     >>> model.layers[0].table_name is None
     True
     """
+    options = dict(options or {})
+    per_layer = {k: v for k, v in options.items() if isinstance(v, dict)}
+    common = {k: v for k, v in options.items() if not isinstance(v, dict)}
+    unknown = sorted(set(common) - set(_OPTIONS))
+    for given in per_layer.values():
+        unknown += sorted(set(given) - set(_OPTIONS))
+    if unknown:
+        raise ValueError(f"ps_embedding_options: unknown option(s) {unknown}; the "
+                         f"options are {list(_OPTIONS)}, for every converted layer or "
+                         "keyed by layer name")
     converted = 0
     for layer in keras_compat.all_layers(model, include_self=False):
         if type(layer) is not keras.layers.Embedding:
@@ -288,6 +337,10 @@ def convert_embeddings(model: keras.Model, min_rows: int = 0) -> int:
         layer.table_name, layer._rows_of = None, None
         # A drop-in for the Keras layer: ids as Keras takes them (floats cast).
         layer.cast_float_ids = True
+        chosen = {**common, **per_layer.get(layer.name, {})}
+        layer.admit_after = int(chosen.get("admit_after") or 0)
+        layer.max_rows = chosen.get("max_rows")
+        layer.ttl_versions = chosen.get("ttl_versions")
         layer.built = True
         converted += 1
     return converted

@@ -122,6 +122,8 @@ class ServerStatus:
     tasks_logged: int
     paused: bool
     hyperparameters: dict[str, float]
+    # embedding table -> {"rows", "admitted", "evicted", "dropped", "bytes"}
+    table_stats: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_proto(cls, m: ps_pb2.PSStatusResponse) -> ServerStatus:
@@ -131,7 +133,11 @@ class ServerStatus:
                    refused=m.refused, incarnation=m.incarnation,
                    restored_from=m.restored_from or None,
                    tasks_logged=m.tasks_logged, paused=m.paused,
-                   hyperparameters=dict(m.hyperparameters))
+                   hyperparameters=dict(m.hyperparameters),
+                   table_stats={n: {"rows": t.rows, "admitted": t.admitted,
+                                    "evicted": t.evicted, "dropped": t.dropped,
+                                    "bytes": t.bytes}
+                                for n, t in m.table_stats.items()})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -390,7 +396,9 @@ class PSClient:
         table_specs = [ps_pb2.TableSpec(
             name=n, dim=t["dim"], dtype=t.get("dtype", "float32"),
             input_dim=t.get("input_dim") or 0,
-            initializer=json.dumps(t.get("initializer", "uniform")))
+            initializer=json.dumps(t.get("initializer", "uniform")),
+            admit_after=t.get("admit_after") or 0, max_rows=t.get("max_rows") or 0,
+            ttl_versions=t.get("ttl_versions") or 0)
             for n, t in (tables or {}).items()]
         parts: list[dict] = [{} for _ in self.addresses]
         for name, (value, trainable) in variables.items():
@@ -491,17 +499,21 @@ class PSClient:
         owners = row_owner(ids, self.num_ps)
         return [np.flatnonzero(owners == i) for i in range(self.num_ps)]
 
-    def lookup(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def lookup(self, ids: dict[str, np.ndarray], create: bool = True
+               ) -> dict[str, np.ndarray]:
         """Rows of embedding tables: {table: int64 ids} -> {table: rows}, one
-        call per server concerned, in parallel. Rows are created on first use;
-        a table given no ids is left out of the answer."""
+        call per server concerned, in parallel. A training lookup (`create`)
+        makes the rows of admitted ids on first use; an evaluation or
+        prediction lookup (`create=False`) makes none (ids without a row get
+        their initializer's row). A table given no ids is left out of the
+        answer."""
         ids = {t: np.asarray(v, np.int64) for t, v in ids.items()}
         where = {t: self._split_rows(v) for t, v in ids.items()}
 
         def lookup_one(i: int) -> dict[str, np.ndarray]:
             request = ps_pb2.LookupRequest(ids=list(encode_all(
                 ((t, ids[t][where[t][i]]) for t in ids if where[t][i].size),
-                chunk_bytes=1 << 62)))
+                chunk_bytes=1 << 62)), no_create=not create)
             reply = self._call(i, "Lookup", lambda: self._stubs[i].Lookup(
                 request, timeout=600))
             return dict(decode_all(reply.rows))

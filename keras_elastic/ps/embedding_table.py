@@ -10,6 +10,18 @@ gradient, from `row_init.initial_rows` (a pure function of the initializer
 config, seed, id and dim: the same rows whatever the number of servers), its
 slots from the optimizer's initial values.
 
+Admission and eviction (`admit_after`, `max_rows`, `ttl_versions`, from the
+layer's keywords): with `admit_after=k` an id gets a row only once k training
+lookups asked for it (counted by a `CountMinSketch`, bounded memory); until
+then its lookups answer the initializer's row (not kept) and its gradients are
+dropped. Evaluation and prediction lookups (`create=False`) never make rows
+nor count. Each row remembers the server version at which training last used
+it (looked it up or updated it): rows not used in the last `ttl_versions`
+versions are removed, and past `max_rows` rows (this server's share) the
+least recently used are removed down to 95% of it. A removed row is gone with
+its slots (and from the next checkpoint); if its id comes back it starts
+again from the initializer (after admission again).
+
 `apply_gradients` sums the gradients of duplicate ids, then updates the rows
 of the unique ids with a `SparseOptimizer` (row-wise; see
 `ps/sparse_optimizers.py` for how that compares with Keras' dense update).
@@ -44,6 +56,7 @@ import numbers
 import numpy as np
 
 from keras_elastic.common import errors
+from keras_elastic.ps.admission import CountMinSketch
 from keras_elastic.ps.id_index import IdIndex
 from keras_elastic.ps.row_init import initial_rows
 from keras_elastic.ps.sparse_optimizers import SparseOptimizer
@@ -65,7 +78,9 @@ class EmbeddingTable:
     def __init__(self, name: str, dim: int, dtype: str | np.dtype = "float32",
                  input_dim: int | None = None,
                  initializer_config: dict | str = "uniform",
-                 optimizer: SparseOptimizer | None = None) -> None:
+                 optimizer: SparseOptimizer | None = None,
+                 admit_after: int = 0, max_rows: int | None = None,
+                 ttl_versions: int | None = None) -> None:
         if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim <= 0:
             raise ValueError(f"embedding table {name!r}: dim must be a positive "
                              f"integer, got {dim!r}")
@@ -88,8 +103,26 @@ class EmbeddingTable:
             initial_rows(initializer_config, np.zeros(0, np.int64), int(dim), dtype)
         except ValueError as e:
             raise ValueError(f"embedding table {name!r}: {e}") from e
+        for what, value, least in (("admit_after", admit_after, 0),
+                                   ("max_rows", max_rows, 1),
+                                   ("ttl_versions", ttl_versions, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, numbers.Integral) or value < least):
+                raise ValueError(f"embedding table {name!r}: {what} must be an integer "
+                                 f">= {least}{' or None' if least else ''}, got {value!r}")
         self.name = name
         self.dim = int(dim)
+        # Admission (an id's row is made once it was seen in admit_after
+        # training lookups) and eviction (at most max_rows rows here; rows not
+        # updated in ttl_versions versions removed): see the module doc.
+        self.admit_after = int(admit_after or 0)
+        self.max_rows = None if max_rows is None else int(max_rows)
+        self.ttl_versions = None if ttl_versions is None else int(ttl_versions)
+        self._sketch = CountMinSketch() if self.admit_after > 1 else None
+        self._evicting = self.max_rows is not None or self.ttl_versions is not None
+        self._ttl_checked = 0  # the version of the last TTL sweep
+        self.clock = 0  # the server's model version, set before each call
+        self.stats = {"admitted": 0, "evicted": 0, "dropped": 0}
         self.dtype = dtype
         self.input_dim = None if input_dim is None else int(input_dim)
         self.initializer_config = initializer_config
@@ -100,6 +133,8 @@ class EmbeddingTable:
         self._ids = np.zeros(0, np.int64)
         self._values = np.zeros((0, self.dim), dtype)
         self._slots = {s: np.zeros((0, self.dim), dtype) for s in self.slot_names}
+        # The version each row was last updated (or made) at, for eviction.
+        self._touched = np.zeros(0, np.int64)
 
     def __repr__(self) -> str:
         bound = "unbounded" if self.input_dim is None else f"input_dim={self.input_dim}"
@@ -118,7 +153,13 @@ class EmbeddingTable:
         0
         """
         return (self._values.nbytes + self._ids.nbytes + self._index.nbytes
-                + sum(a.nbytes for a in self._slots.values()))
+                + self._touched.nbytes + sum(a.nbytes for a in self._slots.values())
+                + (self._sketch.nbytes if self._sketch is not None else 0))
+
+    def counters(self) -> dict[str, int]:
+        """rows held, rows admitted (made) and evicted so far, gradient rows
+        dropped (of ids not admitted), bytes: what a server's status says."""
+        return {"rows": len(self), **self.stats, "bytes": self.nbytes}
 
     def check_ids(self, ids: np.ndarray) -> None:
         """Raises ValueError naming the table and the first bad id: ids must
@@ -180,6 +221,8 @@ the table has input_dim 10 (ids 0 to 9)
         self._ids = grown(self._ids)
         self._values = grown(self._values)
         self._slots = {s: grown(a) for s, a in self._slots.items()}
+        if self._evicting:  # (8 bytes a row, only where rows are evicted)
+            self._touched = grown(self._touched)
 
     def _add(self, new_ids: np.ndarray, values: np.ndarray,
              slots: dict[str, np.ndarray]) -> None:
@@ -190,16 +233,28 @@ the table has input_dim 10 (ids 0 to 9)
         self._values[start:end] = values
         for slot in self.slot_names:
             self._slots[slot][start:end] = slots[slot]
+        if self._evicting:
+            self._touched[start:end] = self.clock
         self._index.insert(new_ids, np.arange(start, end))
         self._size = end
 
-    def _rows_of(self, unique_ids: np.ndarray) -> np.ndarray:
-        """Row indices of `unique_ids` (checked, unique), creating missing rows."""
+    def _rows_of(self, unique_ids: np.ndarray, create: bool = True,
+                 seen: bool = False) -> np.ndarray:
+        """Row indices of `unique_ids` (checked, unique), -1 for ids without a
+        row. `create`: rows are made for the missing ids that are admitted;
+        `seen`: a training lookup, which counts a sighting of each missing id
+        (admission)."""
         rows = self._index.get(unique_ids)
         missing = rows < 0
-        if missing.any():
+        if create and missing.any():
+            if self._sketch is not None:
+                counts = (self._sketch.add(unique_ids[missing]) if seen
+                          else self._sketch.estimate(unique_ids[missing]))
+                missing[np.flatnonzero(missing)[counts < self.admit_after]] = False
+        if create and missing.any():
             new_ids = unique_ids[missing]
             n = len(new_ids)
+            self.stats["admitted"] += n
             slots = (self.optimizer.initial_slots(n, self.dim, self.dtype)
                      if self.optimizer is not None else {})
             start = self._size
@@ -208,18 +263,35 @@ the table has input_dim 10 (ids 0 to 9)
             rows[missing] = np.arange(start, start + n)
         return rows
 
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """The rows of `ids` (int array [n]): a new array [n, dim]. Creates the
-        rows this table does not hold yet.
+    def lookup(self, ids: np.ndarray, create: bool = True) -> np.ndarray:
+        """The rows of `ids` (int array [n]): a new array [n, dim]. A training
+        lookup (`create`) makes the rows of the admitted ids this table does
+        not hold yet; the others (and every id an evaluation or prediction
+        lookup, `create=False`, does not find) get the row they would start
+        from, the initializer's, made for the answer and not kept.
 
         >>> table = EmbeddingTable("t", 2, initializer_config="ones")
         >>> table.lookup(np.array([5, 5])).tolist()
         [[1.0, 1.0], [1.0, 1.0]]
+        >>> table.lookup(np.array([6]), create=False).tolist(), len(table)
+        ([[1.0, 1.0]], 1)
         """
         ids = self._ids_of(ids)
         unique, inverse = np.unique(ids, return_inverse=True)
-        rows = self._rows_of(unique)  # may grow (replace) self._values
-        return self._values[rows[inverse]]
+        rows = self._rows_of(unique, create=create, seen=create)  # may grow arrays
+        held = rows >= 0
+        if held.all():
+            out = self._values[rows[inverse]]
+        else:
+            found = np.empty((len(unique), self.dim), self.dtype)
+            found[held] = self._values[rows[held]]
+            found[~held] = initial_rows(self.initializer_config, unique[~held],
+                                        self.dim, self.dtype)
+            out = found[inverse]
+        if create and self._evicting:  # a training lookup: its rows are in use
+            self._touched[rows[held]] = self.clock
+            self._evict()
+        return out
 
     def apply_gradients(self, ids: np.ndarray, grads: np.ndarray, step: int,
                         learning_rate: float) -> None:
@@ -256,13 +328,55 @@ the table has input_dim 10 (ids 0 to 9)
         else:
             summed = np.zeros((len(unique), self.dim), self.dtype)
             np.add.at(summed, inverse, grads.astype(self.dtype, copy=False))
-        rows = self._rows_of(unique)
+        rows = self._rows_of(unique)  # made for admitted ids (not yet held)
+        admitted = rows >= 0
+        if not admitted.all():  # ids not admitted: their gradients are dropped
+            self.stats["dropped"] += int((~admitted).sum())
+            rows, summed = rows[admitted], summed[admitted]
         values = self._values[rows]
         slots = {s: a[rows] for s, a in self._slots.items()}
         self.optimizer.apply(values, slots, summed, step, learning_rate)
         self._values[rows] = values
         for slot, array in slots.items():
             self._slots[slot][rows] = array
+        if self._evicting:
+            self._touched[rows] = self.clock
+            self._evict()
+
+    def _evict(self) -> None:
+        """Removes the rows past `max_rows` (the least recently updated first,
+        down to 95% of it: eviction is batched) and those not updated in the
+        last `ttl_versions` versions (checked every ttl/8 versions)."""
+        size = self._size
+        doomed = np.zeros(size, bool)
+        if self.ttl_versions is not None and (
+                self.clock - self._ttl_checked >= max(1, self.ttl_versions // 8)):
+            self._ttl_checked = self.clock
+            doomed |= self._touched[:size] < self.clock - self.ttl_versions
+        if self.max_rows is not None and size - int(doomed.sum()) > self.max_rows:
+            target = max(1, int(self.max_rows * 0.95))
+            extra = size - int(doomed.sum()) - target
+            age = np.where(doomed, np.iinfo(np.int64).min, self._touched[:size])
+            doomed[np.argpartition(age, int(doomed.sum()) + extra - 1)[
+                :int(doomed.sum()) + extra]] = True
+        if doomed.any():
+            self._remove(doomed)
+
+    def _remove(self, doomed: np.ndarray) -> None:
+        """Drops the rows `doomed` marks (and their slots and index entries),
+        moving the others down; the index is rebuilt (vectorized)."""
+        keep = ~doomed
+        n = int(keep.sum())
+        self._ids[:n] = self._ids[:self._size][keep]
+        self._values[:n] = self._values[:self._size][keep]
+        for array in self._slots.values():
+            array[:n] = array[:self._size][keep]
+        if self._evicting:
+            self._touched[:n] = self._touched[:self._size][keep]
+        self.stats["evicted"] += self._size - n
+        self._size = n
+        self._index = IdIndex()
+        self._index.insert(self._ids[:n], np.arange(n))
 
     def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """All rows held: (ids sorted [n] int64, values [n, dim], {slot: [n, dim]}),

@@ -26,7 +26,7 @@ class ParameterServer:
                  max_staleness: int = 0, restore_from: str | None = None,
                  init_checkpoint_dir: str | None = None, paused: bool = False,
                  generation: int | None = None) -> None:
-        self.store = ParameterStore(grads_to_wait, max_staleness)
+        self.store = ParameterStore(grads_to_wait, max_staleness, num_ps)
         # A launched server is fenced (common/fencing.py); one made in a
         # process (embedded, tests) is not, unless given a generation.
         self.generation = None if generation is None else fencing.Generation(generation)

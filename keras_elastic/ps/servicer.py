@@ -220,7 +220,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                                  f"JSON: {e}") from None
             tables[t.name] = {"dim": t.dim, "dtype": t.dtype or "float32",
                               "input_dim": t.input_dim or None,
-                              "initializer": initializer}
+                              "initializer": initializer,
+                              "admit_after": t.admit_after,
+                              "max_rows": t.max_rows or None,
+                              "ttl_versions": t.ttl_versions or None}
         specs = specs or self._init_specs(header)
         optimizer_state = {n[len(OPTIMIZER_STATE_PREFIX):]: values.pop(n)
                            for n in list(values) if n.startswith(OPTIMIZER_STATE_PREFIX)}
@@ -360,7 +363,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self._check_owned(table, table_ids)
             with self.store.lock:
                 self._refuse_if_paused(context)
-                rows = self.store.lookup(ids)
+                rows = self.store.lookup(ids, create=not request.no_create)
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, "Lookup", e)
         return ps_pb2.LookupResponse(
@@ -419,6 +422,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             initialized=store.initialized, version=store.version,
             variables=sorted(store.variables), pushes=store.pushes,
             tables={n: len(t) for n, t in store.tables.items()},
+            table_stats={n: ps_pb2.TableStats(**t.counters())
+                         for n, t in store.tables.items()},
             dropped=store.dropped, duplicates=store.duplicates,
             refused=store.refused, incarnation=store.incarnation,
             restored_from=store.restored_from or "", tasks_logged=len(store.log),

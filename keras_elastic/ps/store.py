@@ -191,8 +191,11 @@ def new_incarnation() -> int:
 class ParameterStore:
     """Variables, optimizer and version of one parameter server."""
 
-    def __init__(self, grads_to_wait: int = 1, max_staleness: int = 0) -> None:
+    def __init__(self, grads_to_wait: int = 1, max_staleness: int = 0,
+                 num_ps: int = 1) -> None:
         self.grads_to_wait = max(1, grads_to_wait)
+        # The job's servers: an embedding table's max_rows is shared by them.
+        self.num_ps = max(1, num_ps)
         self.max_staleness = max_staleness or 4 * self.grads_to_wait
         self._lock = threading.RLock()
         self.variables: dict[str, keras.Variable] = {}
@@ -271,9 +274,7 @@ class ParameterStore:
             names = [n for n in variables if trainable[n]]
             optimizer.build([variables[n] for n in names])
             load_optimizer_state(optimizer, optimizer_state or {})
-            self.tables = {n: EmbeddingTable(n, t["dim"], t["dtype"], t["input_dim"],
-                                             t["initializer"], sparse)
-                           for n, t in tables.items()}
+            self.tables = {n: self._make_table(n, t, sparse) for n, t in tables.items()}
             self.table_specs = tables
             self.variables = variables
             self.trainable = dict(trainable)
@@ -517,17 +518,33 @@ class ParameterStore:
         loads its rows next); returns it."""
         with self._lock:
             old = self.tables[name]
-            self.tables[name] = EmbeddingTable(name, old.dim, old.dtype, old.input_dim,
-                                               old.initializer_config, old.optimizer)
+            self.tables[name] = self._make_table(name, self.table_specs[name],
+                                                 old.optimizer)
             return self.tables[name]
 
-    def lookup(self, ids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Rows of the given ids of each table (created on first use)."""
+    def _make_table(self, name: str, spec: dict, optimizer) -> EmbeddingTable:
+        """An empty table of `spec`; its `max_rows` (over all servers) becomes
+        this server's share."""
+        max_rows = spec.get("max_rows")
+        return EmbeddingTable(
+            name, spec["dim"], spec["dtype"], spec["input_dim"], spec["initializer"],
+            optimizer, admit_after=spec.get("admit_after") or 0,
+            max_rows=None if not max_rows else -(-max_rows // self.num_ps),
+            ttl_versions=spec.get("ttl_versions"))
+
+    def lookup(self, ids: dict[str, np.ndarray], create: bool = True
+               ) -> dict[str, np.ndarray]:
+        """Rows of the given ids of each table (a training lookup, `create`,
+        makes admitted ids' rows on first use; see `EmbeddingTable.lookup`)."""
         with self._lock:
             for name, table_ids in ids.items():
                 self.check_sparse(name, table_ids)
-            return {name: self.tables[name].lookup(table_ids)
-                    for name, table_ids in ids.items()}
+            out = {}
+            for name, table_ids in ids.items():
+                table = self.tables[name]
+                table.clock = self.version
+                out[name] = table.lookup(table_ids, create=create)
+            return out
 
     def _apply_fn(self, group: OptimizerGroup, names: tuple[str, ...]):
         fn = group.apply_fns.get(names)
@@ -706,6 +723,7 @@ class ParameterStore:
             step = int(optimizer.iterations.numpy()) + 1
             learning_rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
             for name, (ids, rows) in sorted(sparse.items()):
+                self.tables[name].clock = self.version + 1  # this update's version
                 self.tables[name].apply_gradients(ids, rows, step, learning_rate)
         names = tuple(sorted(grads))
         if names:
@@ -793,8 +811,16 @@ def _table_spec(name: str, spec: dict) -> dict:
                          f"positive, got {dim} and {input_dim}")
     if not np.issubdtype(np.dtype(dtype), np.floating):
         raise ValueError(f"embedding table '{name}': dtype {dtype} is not a float type")
+    options = {}
+    for what in ("admit_after", "max_rows", "ttl_versions"):
+        value = spec.get(what)
+        if value is not None and (isinstance(value, bool) or int(value) != value
+                                  or value < 0):
+            raise ValueError(f"embedding table '{name}': {what} must be a "
+                             f"non-negative integer, got {value!r}")
+        options[what] = int(value) if value else (0 if what == "admit_after" else None)
     return {"dim": dim, "dtype": dtype, "input_dim": input_dim,
-            "initializer": initializer}
+            "initializer": initializer, **options}
 
 
 def _snapshot(variable) -> np.ndarray:

@@ -69,7 +69,8 @@ class ModelSync:
         self.tables = embedding_tables(model)
         self._ids_model = None  # (model -> ids of each table, layers), or False
         for name, layer in self.tables.items():
-            layer.connect(name, lambda ids, name=name: self.rows_of(name, ids))
+            layer.connect(name, lambda ids, create=True, name=name: self.rows_of(
+                name, ids, create))
         self.t_data = 0.0   # when the step's batch was ready (the step began)
         self._t_mark = 0.0  # the step's compute resumed (its start or last push)
         self.stream = None  # the training TaskStream (begin_training)
@@ -330,10 +331,11 @@ class ModelSync:
                                                     layer.compute_dtype))
                 for layer in layers]
 
-    def rows_of(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Rows of embedding table `table` for unique `ids`, from the servers."""
+    def rows_of(self, table: str, ids: np.ndarray, create: bool = True) -> np.ndarray:
+        """Rows of embedding table `table` for unique `ids`, from the servers
+        (`create`: a training lookup, which makes admitted ids' rows)."""
         start = time.perf_counter()
-        rows = self.ps.lookup({table: ids})[table]
+        rows = self.ps.lookup({table: ids}, create=create)[table]
         self.timer.add("pull", time.perf_counter() - start)
         return rows
 

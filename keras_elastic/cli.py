@@ -104,6 +104,10 @@ def _define_run() -> None:
                        "Save the parameter servers to JOB_DIR/ps_checkpoints every "
                        "this many seconds (0: off); a restarted server goes back to "
                        "the latest save.")
+    flags.DEFINE_integer("ps_checkpoint_full_every", 8,
+                         "Embedding tables in automatic checkpoints: a full save every "
+                         "this many; the others hold only the rows changed since the "
+                         "previous checkpoint (1: every save full).")
     flags.DEFINE_integer("ps_checkpoint_versions", 0,
                          "Also save every this many model versions (0: off).")
     flags.DEFINE_integer("ps_checkpoints_to_keep", 2,
@@ -174,6 +178,7 @@ def _main_run(command: list[str]) -> int:
         max_master_restarts=FLAGS.max_master_restarts, resume=FLAGS.resume,
         ps_checkpoint_secs=FLAGS.ps_checkpoint_secs,
         ps_checkpoint_versions=FLAGS.ps_checkpoint_versions,
+        ps_checkpoint_full_every=FLAGS.ps_checkpoint_full_every,
         ps_checkpoints_to_keep=FLAGS.ps_checkpoints_to_keep,
         connect_timeout=FLAGS.connect_timeout, bind=FLAGS.bind,
         advertise=FLAGS.advertise, tls=FLAGS.tls, tls_cert=FLAGS.tls_cert,

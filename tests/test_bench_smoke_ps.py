@@ -1,6 +1,7 @@
 """The parameter-server and master benches run with --smoke (tiny sizes) and
 print their ratio lines: bench/bench_ps_scaling.py, bench/bench_ps_wire.py,
-bench/bench_master.py. No timing is checked."""
+bench/bench_master.py, bench/bench_partitioning.py, bench/bench_id_index.py,
+bench/bench_table_checkpoint.py. No timing is checked."""
 
 import re
 
@@ -70,3 +71,12 @@ def test_id_index(tmp_path):
         assert len(found) == 1 and all(v > 0 for v in found[0]), (name, out)
     one_positive(rf"IdIndex bytes per id: {NUM}", out)
     one_positive(rf"lookup ids/s IdIndex / dict: {NUM}", out)
+
+
+def test_table_checkpoint(tmp_path):
+    out = run_smoke("bench_table_checkpoint", str(tmp_path))
+    found = figures(rf"full save {NUM} s \(copy under the lock {NUM} s\); incremental "
+                    rf"{NUM} s \(copy under the lock {NUM} s\)", out)
+    assert len(found) == 1 and found[0][0] > 0 and found[0][2] > 0, out
+    one_positive(rf"incremental / full save time: {NUM}", out)
+    one_positive(rf"bytes per row: {NUM} against the minimum", out)

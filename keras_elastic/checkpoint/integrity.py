@@ -78,7 +78,7 @@ def verify(info: SaveInfo) -> list[str]:
     parts = info.extra.get("parts")
     if not parts:
         return _verify_files(info)
-    faults = []
+    faults = _verify_base(info)
     for part in parts:
         path = os.path.join(info.path, part)
         try:
@@ -88,6 +88,20 @@ def verify(info: SaveInfo) -> list[str]:
             continue
         faults += [f"{part}/{fault}" for fault in _verify_files(part_info)]
     return faults
+
+
+def _verify_base(info: SaveInfo) -> list[str]:
+    """An incremental checkpoint's faults of its base chain (each link named):
+    its embedding rows are only complete with every link."""
+    name = info.extra.get("table_base")
+    if not name:
+        return []
+    path = os.path.join(os.path.dirname(os.path.normpath(info.path)), name)
+    try:
+        base = read_manifest(path)
+    except (CheckpointError, OSError, ValueError) as e:
+        return [f"its tables' base checkpoint {name} cannot be read: {e}"]
+    return [f"base {name}: {fault}" for fault in verify(base)]
 
 
 def newest_intact(infos: Iterable[SaveInfo]

@@ -301,9 +301,21 @@ def prune(directory: str, max_to_keep: int | None,
     """
     if max_to_keep is None:
         return []
-    checkpoints = [i for i in list_checkpoints(directory)
-                   if select is None or select(i)]
+    everything = list_checkpoints(directory)
+    checkpoints = [i for i in everything if select is None or select(i)]
     doomed = checkpoints[:max(0, len(checkpoints) - max_to_keep)]
+    # An incremental checkpoint kept keeps its base chain (its tables' rows).
+    by_name = {os.path.basename(os.path.normpath(i.path)): i for i in everything}
+    needed: set[str] = set()
+    for info in everything:
+        if info in doomed:
+            continue
+        base = info.extra.get("table_base")
+        while base and base not in needed:
+            needed.add(base)
+            base = by_name[base].extra.get("table_base") if base in by_name else None
+    doomed = [i for i in doomed if os.path.basename(os.path.normpath(i.path))
+              not in needed]
     for info in doomed:
         delete_checkpoint(info.path)
         logging.info("Deleted old checkpoint %s (max_to_keep=%d)", info.path,

@@ -120,12 +120,33 @@ def read_values(info: SaveInfo, names: list[str] | None = None
     return values
 
 
+def table_base(info: SaveInfo) -> SaveInfo | None:
+    """The checkpoint an incremental checkpoint's tables build on (its
+    manifest's "table_base", beside it), or None for a full one.
+
+    Raises:
+        CheckpointError: the base is missing or unreadable (named)."""
+    name = info.extra.get("table_base")
+    if not name:
+        return None
+    path = os.path.join(os.path.dirname(os.path.normpath(info.path)), name)
+    try:
+        return read_manifest(path)
+    except (CheckpointError, OSError, ValueError) as e:
+        raise CheckpointError(f"{info.path} holds the embedding rows changed since "
+                              f"{path}, which cannot be read: {e}") from None
+
+
 def read_table(info: SaveInfo, table: str, slot_names: tuple[str, ...] | list[str]
                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
     """The rows of embedding table `table` over every part: (ids, values,
-    {slot: rows}), or None if no part holds the table."""
+    {slot: rows}), or None if no part holds the table. An incremental
+    checkpoint's rows are those of its base (read the same way, down the
+    chain to a full one) less the ids it removed, with the rows it holds
+    (changed since the base) in their place."""
     what = ["ids", "values", *(f"slot_{s}" for s in slot_names)]
     found: dict[str, list[np.ndarray]] = {w: [] for w in what}
+    removed: list[np.ndarray] = []
     for part in part_infos(info):
         reader = tf.train.load_checkpoint(part.tf_prefix)
         keys = set(reader.get_variable_to_shape_map())
@@ -139,10 +160,28 @@ def read_table(info: SaveInfo, table: str, slot_names: tuple[str, ...] | list[st
                 f"another optimizer? the table's optimizer has slots {list(slot_names)})")
         for w, key in names.items():
             found[w].append(reader.get_tensor(key))
+        gone = f"{TRACKABLE}/{table_tensor_name(table, 'removed')}{_ATTR}"
+        if gone in keys:
+            removed.append(reader.get_tensor(gone))
     if not found["ids"]:
         return None
-    return (np.concatenate(found["ids"]), np.concatenate(found["values"]),
-            {s: np.concatenate(found[f"slot_{s}"]) for s in slot_names})
+    ids = np.concatenate(found["ids"])
+    values = np.concatenate(found["values"])
+    slots = {s: np.concatenate(found[f"slot_{s}"]) for s in slot_names}
+    base = table_base(info)
+    if base is None:
+        return ids, values, slots
+    before = read_table(base, table, slot_names)
+    if before is None:
+        raise CheckpointError(f"{info.path}: its base {base.path} has no rows of "
+                              f"embedding table '{table}'")
+    old_ids, old_values, old_slots = before
+    keep = ~np.isin(old_ids, np.concatenate([ids, *removed]))
+    order = np.argsort(np.concatenate([old_ids[keep], ids]), kind="stable")
+    return (np.concatenate([old_ids[keep], ids])[order],
+            np.concatenate([old_values[keep], values])[order],
+            {s: np.concatenate([old_slots[s][keep], slots[s]])[order]
+             for s in slot_names})
 
 
 def fit_shape(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:

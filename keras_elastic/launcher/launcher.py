@@ -117,6 +117,9 @@ class LaunchConfig:
     max_ps_restarts: int = 3
     ps_checkpoint_secs: float = 30.0
     ps_checkpoint_versions: int = 0
+    # Embedding tables in automatic checkpoints: a full save every this many
+    # (the others hold the rows changed since the previous one); 1: all full.
+    ps_checkpoint_full_every: int = 8
     ps_checkpoints_to_keep: int = 2
     max_master_restarts: int = 3
     resume: bool = False          # continue the job of job_dir from its journal
@@ -173,6 +176,9 @@ class LaunchConfig:
         if self.max_ps_restarts < 0:
             raise ValueError("--max_ps_restarts must be >= 0, got "
                              f"{self.max_ps_restarts}")
+        if self.ps_checkpoint_full_every < 1:
+            raise ValueError(f"--ps_checkpoint_full_every must be at least 1, got "
+                             f"{self.ps_checkpoint_full_every}")
         if self.ps_checkpoint_secs < 0 or self.ps_checkpoint_versions < 0:
             raise ValueError("--ps_checkpoint_secs and --ps_checkpoint_versions must "
                              "be >= 0 (0: off)")
@@ -408,6 +414,7 @@ class Launcher:
             self.ps_checkpoint_dir, self.ps_addresses, self.master,
             every_secs=self.config.ps_checkpoint_secs,
             every_versions=self.config.ps_checkpoint_versions,
+            full_every=self.config.ps_checkpoint_full_every,
             keep=self.config.ps_checkpoints_to_keep)
         self.checkpointer.start()
         self.prober.set_targets({"master": self.master_address, **{

@@ -9,7 +9,12 @@ The launcher keeps them in `JOB_DIR/ps_checkpoints/`:
   versions (whichever comes first), while the model changes, and once more
   when training ends, every server saves its share through the same sharded,
   validated writer as `ShardedModelCheckpoint`; the manifest holds the master's
-  progress read just before.
+  progress read just before. Embedding tables are saved incrementally: a
+  checkpoint holds the rows changed since the previous one (and the ids
+  removed), naming it as its base, with a full save every `full_every`
+  checkpoints and after any recovery; restoring reads the chain, pruning keeps
+  the bases of the checkpoints kept, and a damaged link makes its successors
+  damaged too (`checkpoint/integrity.py`).
 
 Each part holds its server's task log with the variables, so a restore is
 exact even though the servers do not save at the very same instant (see
@@ -80,7 +85,7 @@ class AutoCheckpointer:
 
     def __init__(self, directory: str, ps_addresses: list[str], master: MasterClient,
                  every_secs: float = 30.0, every_versions: int = 0, keep: int = 2,
-                 poll_secs: float = 0.5) -> None:
+                 poll_secs: float = 0.5, full_every: int = 8) -> None:
         self.directory = os.path.abspath(directory)
         self.init_dir = os.path.join(self.directory, INIT)
         os.makedirs(self.init_dir, exist_ok=True)
@@ -90,6 +95,13 @@ class AutoCheckpointer:
         self.every_versions = every_versions
         self.keep = max(1, keep)
         self.poll_secs = poll_secs
+        # Embedding tables are saved incrementally (the rows changed since the
+        # previous automatic checkpoint), with a full save every `full_every`
+        # (1: always full). `_chain`: (the last save's path, saves since the
+        # last full one), None when the next must be full.
+        self.full_every = max(1, full_every)
+        self._chain: tuple[str, int] | None = None
+        self._has_tables = False
         self.saves = 0
         self.failures = 0
         self.last_error: str | None = None
@@ -131,6 +143,7 @@ class AutoCheckpointer:
             self._ps = None
 
     def resume(self) -> None:
+        self._chain = None  # restored or restarted servers: the next save is full
         self._last_save = time.time()
         self._last_versions = None
         self._paused.clear()
@@ -193,6 +206,7 @@ class AutoCheckpointer:
             return
         self._write_init_manifest()
         statuses = self._client().status_all(timeout=30)
+        self._has_tables = any(s.tables for s in statuses)
         versions = [s.version for s in statuses]
         if self._last_versions is None:
             self._last_versions = versions
@@ -217,13 +231,25 @@ class AutoCheckpointer:
         status = status or self.master.job_status()
         progress = training_progress(status)
         name = f"ckpt-{layout.next_sequence(self.directory):06d}"
-        info, parts = save_checkpoint(self._client(), self.directory, name, progress,
-                                      automatic=True, extra={"automatic": True},
-                                      max_to_keep=self.keep, started=start,
-                                      select=lambda c: c.name != INIT)
+        base = ""
+        if (self._has_tables and self._chain is not None
+                and self._chain[1] + 1 < self.full_every
+                and os.path.isdir(self._chain[0])):
+            base = self._chain[0]
+        try:
+            info, parts = save_checkpoint(
+                self._client(), self.directory, name, progress, automatic=True,
+                extra={"automatic": True}, max_to_keep=self.keep, started=start,
+                select=lambda c: c.name != INIT, table_base=base)
+        except BaseException:
+            self._chain = None  # whatever went wrong, start again from a full one
+            raise
+        self._chain = (info.path, self._chain[1] + 1 if base else 0)
         self._last_save = time.time()
         self._last_versions = [p.model_version for p in parts]
         self.saves += 1
-        logging.info("automatic parameter-server checkpoint %s (%.2f s)", info.path,
-                     time.time() - start)
+        logging.info("automatic parameter-server checkpoint %s (%.2f s%s)", info.path,
+                     time.time() - start,
+                     f"; embedding rows changed since {os.path.basename(base)}"
+                     if base else "")
         return info

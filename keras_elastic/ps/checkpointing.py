@@ -19,6 +19,7 @@ the optimizer's config and the embedding tables' specs).
 from __future__ import annotations
 
 import base64
+import os
 
 import cloudpickle
 import numpy as np
@@ -73,9 +74,13 @@ def register_groups(store: ParameterStore, groups: dict[str, dict]) -> None:
         store.register_optimizer(name, group["config"], group["variables"])
 
 
-def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
+def snapshot(store: ParameterStore, table_seqs: dict[str, int] | None = None
+             ) -> tuple[dict[str, np.ndarray], dict]:
     """Copies of every value, and the manifest fields that go with them, taken
-    in one step (buffered gradients are applied first)."""
+    in one step (buffered gradients are applied first). `table_seqs` (an
+    incremental save): each embedding table's rows changed after that change
+    number, and the ids removed since (`t_<table>_removed`), not every row:
+    the copy under the lock follows the rows changed, not the table's size."""
     with store.lock:
         if not store.initialized:
             raise ValueError("nothing to save: the server was never initialized")
@@ -83,7 +88,11 @@ def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
         values = {name: np.array(keras_value(v))
                   for name, v in named_variables(store).items()}
         for name, table in store.tables.items():
-            ids, rows, slots = table.export()
+            if table_seqs is None:
+                ids, rows, slots = table.export()
+            else:
+                ids, rows, slots, removed = table.export_since(table_seqs[name])
+                values[ps_layout.table_tensor_name(name, "removed")] = removed
             values[ps_layout.table_tensor_name(name, "ids")] = ids
             values[ps_layout.table_tensor_name(name, "values")] = rows
             for slot, array in slots.items():
@@ -95,8 +104,30 @@ def snapshot(store: ParameterStore) -> tuple[dict[str, np.ndarray], dict]:
             "optimizer_groups": optimizer_groups(store),
             "tables": store.table_specs,
             "task_log": store.log.to_json(),
+            # Where each table stands: what a later incremental save of this
+            # server (same incarnation) starts after.
+            "table_seqs": {n: t.seq for n, t in store.tables.items()},
+            "incarnation": store.incarnation,
         }
     return values, fields
+
+
+def _base_seqs(store: ParameterStore, ps_index: int, base: str) -> dict[str, int]:
+    """The change numbers this server's part of checkpoint `base` recorded,
+    checked to be of this server's current life (same incarnation: not
+    restarted nor restored since) and of every table."""
+    from keras_elastic.checkpoint.manifest import read_manifest
+
+    part = read_manifest(os.path.join(base, f"ps-{ps_index:03d}"))
+    seqs = part.extra.get("table_seqs")
+    if part.extra.get("incarnation") != store.incarnation or seqs is None:
+        raise ValueError(f"{base} is not of this server's state (restarted or "
+                         "restored since): an incremental save needs a full one first")
+    missing = sorted(set(store.tables) - set(seqs))
+    if missing:
+        raise ValueError(f"{base} does not hold embedding table(s) {missing}: an "
+                         "incremental save needs a full one first")
+    return {n: int(seqs[n]) for n in store.tables}
 
 
 def keras_value(variable):
@@ -111,13 +142,19 @@ def _required(value: str, what: str, method: str) -> str:
 
 
 def save_shard(store: ParameterStore, ps_index: int, num_ps: int, directory: str,
-               callback: str | None = None, extra: dict | None = None) -> SaveInfo:
+               callback: str | None = None, extra: dict | None = None,
+               table_base: str = "") -> SaveInfo:
     """Writes this server's part into the checkpoint directory `directory`
     (through the sharding callback `callback`, as `encode_callback` gives it;
-    None: ShardByTaskPolicy); `extra`: what its manifest records of the save.
-    Returns the part's manifest."""
+    None: ShardByTaskPolicy); `extra`: what its manifest records of the save;
+    `table_base`: an earlier checkpoint of this server, whose tables this
+    part holds the changes after (incremental; "": every row). Returns the
+    part's manifest."""
     directory = _required(directory, "checkpoint directory", "Save")
-    values, fields = snapshot(store)
+    seqs = _base_seqs(store, ps_index, table_base) if table_base else None
+    values, fields = snapshot(store, seqs)
+    if table_base:
+        fields["table_base"] = os.path.basename(os.path.normpath(table_base))
     module = tf.Module()
     with tf.device("/cpu:0"):
         for name, value in values.items():

@@ -44,7 +44,8 @@ def save_checkpoint(client: PSClient, directory: str, name: str,
                     extra: dict[str, Any] | None = None,
                     max_to_keep: int | None = None,
                     select: Callable[[SaveInfo], bool] | None = None,
-                    started: float | None = None) -> tuple[SaveInfo, list]:
+                    started: float | None = None,
+                    table_base: str = "") -> tuple[SaveInfo, list]:
     """Writes checkpoint `directory/name` of every server's share; returns its
     `SaveInfo` and the servers' answers (one part each, in server order).
 
@@ -54,7 +55,10 @@ def save_checkpoint(client: PSClient, directory: str, name: str,
     ShardByTaskPolicy). `epoch`/`batch`/`step`: what the manifest records of
     the save. `automatic`: one of the launcher's recovery points. `extra`:
     more manifest fields. `max_to_keep`: then prunes the oldest checkpoints
-    `select` accepts (all by default)."""
+    `select` accepts (all by default). `table_base`: an earlier checkpoint of
+    the same servers in `directory`; the embedding tables' rows changed since
+    it are saved (an incremental checkpoint, whose manifest names its base:
+    restoring it reads the chain, `ps_layout.read_table`)."""
     started = time.time() if started is None else started
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -63,7 +67,10 @@ def save_checkpoint(client: PSClient, directory: str, name: str,
     os.makedirs(temp)
     try:
         parts = client.save_all(temp, sharding_callback, epoch=epoch, batch=batch,
-                                step=step, automatic=automatic)
+                                step=step, automatic=automatic, table_base=table_base)
+        if table_base:
+            extra = dict(extra or {}, table_base=os.path.basename(
+                os.path.normpath(table_base)))
         info = write_ps_manifest(temp, os.path.join(directory, name), parts, progress,
                                  started=started, epoch=epoch, batch=batch, step=step,
                                  extra=extra)

@@ -690,13 +690,16 @@ class PSClient:
     def save_all(self, directory: str, sharding_callback: str = "", *,
                  epoch: int | None = None, batch: int | None = None,
                  step: int | None = None, automatic: bool = False,
-                 timeout: float = 3600) -> list[ps_pb2.SaveResponse]:
+                 timeout: float = 3600, table_base: str = ""
+                 ) -> list[ps_pb2.SaveResponse]:
         """Has every server write its part of a checkpoint into `directory`
         (`sharding_callback`: `ps.checkpointing.encode_callback(...)`, empty
-        for ShardByTaskPolicy); returns the parts, in server order."""
+        for ShardByTaskPolicy); returns the parts, in server order.
+        `table_base`: an earlier checkpoint of the same servers; their tables'
+        rows changed since it are saved, not every row (incremental)."""
         request = ps_pb2.SaveRequest(directory=directory,
                                      sharding_callback=sharding_callback,
-                                     automatic=automatic)
+                                     automatic=automatic, table_base=table_base)
         for field, value in (("epoch", epoch), ("batch", batch), ("step", step)):
             if value is not None:
                 setattr(request, field, int(value))

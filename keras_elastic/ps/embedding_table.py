@@ -62,6 +62,8 @@ from keras_elastic.ps.row_init import initial_rows
 from keras_elastic.ps.sparse_optimizers import SparseOptimizer
 
 _MIN_CAPACITY = 16
+# Ids of removed rows remembered for the next incremental checkpoint, at most.
+_MAX_REMOVALS_KEPT = 10_000_000
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -135,6 +137,13 @@ class EmbeddingTable:
         self._slots = {s: np.zeros((0, self.dim), dtype) for s in self.slot_names}
         # The version each row was last updated (or made) at, for eviction.
         self._touched = np.zeros(0, np.int64)
+        # Incremental checkpoints: `seq` counts the calls that change rows;
+        # `_changed[row]` is the seq of the row's last change, `_removed` the
+        # (seq, ids) of rows removed (see `export_since`).
+        self.seq = 0
+        self._changed = np.zeros(0, np.int32)
+        self._removed: list[tuple[int, np.ndarray]] = []
+        self._removals_forgotten = 0  # removals up to this seq were dropped
 
     def __repr__(self) -> str:
         bound = "unbounded" if self.input_dim is None else f"input_dim={self.input_dim}"
@@ -153,7 +162,8 @@ class EmbeddingTable:
         0
         """
         return (self._values.nbytes + self._ids.nbytes + self._index.nbytes
-                + self._touched.nbytes + sum(a.nbytes for a in self._slots.values())
+                + self._touched.nbytes + self._changed.nbytes
+                + sum(a.nbytes for a in self._slots.values())
                 + (self._sketch.nbytes if self._sketch is not None else 0))
 
     def counters(self) -> dict[str, int]:
@@ -223,6 +233,7 @@ the table has input_dim 10 (ids 0 to 9)
         self._slots = {s: grown(a) for s, a in self._slots.items()}
         if self._evicting:  # (8 bytes a row, only where rows are evicted)
             self._touched = grown(self._touched)
+        self._changed = grown(self._changed)
 
     def _add(self, new_ids: np.ndarray, values: np.ndarray,
              slots: dict[str, np.ndarray]) -> None:
@@ -235,6 +246,7 @@ the table has input_dim 10 (ids 0 to 9)
             self._slots[slot][start:end] = slots[slot]
         if self._evicting:
             self._touched[start:end] = self.clock
+        self._changed[start:end] = self._next_seq()
         self._index.insert(new_ids, np.arange(start, end))
         self._size = end
 
@@ -339,6 +351,7 @@ the table has input_dim 10 (ids 0 to 9)
         self._values[rows] = values
         for slot, array in slots.items():
             self._slots[slot][rows] = array
+        self._changed[rows] = self._next_seq()
         if self._evicting:
             self._touched[rows] = self.clock
             self._evict()
@@ -367,6 +380,13 @@ the table has input_dim 10 (ids 0 to 9)
         moving the others down; the index is rebuilt (vectorized)."""
         keep = ~doomed
         n = int(keep.sum())
+        self._removed.append((self._next_seq(), self._ids[:self._size][doomed].copy()))
+        if sum(len(ids) for _, ids in self._removed) > _MAX_REMOVALS_KEPT:
+            # No incremental checkpoint for long (full ones only): forget
+            # them; a delta against an older base is refused (`export_since`).
+            self._removals_forgotten = self._removed[-1][0]
+            self._removed = []
+        self._changed[:n] = self._changed[:self._size][keep]
         self._ids[:n] = self._ids[:self._size][keep]
         self._values[:n] = self._values[:self._size][keep]
         for array in self._slots.values():
@@ -390,6 +410,37 @@ the table has input_dim 10 (ids 0 to 9)
         order = np.argsort(self._ids[:self._size], kind="stable")
         return (self._ids[order], self._values[order],
                 {s: a[order] for s, a in self._slots.items()})
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def export_since(self, seq: int) -> tuple[np.ndarray, np.ndarray,
+                                              dict[str, np.ndarray], np.ndarray]:
+        """What changed after change number `seq` (a previous export's
+        `self.seq`): (ids sorted, values, {slot: rows}, removed ids), copies
+        of the changed rows only (an incremental checkpoint). Forgets the
+        removals at or before `seq` (later exports start after it).
+
+        >>> table = EmbeddingTable("t", 1, initializer_config="zeros")
+        >>> _ = table.lookup(np.array([1, 2]))
+        >>> mark = table.seq
+        >>> _ = table.lookup(np.array([3]))
+        >>> ids, values, slots, removed = table.export_since(mark)
+        >>> ids.tolist(), removed.tolist()
+        ([3], [])
+        """
+        if seq < self._removals_forgotten:
+            raise ValueError(f"embedding table {self.name!r}: the rows removed since "
+                             "the base checkpoint are no longer known: a full "
+                             "checkpoint is needed")
+        changed = np.flatnonzero(self._changed[:self._size] > seq)
+        order = changed[np.argsort(self._ids[changed], kind="stable")]
+        self._removed = [(s, ids) for s, ids in self._removed if s > seq]
+        removed = (np.unique(np.concatenate([ids for _, ids in self._removed]))
+                   if self._removed else np.zeros(0, np.int64))
+        return (self._ids[order], self._values[order],
+                {s: a[order] for s, a in self._slots.items()}, removed)
 
     def load(self, ids: np.ndarray, values: np.ndarray,
              slots: dict[str, np.ndarray]) -> None:
@@ -432,6 +483,7 @@ the table has input_dim 10 (ids 0 to 9)
         self._values[rows[held]] = values[held]
         for slot in self.slot_names:
             self._slots[slot][rows[held]] = slots[slot][held]
+        self._changed[rows[held]] = self._next_seq()
         new = ~held
         if new.any():
             self._add(ids[new], values[new], {s: a[new] for s, a in slots.items()})

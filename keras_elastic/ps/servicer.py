@@ -438,7 +438,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             extra["automatic"] = True
         try:
             info = save_shard(self.store, self.ps_index, self.num_ps, request.directory,
-                              request.sharding_callback or None, extra)
+                              request.sharding_callback or None, extra,
+                              table_base=request.table_base)
             return ps_pb2.SaveResponse(name=info.name, path=info.path,
                                        model_version=info.extra["model_version"])
         except Exception as e:  # noqa: BLE001 - TensorFlow's write errors too

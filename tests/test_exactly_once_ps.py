@@ -56,6 +56,8 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         every += ("--ps_partition_bytes=128",)
     table = ("--table_rows=300", "--admit_after=2", "--max_rows=120") \
         if checkpoint == "table" else ()
+    if table:  # a chain of at most 3 incremental checkpoints after each full one
+        every += ("--ps_checkpoint_full_every=4",)
     out, result = counting_job(
         tmp_path, data, f"--num_ps={num_ps}", *every,
         script_args=("--sleep_per_batch=0.05", *(("--vector=64",) if split else ()),

@@ -249,12 +249,6 @@ class PSClient:
             return sorted({p.server for p in self._split[name][0]})
         return [ps_for(name, self.num_ps)]
 
-    def pieces(self, name: str) -> list[Piece]:
-        """Where variable `name` is: one piece for a variable held whole."""
-        if name in self._split:
-            return list(self._split[name][0])
-        return [Piece(name, name, ps_for(name, self.num_ps), 0, -1)]
-
     def _place(self, name: str, value: np.ndarray):
         """(server, name there, value there) for each piece of `value`."""
         split = self._split.get(name)

@@ -138,7 +138,3 @@ class IdIndex:
         """(ids, rows) of every id held, in slot order."""
         held = self._keys != _EMPTY
         return self._keys[held].copy(), self._rows[held].astype(np.int64)
-
-    def clear(self) -> None:
-        self._keys[:] = _EMPTY
-        self._count = 0

@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 from conftest import REPO, subprocess_env
 
+from keras_elastic.common.errors import DataError
 from keras_elastic.jobs import job_flags, zoo_hooks
 from keras_elastic.jobs.elasticdl_compat import ElasticDLFinder
 from keras_elastic.jobs.model_def import ModelDefError, check_model_def, load_model_def
@@ -154,8 +155,8 @@ def test_a_ctr_module_importing_the_recordio_reader_loads_and_its_hook_says_why_
     # keras-elastic never calls, fails with what to do if called.
     module, _, _ = load_model_def("deepfm.deepfm_functional_api.custom_model", ZOO,
                                   feed="feed")
-    with pytest.raises(NotImplementedError, match="RecordIO is not a keras-elastic data "
-                                                  "format: convert the data to TFRecord"):
+    with pytest.raises(DataError, match="RecordIO is not a keras-elastic data "
+                                        "format: convert the data to TFRecord"):
         module.custom_data_reader("data/")
     assert not _elasticdl_importable()
 

@@ -560,3 +560,40 @@ def test_admission_and_a_row_bound_in_a_fit(start_cluster, num_ps):
     model.predict(unseen.reshape(-1, FIELDS), verbose=0)
     model.evaluate(ids[:64], y[:64], verbose=0)
     assert sum(len(t) for t in tables) == len(held)
+
+
+def test_admission_and_eviction_options_are_checked():
+    with pytest.raises(ValueError, match="'t': admit_after must be an integer >= 0 or "
+                                         "None, got -2"):
+        ke.layers.Embedding(10, 2, name="t", admit_after=-2)
+    model = keras.Sequential([keras.Input((3,), dtype="int64"),
+                              keras.layers.Embedding(100, 4, name="ids")])
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['admit'\]; the "
+                                         "options are"):
+        ke.wrap(model, ps_embeddings_above=0, ps_embedding_options={"ids": {"admit": 2}})
+    with pytest.raises(ValueError, match="ps_embedding_options needs "
+                                         "ps_embeddings_above"):
+        ke.wrap(model, ps_embedding_options={"admit_after": 2})
+    ke.wrap(model, ps_embeddings_above=0, ps_embedding_options={"ids": {"max_rows": 50}})
+    assert model.get_layer("ids").table_spec()["max_rows"] == 50
+
+
+def test_a_table_model_called_unbuilt_says_to_build_it(cluster):
+    from keras_elastic.worker.session import session_of
+
+    model = SubclassedTableModel()
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    with pytest.raises(ValueError, match="are not built: build it"):
+        session_of(model).connect_for_tables()
+
+
+def test_an_incremental_save_against_forgotten_removals_is_refused(monkeypatch):
+    from keras_elastic.ps import embedding_table
+    from keras_elastic.ps.embedding_table import EmbeddingTable
+
+    monkeypatch.setattr(embedding_table, "_MAX_REMOVALS_KEPT", 2)
+    table = EmbeddingTable("t", 2, max_rows=3)
+    table.lookup(np.arange(10))  # 7 rows removed: more than the log keeps
+    with pytest.raises(ValueError, match="the rows removed since the base checkpoint "
+                                         "are no longer known: a full checkpoint"):
+        table.export_since(0)

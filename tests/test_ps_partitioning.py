@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from keras_elastic.checkpoint import ps_layout
+from keras_elastic.checkpoint.errors import CheckpointError
+from keras_elastic.checkpoint.manifest import read_manifest
 from keras_elastic.checkpoint.ps_manifest import write_ps_manifest
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.common import variable_slices
@@ -290,3 +292,40 @@ def test_a_restarted_server_rebuilds_its_slices_from_the_checkpoint(servers, tmp
     with pytest.raises(ValueError, match="was saved by 2 servers with variables split "
                                          "over them: a server 0 of 3 cannot be created"):
         init_from_checkpoint(ParameterStore(), 0, 3, path)
+
+
+def test_launch_flags_of_partitioning_and_table_checkpoints_are_checked():
+    from keras_elastic.launcher import LaunchConfig
+
+    with pytest.raises(ValueError, match="--ps_partition_bytes must not be negative, "
+                                         "got -1"):
+        LaunchConfig(ps_partition_bytes=-1).validate()
+    with pytest.raises(ValueError, match="--ps_checkpoint_full_every must be at least "
+                                         "1, got 0"):
+        LaunchConfig(ps_checkpoint_full_every=0).validate()
+
+
+def test_a_slot_of_another_shape_than_its_split_variable_is_refused(servers):
+    values = _model_values(np.random.default_rng(4))
+    client = PSClient([s.address for s in servers])
+    state = {"0000_wide_kernel_momentum": (np.zeros(7, np.float32), "0000/wide/kernel")}
+    with pytest.raises(ValueError, match="optimizer variable '0000_wide_kernel_momentum' "
+                                         "of '0000/wide/kernel' is not a slot of its "
+                                         r"shape \[40, 30\]"):
+        client.init({k: (v, True) for k, v in values.items()},
+                    keras.optimizers.serialize(keras.optimizers.Adam()),
+                    optimizer_state=state, partition_bytes=256)
+
+
+@pytest.mark.parametrize("servers", [2], indirect=True)
+def test_a_checkpoint_missing_a_slice_says_so(servers, tmp_path):
+    values = _model_values(np.random.default_rng(5))
+    client = PSClient([s.address for s in servers])
+    client.init({k: (v, True) for k, v in values.items()},
+                keras.optimizers.serialize(keras.optimizers.SGD()), partition_bytes=256)
+    info = read_manifest(_save(client, str(tmp_path / "ckpt")))
+    info.extra["parts"] = info.extra["parts"][:1]  # server 1's part lost
+    name = ps_layout.variable_name("0000/wide/kernel")
+    with pytest.raises(CheckpointError, match=r"the slices of \['v_0000_wide_kernel'\] "
+                                              r"do not cover them \(a part is missing\?\)"):
+        ps_layout.read_values(info, [name])

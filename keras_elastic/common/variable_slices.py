@@ -70,23 +70,30 @@ def parse(name: str) -> SliceName | None:
     return SliceName(prefix, int(begin), int(end), int(size), suffix)
 
 
+def _groups(names) -> dict[tuple[str, int], list[tuple[int, int, str]]]:
+    """{(whole name, size): [(begin, end, slice name)], by begin} of the slice
+    names among `names`."""
+    groups: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+    for name in names:
+        found = parse(name)
+        if found is not None:
+            groups.setdefault((found.whole, found.size), []).append(
+                (found.begin, found.end, name))
+    for pieces in groups.values():
+        pieces.sort()
+    return groups
+
+
 def assemble(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The whole values (1-D, C order) of the variables whose slices
     `values` holds together, by whole name; a variable some of whose elements
     no slice holds is left out (`missing_slices` names them)."""
-    groups: dict[tuple[str, int], list[tuple[int, int, np.ndarray]]] = {}
-    for name, value in values.items():
-        found = parse(name)
-        if found is not None:
-            groups.setdefault((found.whole, found.size), []).append(
-                (found.begin, found.end, value))
     out: dict[str, np.ndarray] = {}
-    for (whole, size), pieces in groups.items():
-        pieces.sort(key=lambda p: p[0])
+    for (whole, size), pieces in _groups(values).items():
         if _covered(pieces, size):
-            flat = np.empty(size, np.asarray(pieces[0][2]).dtype)
-            for begin, end, value in pieces:
-                flat[begin:end] = np.reshape(value, -1)
+            flat = np.empty(size, np.asarray(values[pieces[0][2]]).dtype)
+            for begin, end, name in pieces:
+                flat[begin:end] = np.reshape(values[name], -1)
             out[whole] = flat
     return out
 
@@ -94,14 +101,8 @@ def assemble(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def missing_slices(values: Mapping[str, np.ndarray]) -> list[str]:
     """Whole names of the variables whose slices in `values` leave elements
     uncovered (a checkpoint missing a part)."""
-    groups: dict[tuple[str, int], list[tuple[int, int, None]]] = {}
-    for name in values:
-        found = parse(name)
-        if found is not None:
-            groups.setdefault((found.whole, found.size), []).append(
-                (found.begin, found.end, None))
-    return sorted(w for (w, size), p in groups.items()
-                  if not _covered(sorted(p, key=lambda x: x[0]), size))
+    return sorted(whole for (whole, size), pieces in _groups(values).items()
+                  if not _covered(pieces, size))
 
 
 def _covered(pieces: list[tuple[int, int, object]], size: int) -> bool:

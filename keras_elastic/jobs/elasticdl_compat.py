@@ -33,6 +33,8 @@ import logging
 import sys
 from collections.abc import Iterator
 
+from keras_elastic.common.errors import DataError
+
 # ElasticDL's constants (elasticdl/python/common/constants.py), plain strings
 # as in ElasticDL: `mode` arguments given to dataset_fn/feed are these values.
 
@@ -98,7 +100,7 @@ class RecordIODataReader:
     says so."""
 
     def __init__(self, *args, **kwargs):
-        raise NotImplementedError(
+        raise DataError(
             "RecordIO is not a keras-elastic data format: convert the data to "
             "TFRecord files and give them as --training_data, --validation_data or "
             "--prediction_data (the module's feed/dataset_fn parses them)")

@@ -369,11 +369,10 @@ the table has input_dim 10 (ids 0 to 9)
             self._ttl_checked = self.clock
             doomed |= self._touched[:size] < self.clock - self.ttl_versions
         if self.max_rows is not None and size - int(doomed.sum()) > self.max_rows:
-            target = max(1, int(self.max_rows * 0.95))
-            extra = size - int(doomed.sum()) - target
+            # Keep the 95% most recently used (expired rows count as oldest).
+            gone = size - max(1, int(self.max_rows * 0.95))
             age = np.where(doomed, np.iinfo(np.int64).min, self._touched[:size])
-            doomed[np.argpartition(age, int(doomed.sum()) + extra - 1)[
-                :int(doomed.sum()) + extra]] = True
+            doomed[np.argpartition(age, gone - 1)[:gone]] = True
         if doomed.any():
             self._remove(doomed)
 

@@ -17,7 +17,14 @@ a pass over the whole table, see below):
            `ke.Model.fit(ke.ElasticDataset((ids, labels)))` in this process as
            the one worker, with the master and 2 parameter servers as separate
            processes (`python -m keras_elastic.master` / `keras_elastic.ps`,
-           started with --ready_file, as the launcher does).
+           started with --ready_file, as the launcher does); once per
+           `--exchanges` (sync, pipelined: with the pipelined exchange each
+           batch's rows are looked up while the step before it computes).
+
+With `--prefill_rows=N` the servers first make the rows of ids 0..N-1 (a
+table that already holds N rows, e.g. 100,000,000 on 2 servers), then look up
+`--rate_ids` ids of the data: the servers' resident memory per row and their
+lookups per CPU-second are printed.
 
 The first `--warmup_steps` steps of each run (tracing, the first pulls) are
 left out: the clock runs from the end of step `warmup_steps` to the end of the
@@ -37,7 +44,9 @@ and values separately) and, at the wire, the protobuf size of the `Lookup` and
 `PushSmall` messages; the minimum per step (unique ids of the batch x dim x 4
 bytes, each way: rows pulled + gradient rows pushed) and the ratio (target
 <= 1.5); the worker's and servers' resident memory against the table's size;
-CPU seconds of every process in the timed window; the worker's phase timers.
+CPU seconds of every process in the timed window; the worker's phase timers,
+and how long each step waited for its rows (sync against pipelined: the lookup
+taken off the step's path).
 
 Run from the repository root:
 
@@ -80,6 +89,15 @@ flags.DEFINE_integer("minibatches_per_task", 32, "Elastic: minibatches per task.
 flags.DEFINE_float("zipf_a", 1.2, "Exponent of the Zipf law of each field's ids.")
 flags.DEFINE_float("learning_rate", 0.05, "Adagrad learning rate.")
 flags.DEFINE_integer("num_ps", 2, "Parameter server processes (elastic).")
+flags.DEFINE_list("exchanges", ["sync", "pipelined"], "Elastic configurations, one run "
+                  "each: compile(exchange=...). With 'pipelined' each batch's rows are "
+                  "looked up while the step before it computes.")
+flags.DEFINE_integer("prefill_rows", 0, "Before training, the servers make the rows of "
+                     "ids 0..prefill_rows-1 (a table that already holds that many "
+                     "rows: its memory per row and its lookup rate are measured).")
+flags.DEFINE_integer("rate_ids", 4_000_000, "With --prefill_rows: ids looked up (in "
+                     "batches of 1,000,000, drawn from the data) to measure the "
+                     "servers' lookups per CPU-second.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and of the models.")
 flags.DEFINE_float("target_ratio", 0.7, "Elastic/plain samples/s ratio to meet.")
 flags.DEFINE_float("target_bytes_ratio", 1.5,
@@ -93,7 +111,8 @@ flags.DEFINE_bool("smoke", False, "Tiny sizes (a 10,000 x 8 table, batch 64, 2 +
 
 # --smoke: the values of the flags not given on the command line.
 SMOKE = {"rows": 10_000, "dim": 8, "fields": 4, "hidden": ["16"], "batch_size": 64,
-         "steps": 6, "plain_steps": 3, "warmup_steps": 2, "minibatches_per_task": 2}
+         "steps": 6, "plain_steps": 3, "warmup_steps": 2, "minibatches_per_task": 2,
+         "prefill_rows": 5_000, "rate_ids": 20_000}
 
 _MB = 1_000_000  # decimal megabytes
 
@@ -125,7 +144,7 @@ def unique_per_batch(ids: np.ndarray, first: int, last: int) -> np.ndarray:
 
 
 # -- the model --------------------------------------------------------------
-def compiled_model(elastic: bool):
+def compiled_model(elastic: bool, exchange: str = "sync"):
     import keras
 
     import keras_elastic as ke
@@ -140,7 +159,8 @@ def compiled_model(elastic: bool):
     outputs = keras.layers.Dense(1, activation="sigmoid")(x)
     model = (ke.Model if elastic else keras.Model)(ids, outputs)
     model.compile(optimizer=keras.optimizers.Adagrad(FLAGS.learning_rate),
-                  loss="binary_crossentropy")
+                  loss="binary_crossentropy",
+                  **({"exchange": exchange} if elastic else {}))
     return model
 
 
@@ -177,9 +197,9 @@ def instrument_ps_client() -> None:
         return
     lookup, exchange = PSClient.lookup, PSClient.exchange
 
-    def counted_lookup(self, ids):
+    def counted_lookup(self, ids, *args, **kwargs):
         start = time.perf_counter()
-        out = lookup(self, ids)
+        out = lookup(self, ids, *args, **kwargs)
         TRAFFIC.add(lookups=1, lookup_us=(time.perf_counter() - start) * 1e6,
                     lookup_ids=sum(np.size(v) for v in ids.values()),
                     lookup_ids_sent=sum(np.asarray(v, np.int64).nbytes
@@ -282,6 +302,8 @@ class Measurement:
     service_rss_before: list[int] = dataclasses.field(default_factory=list)
     service_rss: list[int] = dataclasses.field(default_factory=list)
     rows_held: list[int] = dataclasses.field(default_factory=list)
+    exchange: str = ""
+    prefill: dict = dataclasses.field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -300,7 +322,52 @@ def run_plain(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measurement:
     return m
 
 
-def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measurement:
+class Prefill:
+    """A callback that, when training begins (the model is connected), makes
+    the servers hold the rows of ids 0..`--prefill_rows`-1, then times
+    lookups of `--rate_ids` ids of the data (no rows made): the servers'
+    resident memory per row and lookups per CPU-second."""
+
+    def __init__(self, cluster, model, services, ids: np.ndarray) -> None:
+        import keras
+
+        outer = self
+        self.result: dict = {}
+
+        class _Callback(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                outer.run(cluster, model, services, ids)
+
+        self.callback = _Callback()
+
+    def run(self, cluster, model, services, ids: np.ndarray) -> None:
+        if not FLAGS.prefill_rows:
+            return
+        table = model.get_layer("table").table_name
+        servers = services[1:]  # (the master first)
+        rss0 = [rss_bytes(p.pid) for p in servers]
+        start = time.perf_counter()
+        chunk = 1_000_000
+        for first in range(0, FLAGS.prefill_rows, chunk):
+            cluster.ps.lookup({table: np.arange(
+                first, min(first + chunk, FLAGS.prefill_rows), dtype=np.int64)})
+        filled = time.perf_counter() - start
+        rss1 = [rss_bytes(p.pid) for p in servers]
+        held = [s.tables.get(table, 0) for s in cluster.ps.status_all()]
+        asked = np.resize(ids.reshape(-1), FLAGS.rate_ids)
+        cpu0, start = cpu_seconds([p.pid for p in servers]), time.perf_counter()
+        for first in range(0, len(asked), chunk):
+            cluster.ps.lookup({table: asked[first:first + chunk]}, create=False)
+        looked = time.perf_counter() - start
+        cpu = cpu_seconds([p.pid for p in servers]) - cpu0
+        self.result = dict(rows=sum(held), held=held, seconds=filled,
+                           per_row=[(b - a) / max(h, 1) for a, b, h in zip(rss0, rss1,
+                                                                         held)],
+                           ids=len(asked), lookup_seconds=looked, lookup_cpu=cpu)
+
+
+def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int,
+                exchange: str = "sync") -> Measurement:
     """The worker here; the master and the parameter servers as processes."""
     import keras_elastic as ke
     from keras_elastic.common import cluster_env
@@ -336,11 +403,14 @@ def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measuremen
                                   minibatches_per_task=FLAGS.minibatches_per_task,
                                   name="ctr")
         before = rss_bytes()  # as in run_plain: before the model exists
-        model = compiled_model(elastic=True)
+        model = compiled_model(elastic=True, exchange=exchange)
         window = Window(FLAGS.warmup_steps, [p.pid for p in services], cluster.timer)
         services_before = [rss_bytes(p.pid) for p in services]
-        model.fit(train, epochs=1, verbose=0, callbacks=[window.callback])
+        prefill = Prefill(cluster, model, services, ids)
+        model.fit(train, epochs=1, verbose=0,
+                  callbacks=[prefill.callback, window.callback])
         m = window.measurement(samples)
+        m.exchange, m.prefill = exchange, prefill.result
         m.rss_before, m.rss_after = before, rss_bytes()
         m.service_rss_before = services_before
         m.service_rss = [rss_bytes(p.pid) for p in services]
@@ -360,9 +430,10 @@ def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int) -> Measuremen
 
 
 # -- the report --------------------------------------------------------------
-def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
+def report(plain: Measurement, elastics: list[Measurement], unique: np.ndarray) -> str:
     from keras_elastic.common.timing import PHASE_HELP, format_table
 
+    elastic = elastics[0]  # traffic and memory: of the first configuration
     table_bytes = FLAGS.rows * FLAGS.dim * 4
     t = {k: v / max(elastic.traffic["exchanges"], 1) for k, v in elastic.traffic.items()}
     row_bytes = FLAGS.dim * 4
@@ -371,7 +442,6 @@ def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
     sparse = (t["lookup_ids_sent"] + t["rows_received"] + t["push_ids_sent"]
               + t["grad_rows_sent"])
     dense = t["dense_sent"] + t["dense_received"]
-    ratio = elastic.rate / plain.rate
     bytes_ratio = sparse / minimum
     lines = [
         "", f"CTR-like model: {FLAGS.fields} int64 id fields -> one table {FLAGS.rows:,}"
@@ -385,15 +455,17 @@ def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
         f"({plain.samples // FLAGS.batch_size} steps, the first records)", "",
         f"  {'configuration':44s} {'samples/s':>9s} {'wall s':>7s} {'ratio':>6s}   "
         f"{'CPU s (worker+services)':>23s} {'samples/CPU-s':>13s}"]
-    for label, m, r in (("plain Keras fit, keras.layers.Embedding", plain, None),
-                        ("keras-elastic, ke.layers.Embedding on PS", elastic, ratio)):
+    for label, m, r in [("plain Keras fit, keras.layers.Embedding", plain, None)] + [
+            (f"keras-elastic, ke.layers.Embedding on PS, {e.exchange}", e,
+             e.rate / plain.rate) for e in elastics]:
         cpu = m.worker_cpu + m.service_cpu
         lines.append(f"  {label:44s} {m.rate:9.1f} {m.seconds:7.1f} "
                      f"{'' if r is None else f'{r:6.3f}':>6s}   "
                      f"{f'{cpu:.1f} ({m.worker_cpu:.1f}+{m.service_cpu:.1f})':>23s} "
                      f"{m.samples / cpu:13.1f}")
     lines += [
-        "", "elastic worker traffic per step (mean over the timed steps; "
+        "", f"elastic worker traffic per step ({elastic.exchange}; mean over the timed "
+        "steps; "
         f"{elastic.traffic['exchanges']} pushes, {elastic.traffic['lookups']} lookups "
         "in the window):",
         f"  unique ids looked up per step:   {t['lookup_ids']:12.1f}"
@@ -433,27 +505,54 @@ def report(plain: Measurement, elastic: Measurement, unique: np.ndarray) -> str:
         f"({plain.rss_before / _MB:.1f} MB before the model: "
         f"{(plain.rss_after - plain.rss_before) / _MB:+.1f} MB, "
         f"{(plain.rss_after - plain.rss_before) / table_bytes:.3f} x the table)",
-        "", "per-phase seconds of the elastic worker, timed window:"]
-    lines += ["  " + r for r in format_table(elastic.phases, elastic.seconds).splitlines()]
+        ]
+    filled = elastic.prefill
+    if filled:
+        minimum_row = 8 + 2 * row_bytes  # id + row + Adagrad accumulator
+        per_row = float(np.mean(filled["per_row"]))
+        rate = filled["ids"] / max(filled["lookup_cpu"], 1e-9)
+        lines += [
+            f"  table prefilled: {filled['rows']:,} rows on {FLAGS.num_ps} servers "
+            f"({', '.join(f'{h:,}' for h in filled['held'])}) in "
+            f"{filled['seconds']:.1f} s",
+            f"  server memory per row (resident growth / rows held): {per_row:.1f} B, "
+            f"{per_row / minimum_row:.2f} x the minimum {minimum_row} (id + row + "
+            "Adagrad slot)",
+            f"  server lookups: {filled['ids']:,} ids of the data in "
+            f"{filled['lookup_seconds']:.2f} s, {filled['lookup_cpu']:.2f} server "
+            f"CPU-s: {rate / 1e6:.2f} million ids per server CPU-second (target >= 5)"]
+    lines += ["", "per-phase seconds of the elastic worker, timed window:"]
+    for e in elastics:
+        lines += [f"  {e.exchange}:"]
+        lines += ["  " + r for r in format_table(e.phases, e.seconds).splitlines()]
     lines += [f"  {phase}: {text}" for phase, text in PHASE_HELP.items()
-              if phase in elastic.phases]
-    steps = max(elastic.traffic["exchanges"], 1)
-    step_ms = elastic.seconds / steps * 1e3
-    lookup_ms, exchange_ms = t["lookup_us"] / 1e3, t["exchange_us"] / 1e3
-    lines += [
-        "  (the step's embedding lookup runs inside 'compute'; its time is in 'pull')",
-        "", "elastic step, ms (mean over the timed steps, from the PSClient wrappers):",
-        f"  {step_ms:.1f} = PSClient.lookup {lookup_ms:.1f} + PSClient.exchange "
-        f"{exchange_ms:.1f} + the rest {step_ms - lookup_ms - exchange_ms:.1f} "
-        "(forward/backward, py_function hops, assigning the values pushed back, "
-        "Keras' loop)"]
-    verdict = "meets" if ratio >= FLAGS.target_ratio else "is BELOW"
+              if any(phase in e.phases for e in elastics)]
+    lines += ["", "elastic step, ms (mean over the timed steps; PSClient calls timed "
+              "where they run, the lookup wait on the step's path from 'lookup'):"]
+    waits = {}
+    for e in elastics:
+        te = {k: v / max(e.traffic["exchanges"], 1) for k, v in e.traffic.items()}
+        steps = max(e.traffic["exchanges"], 1)
+        step_ms = e.seconds / steps * 1e3
+        lookup_ms, exchange_ms = te["lookup_us"] / 1e3, te["exchange_us"] / 1e3
+        waits[e.exchange] = e.phases.get("lookup", 0.0) / steps * 1e3
+        lines += [
+            f"  {e.exchange}: step {step_ms:.1f}; PSClient.lookup {lookup_ms:.1f}, "
+            f"PSClient.exchange {exchange_ms:.1f}; the step waited for its rows "
+            f"{waits[e.exchange]:.2f}"]
+    if "sync" in waits and "pipelined" in waits:
+        lines += [f"lookup wait on the step's path, pipelined / sync: "
+                  f"{waits['pipelined'] / max(waits['sync'], 1e-9):.3f} (the rows looked "
+                  "up while the step before computes)"]
     bverdict = "meets" if bytes_ratio <= FLAGS.target_bytes_ratio else "is ABOVE"
-    lines += [
-        "", f"samples/s ratio elastic/plain {ratio:.3f} {verdict} the target "
-        f"{FLAGS.target_ratio}",
-        f"embedding bytes per step / minimum {bytes_ratio:.3f} {bverdict} the target "
-        f"{FLAGS.target_bytes_ratio}"]
+    lines.append("")
+    for e in elastics:
+        ratio = e.rate / plain.rate
+        verdict = "meets" if ratio >= FLAGS.target_ratio else "is BELOW"
+        lines.append(f"samples/s ratio elastic ({e.exchange})/plain {ratio:.3f} "
+                     f"{verdict} the target {FLAGS.target_ratio}")
+    lines.append(f"embedding bytes per step / minimum {bytes_ratio:.3f} {bverdict} the "
+                 f"target {FLAGS.target_bytes_ratio}")
     return "\n".join(lines)
 
 
@@ -464,6 +563,10 @@ def main(argv: list[str]) -> None:
         for name, value in SMOKE.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
+    unknown = sorted(set(FLAGS.exchanges) - {"sync", "pipelined"})
+    if unknown or not FLAGS.exchanges:
+        raise app.UsageError(f"--exchanges: {unknown or 'none'}; give sync, pipelined "
+                             "or both")
     if FLAGS.warmup_steps < 1 or FLAGS.steps < 1:
         raise app.UsageError("--warmup_steps and --steps must be at least 1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -473,15 +576,19 @@ def main(argv: list[str]) -> None:
     ids, labels = make_data(total * FLAGS.batch_size)
     unique = unique_per_batch(ids, FLAGS.warmup_steps, total)
     # Elastic first: its worker's resident memory is then not the plain run's.
-    logging.info("measuring elastic ...")
-    elastic = run_elastic(ids, labels, FLAGS.steps * FLAGS.batch_size)
-    logging.info("elastic: %.1f s for %d samples", elastic.seconds, elastic.samples)
-    gc.collect()
+    elastics = []
+    for exchange in FLAGS.exchanges:
+        logging.info("measuring elastic, exchange=%s ...", exchange)
+        elastics.append(run_elastic(ids, labels, FLAGS.steps * FLAGS.batch_size,
+                                    exchange))
+        logging.info("elastic: %.1f s for %d samples", elastics[-1].seconds,
+                     elastics[-1].samples)
+        gc.collect()
     logging.info("measuring plain ...")
     n = (FLAGS.warmup_steps + FLAGS.plain_steps) * FLAGS.batch_size
     plain = run_plain(ids[:n], labels[:n], FLAGS.plain_steps * FLAGS.batch_size)
     logging.info("plain: %.1f s for %d samples", plain.seconds, plain.samples)
-    print(report(plain, elastic, unique), flush=True)
+    print(report(plain, elastics, unique), flush=True)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
                            count=len(q))
 
     for name, insert, get in [
-            ("IdIndex", lambda a, b: index.insert(a, b), index.get),
+            ("IdIndex", lambda a, b: index.append(a), index.get),
             ("dict", lambda a, b: table.update(zip(a.tolist(), b.tolist())), dict_get),
             ("tf MutableHashTable", lambda a, b: tf_table.insert(tf.constant(a),
                                                                  tf.constant(b)),

@@ -7,7 +7,11 @@ every row), then changes `--changed` of the rows (a push of their gradients)
 and times an incremental save against the full one (the rows changed since),
 and the store lock's hold for each (the copy under the lock). Prints both, the
 ratio delta / full (target <= 0.1 at 1% changed), and the table's bytes per
-row against the minimum (id + row + slot).
+row against the minimum (id + row + slot): as the table counts them
+(`EmbeddingTable.nbytes`) and as the process's resident memory grew while the
+rows were made (after `malloc_trim`, so freed temporaries the allocator kept
+do not count; the arrays' free capacity is never written, so it takes no
+memory).
 
 ```
 PYTHONPATH=. python bench/bench_table_checkpoint.py
@@ -21,6 +25,7 @@ figures mean nothing.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 
@@ -49,15 +54,20 @@ def main(argv: list[str]) -> None:
     from keras_elastic.ps.checkpointing import save_shard, snapshot
     from keras_elastic.ps.store import ParameterStore
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from proc_stats import trimmed_rss_bytes
+
     store = ParameterStore()
     store.init({"w": np.zeros(1, np.float32)}, {"w": True},
                keras.optimizers.serialize(keras.optimizers.Adagrad(0.1)),
                {"t": {"dim": FLAGS.dim, "initializer": "uniform"}})
     table = store.tables["t"]
     rng = np.random.default_rng(0)
+    rss_before = trimmed_rss_bytes()
     for start in range(0, FLAGS.rows, 1_000_000):
         table.lookup(np.arange(start, min(start + 1_000_000, FLAGS.rows),
                                dtype=np.int64))
+    resident = (trimmed_rss_bytes() - rss_before) / FLAGS.rows
     directory = tempfile.mkdtemp(prefix="bench-table-ckpt-")
 
     def timed_save(name: str, base: str = "", seqs: dict | None = None):
@@ -82,6 +92,7 @@ def main(argv: list[str]) -> None:
     print(f"incremental / full save time: {delta_s / full_s:.3f} (target <= 0.1)")
     print(f"bytes per row: {table.nbytes / len(table):.1f} against the minimum "
           f"{minimum} (id + row + slot): {table.nbytes / len(table) / minimum:.2f}x")
+    print(f"resident bytes per row: {resident:.1f}: {resident / minimum:.2f}x the minimum")
 
 
 if __name__ == "__main__":

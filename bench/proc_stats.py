@@ -26,3 +26,18 @@ def rss_bytes(pid: int | str = "self") -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def trimmed_rss_bytes() -> int:
+    """This process's resident memory once the C allocator gave its free memory
+    back to the operating system (glibc's `malloc_trim`): what the live
+    arrays hold, not the freed temporaries the allocator keeps for reuse."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: plain VmRSS
+        pass
+    return rss_bytes()

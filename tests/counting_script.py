@@ -35,6 +35,10 @@ flags.DEFINE_integer("table_rows", 0, "Ids of one more counting weight, an embed
                      "table on the servers (ke.layers.Embedding, dim 1): record i's "
                      "gradient counts on row i % table_rows (0: no table).")
 flags.DEFINE_integer("admit_after", 0, "The table's admit_after.")
+flags.DEFINE_bool("table_in_graph", False, "--step=keras: the table is a layer of the "
+                  "functional model (its ids computed from the inputs), not of the "
+                  "Counting layer: the step looks its rows up before the forward "
+                  "pass, and with --exchange=pipelined one batch ahead.")
 flags.DEFINE_integer("max_rows", 0, "The table's max_rows (0: none).")
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
 flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
@@ -51,16 +55,20 @@ flags.DEFINE_enum("step", "keras", ["keras", "custom", "two_optimizers"],
                   "to half of the weights (a GAN's step shape).")
 
 
+def make_table():
+    return ke.layers.Embedding(
+        FLAGS.table_rows, 1, embeddings_initializer="zeros", name="table",
+        admit_after=FLAGS.admit_after, max_rows=FLAGS.max_rows or None)
+
+
 class Counting(keras.layers.Layer):
     def build(self, input_shape):
         self.counts = [self.add_weight(shape=(), initializer="zeros", name=f"c{k}")
                        for k in range(FLAGS.weights)]
         self.vector = (self.add_weight(shape=(FLAGS.vector,), initializer="zeros",
                                        name="vector") if FLAGS.vector else None)
-        self.table = (ke.layers.Embedding(
-            FLAGS.table_rows, 1, embeddings_initializer="zeros", name="table",
-            admit_after=FLAGS.admit_after, max_rows=FLAGS.max_rows or None)
-            if FLAGS.table_rows else None)
+        self.table = (make_table() if FLAGS.table_rows and not FLAGS.table_in_graph
+                      else None)
 
     def call(self, x):
         total = tf.add_n([c for c in self.counts])
@@ -146,7 +154,12 @@ def main(argv):
             f.write(str(os.getpid()))
     if FLAGS.step == "keras":
         inputs = keras.Input((2,))
-        model = ke.Model(inputs, Counting()(inputs))
+        outputs = Counting()(inputs)
+        if FLAGS.table_rows and FLAGS.table_in_graph:
+            # Row i % table_rows: -1 per record i, as in Counting.call.
+            ids = keras.ops.mod(keras.ops.cast(inputs[:, 1], "int64"), FLAGS.table_rows)
+            outputs = outputs + inputs[:, :1] * make_table()(ids)
+        model = ke.Model(inputs, outputs)
         model.compile(optimizer=keras.optimizers.SGD(1.0), loss=MinusSum(),
                       exchange=FLAGS.exchange)
     else:
@@ -181,17 +194,20 @@ def main(argv):
     if FLAGS.output:
         # Every worker that finishes writes the final model (the same for all;
         # worker 0 may have been killed).
-        layer = model.counting if FLAGS.step != "keras" else model.layers[-1]
+        layer = model.counting if FLAGS.step != "keras" else next(
+            m for m in model.layers if hasattr(m, "counts"))
         counts = [float(np.asarray(c)) for c in layer.counts]
         if getattr(layer, "vector", None) is not None:
             counts += np.asarray(layer.vector).tolist()
         temp = f"{FLAGS.output}.{cluster.worker_id}.tmp"
         table = None
-        if getattr(layer, "table", None) is not None:
+        table_layer = (model.get_layer("table") if FLAGS.table_in_graph and
+                       FLAGS.table_rows else getattr(layer, "table", None))
+        if table_layer is not None:
             # Every row (read without making any: ids without a row read 0).
-            rows = cluster.ps.lookup({layer.table.table_name: np.arange(
+            rows = cluster.ps.lookup({table_layer.table_name: np.arange(
                 FLAGS.table_rows, dtype=np.int64)}, create=False)
-            table = rows[layer.table.table_name][:, 0].tolist()
+            table = rows[table_layer.table_name][:, 0].tolist()
         with open(temp, "w") as f:
             servers = [s.to_dict() for s in cluster.ps.status_all()]
             json.dump({"counts": counts, "ps": servers, "worker": cluster.worker_id,

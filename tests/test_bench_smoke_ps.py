@@ -80,3 +80,6 @@ def test_table_checkpoint(tmp_path):
     assert len(found) == 1 and found[0][0] > 0 and found[0][2] > 0, out
     one_positive(rf"incremental / full save time: {NUM}", out)
     one_positive(rf"bytes per row: {NUM} against the minimum", out)
+    # (20,000 rows are too few for a meaningful resident figure: printed only)
+    found = figures(rf"resident bytes per row: {NUM}: {NUM}x the minimum", out)
+    assert len(found) == 1, out

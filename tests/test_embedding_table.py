@@ -478,9 +478,11 @@ def test_huge_bounded_table_holds_only_touched_rows():
         table.apply_gradients(ids, rng.normal(size=(2_000, 32)), step, 0.01)
         table.lookup(rng.integers(0, 50_000_000, size=500))
     assert 11_000 < len(table) <= 12_500
-    # values + 2 Adam slots of 4 bytes, ids of 8 bytes; capacity at most doubled.
-    per_row = 3 * 32 * 4 + 8
-    assert len(table) * per_row <= table.nbytes <= 2 * len(table) * per_row
+    # values + 2 Adam slots of 4 bytes, the id (8) and last change (4), and
+    # the index's slots (4 bytes each, at least 3/8 full).
+    per_row = 3 * 32 * 4 + 8 + 4
+    assert len(table) * per_row <= table.nbytes <= len(table) * (per_row + 4 / 0.375)
+    assert len(table) <= table.capacity <= 1.25 * len(table) + 16
     assert table.nbytes < 20_000_000  # the full table would be 6.4 GB per array
 
 
@@ -488,9 +490,10 @@ def test_capacity_never_exceeds_a_small_input_dim():
     table = make_table(keras.optimizers.SGD(), input_dim=20)
     table.lookup(np.arange(17))
     table.lookup(np.arange(20))
-    # Rows, ids and change numbers (incremental checkpoints) for 20 ids
-    # exactly, and the id index's smallest table (64 slots of 12 bytes).
-    assert len(table) == 20 and table.nbytes == 20 * (DIM * 4 + 8 + 4) + 64 * 12
+    # Room for 20 rows exactly; rows, ids and change numbers (incremental
+    # checkpoints), and the id index's smallest table (64 slots of 4 bytes).
+    assert len(table) == 20 and table.capacity == 20
+    assert table.nbytes == 20 * (DIM * 4 + 8 + 4) + 64 * 4
 
 
 def test_export_load_round_trip():
@@ -629,6 +632,32 @@ def test_rows_unused_for_ttl_versions_are_removed():
                               step=version, learning_rate=0.5)
     assert table.export()[0].tolist() == [2]
     assert table.counters()["evicted"] == 2
+
+
+def test_eviction_and_deltas_stay_right_across_the_32_bit_wrap():
+    # Versions and change numbers are kept modulo 2**32 (4 bytes a row): a
+    # job past 2**32 of either still evicts the right rows and exports the
+    # right delta.
+    table = _table(ttl_versions=8, max_rows=3)
+    start = 2**32 - 5
+    table.seq = start
+    for version in range(start, start + 12):  # the clock wraps at version 5
+        table.clock = version
+        table.apply_gradients(np.array([version % 7]), np.ones((1, DIM), np.float32),
+                              step=version, learning_rate=0.5)
+    # At most 3 rows, the most recently used (ids of the last versions) kept.
+    kept = table.export()[0].tolist()
+    assert len(kept) <= 3
+    assert set(kept) <= {v % 7 for v in range(start + 9, start + 12)}
+    assert (start + 11) % 7 in kept
+    mark = table.seq  # past 2**32: the change numbers wrapped
+    assert mark > 2**32
+    table.clock = start + 12
+    table.apply_gradients(np.array([(start + 11) % 7]), np.ones((1, DIM), np.float32),
+                          step=start + 12, learning_rate=0.5)
+    ids, _, _, _ = table.export_since(mark)
+    assert ids.tolist() == [(start + 11) % 7]
+    assert table.export_since(start)[0].tolist() == sorted(table.export()[0].tolist())
 
 
 def test_admission_and_eviction_keywords_are_checked():

@@ -10,6 +10,7 @@ servers with SIGKILL from outside.
 
 import json
 import os
+import re
 
 import pytest
 from conftest import launch
@@ -42,6 +43,9 @@ def data(tmp_path_factory):
     # An embedding table with admission (issue 27): each record's row
     # gradient is applied or dropped (not admitted yet) exactly once.
     ("mid_push", 5, 2, "sync/admission"),
+    # The same table in the functional graph with the pipelined exchange:
+    # each batch's rows looked up while the step before it computes.
+    ("mid_push", 5, 2, "pipelined/admission-ahead"),
 ])
 def test_worker_killed_at_any_moment_applies_every_gradient_once(
         tmp_path, data, point, nth, num_ps, exchange):
@@ -51,8 +55,10 @@ def test_worker_killed_at_any_moment_applies_every_gradient_once(
         exchange = exchange.split("/")[0]
         extra += ("--vector=64",)  # 256 bytes, over 2 servers
         flags = ("--ps_partition_bytes=128",)
-    admission = exchange.endswith("/admission")
+    admission = "/admission" in exchange
     if admission:
+        if exchange.endswith("-ahead"):
+            extra += ("--table_in_graph",)
         exchange = exchange.split("/")[0]
         extra += ("--table_rows=300", "--admit_after=3")
     extra += (f"--exchange={exchange}",)
@@ -70,6 +76,12 @@ def test_worker_killed_at_any_moment_applies_every_gradient_once(
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1
     result = check_exact(tmp_path, out, output)
+    if exchange == "pipelined" and "--table_in_graph" in extra:
+        # The surviving worker took most of its steps' rows from lookups ahead.
+        logs = worker_logs(tmp_path)
+        found = [(int(a), int(n)) for a, n in re.findall(
+            r"the rows of (\d+) of (\d+) steps were looked up ahead", logs)]
+        assert found and all(n and a >= n // 2 for a, n in found), found
     if admission:
         # Applied + dropped = every record's row gradient, once an epoch.
         stats = [s["table_stats"] for s in result["ps"]]

@@ -9,20 +9,25 @@ from keras_elastic.ps.id_index import IdIndex
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 2**63 - 1), max_size=300), max_size=8),
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2**63 - 1), max_size=300),
+                          st.lists(st.booleans(), max_size=400)), max_size=8),
        st.lists(st.integers(0, 2**63 - 1), max_size=200))
-def test_inserts_and_lookups_equal_a_dict(batches, queries):
-    index, expected = IdIndex(), {}
-    for batch in batches:
+def test_appends_removals_and_lookups_equal_a_list(batches, queries):
+    index, expected = IdIndex(), []  # expected: the ids in row order
+    for batch, kept in batches:
         new = np.array(sorted(set(batch) - set(expected)), np.int64)
-        rows = np.arange(len(expected), len(expected) + len(new))
-        index.insert(new, rows)
-        expected.update(zip(new.tolist(), rows.tolist()))
+        assert index.append(new).tolist() == list(range(len(expected),
+                                                        len(expected) + len(new)))
+        expected += new.tolist()
+        # Some rows removed: the others move down, in order.
+        keep = np.array((kept + [True] * len(expected))[:len(expected)], bool)
+        index.keep(keep)
+        expected = [i for i, k in zip(expected, keep) if k]
         assert len(index) == len(expected)
-    asked = np.array(queries + list(expected)[:50], np.int64)
-    assert index.get(asked).tolist() == [expected.get(i, -1) for i in asked.tolist()]
-    ids, rows = index.items()
-    assert dict(zip(ids.tolist(), rows.tolist())) == expected
+        assert index.ids.tolist() == expected
+    asked = np.array(queries + expected[:50], np.int64)
+    row = {i: r for r, i in enumerate(expected)}
+    assert index.get(asked).tolist() == [row.get(i, -1) for i in asked.tolist()]
 
 
 def test_colliding_ids_of_one_batch_and_growth_keep_every_id():
@@ -31,16 +36,23 @@ def test_colliding_ids_of_one_batch_and_growth_keep_every_id():
     # chains, claims of the same slot within a batch, and several rehashes.
     ids = np.arange(5000, dtype=np.int64) << 40
     for k in range(0, 5000, 700):
-        index.insert(ids[k:k + 700], np.arange(k, min(k + 700, 5000)))
+        index.append(ids[k:k + 700])
     assert len(index) == 5000
     assert np.array_equal(index.get(ids), np.arange(5000))
     assert index.get(np.array([1, 3 << 40 | 1])).tolist() == [-1, -1]
-    assert index.nbytes <= 5000 / 0.375 * 12  # at least 3/8 full after growing
-    assert IdIndex().nbytes == 0  # nothing allocated before the first insert
+    # 8 bytes an id, and 4 bytes a slot at least 3/8 full after growing.
+    assert index.nbytes <= 5000 * 8 + 5000 / 0.375 * 4
+    assert IdIndex().nbytes == 0  # nothing allocated before the first append
 
 
-def test_rows_beyond_int32_are_kept():
+def test_ids_view_is_read_only():
     index = IdIndex()
-    index.insert(np.array([7], np.int64), np.array([2**40]))
-    index.insert(np.array([8], np.int64), np.array([2**33]))
-    assert index.get(np.array([7, 8])).tolist() == [2**40, 2**33]
+    index.append(np.array([4, 2]))
+    view = index.ids
+    try:
+        view[0] = 9
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("IdIndex.ids let a caller change an id")
+    assert index.get(np.array([4])).tolist() == [0]

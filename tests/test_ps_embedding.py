@@ -597,3 +597,58 @@ def test_an_incremental_save_against_forgotten_removals_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="the rows removed since the base checkpoint "
                                          "are no longer known: a full checkpoint"):
         table.export_since(0)
+
+
+def test_pipelined_rows_are_looked_up_ahead_one_step_late_like_the_weights(
+        start_cluster, monkeypatch):
+    """exchange="pipelined": each batch's rows are looked up while the step
+    before it computes (on the pipeline's thread, behind the push in flight),
+    so the lookup leaves the step's path; and the rows a step gets hold the
+    same updates as its dense weights (those before the previous step's).
+    With one worker and SGD the whole model, table included, is SGD whose
+    gradient at step k is taken at the weights of step k-1."""
+    import threading
+
+    cluster, _ = start_cluster(2)
+    ids, y = data(256, seed=3)
+    batch, epochs = 32, 2
+    threads = []
+    lookup = type(cluster.ps).lookup
+
+    def recorded(self, asked, create=True):
+        threads.append(threading.current_thread().name)
+        return lookup(self, asked, create)
+
+    monkeypatch.setattr(type(cluster.ps), "lookup", recorded)
+    elastic = build(ke.layers.Embedding, keras.optimizers.SGD(0.5))
+    elastic.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy",
+                    exchange="pipelined")
+    layer = elastic.get_layer("table")
+    start = initial_rows(keras.initializers.serialize(layer.embeddings_initializer),
+                         np.arange(VOCAB, dtype=np.int64), DIM, "float32")
+    elastic.fit(ids, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
+    steps = len(ids) // batch
+    # Each epoch's first batch is looked up by its step; every other one ahead,
+    # on the pipeline's thread.
+    assert len(threads) == epochs * steps, threads
+    ahead = sum(name.startswith("keras_elastic_push") for name in threads)
+    assert ahead == epochs * (steps - 1), threads
+
+    reference = build(keras.layers.Embedding, keras.optimizers.SGD(0.5))
+    lagging = build(keras.layers.Embedding, keras.optimizers.SGD(0.5))
+    reference.get_layer("table").set_weights([start])
+    loss_fn = keras.losses.BinaryCrossentropy()
+    for _ in range(epochs):
+        previous = reference.get_weights()
+        for k in range(0, len(ids), batch):
+            lagging.set_weights(previous)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[k:k + batch], lagging(ids[k:k + batch], training=True))
+            grads = tape.gradient(loss, lagging.trainable_weights)
+            previous = reference.get_weights()
+            reference.optimizer.apply(grads, reference.trainable_weights)
+    monkeypatch.setattr(type(cluster.ps), "lookup", lookup)
+    np.testing.assert_allclose(server_table(cluster, layer),
+                               reference.get_layer("table").get_weights()[0], atol=1e-5)
+    for a, b in zip(reference.get_weights()[1:], elastic.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -15,6 +15,7 @@ PHASE_HELP = {
     "compute": "forward + backward pass",
     "pull": "decode + assign new model values",
     "push": "send gradients, PS applies, reply arrives",
+    "lookup": "the step waited for embedding rows (looked up, or looked up ahead)",
     "evaluate": "evaluation, including waits for the epoch's end and the round",
     "predict": "prediction, including writing outputs",
 }

@@ -130,18 +130,19 @@ class EmbeddingTable:
         self.initializer_config = initializer_config
         self.optimizer = optimizer
         self.slot_names: tuple[str, ...] = optimizer.slot_names if optimizer else ()
-        self._index = IdIndex()
+        self._index = IdIndex()  # the ids, in row order (`_index.ids`)
         self._size = 0
-        self._ids = np.zeros(0, np.int64)
         self._values = np.zeros((0, self.dim), dtype)
         self._slots = {s: np.zeros((0, self.dim), dtype) for s in self.slot_names}
-        # The version each row was last updated (or made) at, for eviction.
-        self._touched = np.zeros(0, np.int64)
-        # Incremental checkpoints: `seq` counts the calls that change rows;
-        # `_changed[row]` is the seq of the row's last change, `_removed` the
+        # The version each row was last used at, for eviction, and (for
+        # incremental checkpoints) the number of its last change: both kept
+        # modulo 2**32 (4 bytes a row) and compared as differences, which
+        # stay right however long the job runs (`_age`, `export_since`).
+        self._touched = np.zeros(0, np.uint32)
+        # `seq` counts the calls that change rows; `_removed` holds the
         # (seq, ids) of rows removed (see `export_since`).
         self.seq = 0
-        self._changed = np.zeros(0, np.int32)
+        self._changed = np.zeros(0, np.uint32)
         self._removed: list[tuple[int, np.ndarray]] = []
         self._removals_forgotten = 0  # removals up to this seq were dropped
 
@@ -156,15 +157,29 @@ class EmbeddingTable:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the arrays allocated for rows, slots and ids (capacity).
+        """Bytes of the rows held (values, slots, ids, last change, last
+        use), of the id index's slots and of the admission sketch: the
+        memory the table occupies. The arrays' free capacity (up to a fifth
+        after a growth) is allocated but never written, so the operating
+        system backs it with no memory until rows fill it.
 
         >>> EmbeddingTable("t", 8, input_dim=10**9).nbytes
         0
         """
-        return (self._values.nbytes + self._ids.nbytes + self._index.nbytes
-                + self._touched.nbytes + self._changed.nbytes
-                + sum(a.nbytes for a in self._slots.values())
+        per_row = (self._values.itemsize * self.dim * (1 + len(self.slot_names))
+                   + self._changed.itemsize
+                   + (self._touched.itemsize if self._evicting else 0))
+        return (self._size * per_row + self._index.nbytes
                 + (self._sketch.nbytes if self._sketch is not None else 0))
+
+    @property
+    def capacity(self) -> int:
+        """Rows the arrays have room for before they grow again.
+
+        >>> EmbeddingTable("t", 8).capacity
+        0
+        """
+        return len(self._values)
 
     def counters(self) -> dict[str, int]:
         """rows held, rows admitted (made) and evicted so far, gradient rows
@@ -216,7 +231,7 @@ the table has input_dim 10 (ids 0 to 9)
 
     def _grow(self, needed: int) -> None:
         """Makes room for `needed` rows in all."""
-        capacity = len(self._ids)
+        capacity = len(self._values)
         if needed <= capacity:
             return
         # Grown by a quarter (not doubled): at most 25% of a large table's
@@ -230,10 +245,9 @@ the table has input_dim 10 (ids 0 to 9)
             new[:self._size] = array[:self._size]
             return new
 
-        self._ids = grown(self._ids)
         self._values = grown(self._values)
         self._slots = {s: grown(a) for s, a in self._slots.items()}
-        if self._evicting:  # (8 bytes a row, only where rows are evicted)
+        if self._evicting:  # (4 bytes a row, only where rows are evicted)
             self._touched = grown(self._touched)
         self._changed = grown(self._changed)
 
@@ -242,14 +256,13 @@ the table has input_dim 10 (ids 0 to 9)
         """Appends rows for `new_ids` (unique, not held yet)."""
         start, end = self._size, self._size + len(new_ids)
         self._grow(end)
-        self._ids[start:end] = new_ids
         self._values[start:end] = values
         for slot in self.slot_names:
             self._slots[slot][start:end] = slots[slot]
         if self._evicting:
-            self._touched[start:end] = self.clock
-        self._changed[start:end] = self._next_seq()
-        self._index.insert(new_ids, np.arange(start, end))
+            self._touched[start:end] = self._clock32()
+        self._changed[start:end] = self._next_seq32()
+        self._index.append(new_ids)
         self._size = end
 
     def _rows_of(self, unique_ids: np.ndarray, create: bool = True,
@@ -303,7 +316,7 @@ the table has input_dim 10 (ids 0 to 9)
                                         self.dim, self.dtype)
             out = found[inverse]
         if create and self._evicting:  # a training lookup: its rows are in use
-            self._touched[rows[held]] = self.clock
+            self._touched[rows[held]] = self._clock32()
             self._evict()
         return out
 
@@ -353,9 +366,9 @@ the table has input_dim 10 (ids 0 to 9)
         self._values[rows] = values
         for slot, array in slots.items():
             self._slots[slot][rows] = array
-        self._changed[rows] = self._next_seq()
+        self._changed[rows] = self._next_seq32()
         if self._evicting:
-            self._touched[rows] = self.clock
+            self._touched[rows] = self._clock32()
             self._evict()
 
     def _evict(self) -> None:
@@ -367,12 +380,12 @@ the table has input_dim 10 (ids 0 to 9)
         if self.ttl_versions is not None and (
                 self.clock - self._ttl_checked >= max(1, self.ttl_versions // 8)):
             self._ttl_checked = self.clock
-            doomed |= self._touched[:size] < self.clock - self.ttl_versions
+            doomed |= self._age() > self.ttl_versions
         if self.max_rows is not None and size - int(doomed.sum()) > self.max_rows:
             # Keep the 95% most recently used (expired rows count as oldest).
             gone = size - max(1, int(self.max_rows * 0.95))
-            age = np.where(doomed, np.iinfo(np.int64).min, self._touched[:size])
-            doomed[np.argpartition(age, gone - 1)[:gone]] = True
+            age = np.where(doomed, np.uint32(0xFFFFFFFF), self._age())
+            doomed[np.argpartition(-age.astype(np.int64), gone - 1)[:gone]] = True
         if doomed.any():
             self._remove(doomed)
 
@@ -381,14 +394,13 @@ the table has input_dim 10 (ids 0 to 9)
         moving the others down; the index is rebuilt (vectorized)."""
         keep = ~doomed
         n = int(keep.sum())
-        self._removed.append((self._next_seq(), self._ids[:self._size][doomed].copy()))
+        self._removed.append((self._next_seq(), self._index.ids[doomed].copy()))
         if sum(len(ids) for _, ids in self._removed) > _MAX_REMOVALS_KEPT:
             # No incremental checkpoint for long (full ones only): forget
             # them; a delta against an older base is refused (`export_since`).
             self._removals_forgotten = self._removed[-1][0]
             self._removed = []
         self._changed[:n] = self._changed[:self._size][keep]
-        self._ids[:n] = self._ids[:self._size][keep]
         self._values[:n] = self._values[:self._size][keep]
         for array in self._slots.values():
             array[:n] = array[:self._size][keep]
@@ -396,8 +408,7 @@ the table has input_dim 10 (ids 0 to 9)
             self._touched[:n] = self._touched[:self._size][keep]
         self.stats["evicted"] += self._size - n
         self._size = n
-        self._index = IdIndex()
-        self._index.insert(self._ids[:n], np.arange(n))
+        self._index.keep(keep)
 
     def export(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """All rows held: (ids sorted [n] int64, values [n, dim], {slot: [n, dim]}),
@@ -408,13 +419,27 @@ the table has input_dim 10 (ids 0 to 9)
         >>> table.export()[0].tolist()
         [2, 9]
         """
-        order = np.argsort(self._ids[:self._size], kind="stable")
-        return (self._ids[order], self._values[order],
+        ids = self._index.ids
+        order = np.argsort(ids, kind="stable")
+        return (ids[order], self._values[order],
                 {s: a[order] for s, a in self._slots.items()})
 
     def _next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+    def _next_seq32(self) -> np.uint32:
+        """The next seq, modulo 2**32 (as `_changed` keeps it)."""
+        return np.uint32(self._next_seq() & 0xFFFFFFFF)
+
+    def _clock32(self) -> np.uint32:
+        """The clock, modulo 2**32 (as `_touched` keeps it)."""
+        return np.uint32(self.clock & 0xFFFFFFFF)
+
+    def _age(self) -> np.ndarray:
+        """Versions since each row was last used (uint32: modular arithmetic
+        gives the right age across the wrap of the 32-bit clock)."""
+        return self._clock32() - self._touched[:self._size]
 
     def export_since(self, seq: int) -> tuple[np.ndarray, np.ndarray,
                                               dict[str, np.ndarray], np.ndarray]:
@@ -435,12 +460,21 @@ the table has input_dim 10 (ids 0 to 9)
             raise ValueError(f"embedding table {self.name!r}: the rows removed since "
                              "the base checkpoint are no longer known: a full "
                              "checkpoint is needed")
-        changed = np.flatnonzero(self._changed[:self._size] > seq)
-        order = changed[np.argsort(self._ids[changed], kind="stable")]
-        self._removed = [(s, ids) for s, ids in self._removed if s > seq]
-        removed = (np.unique(np.concatenate([ids for _, ids in self._removed]))
+        # Changed after `seq`: at most `self.seq - seq` changes ago (modulo
+        # 2**32, so the counter's wrap does not matter; a row last changed
+        # 2**32 changes before may be counted changed: a harmless extra row).
+        span = self.seq - seq
+        if span >= 2**32:
+            changed = np.arange(self._size)
+        else:
+            after = self._changed[:self._size] - np.uint32(seq & 0xFFFFFFFF)
+            changed = np.flatnonzero((after >= 1) & (after <= max(span, 0)))
+        ids = self._index.ids
+        order = changed[np.argsort(ids[changed], kind="stable")]
+        self._removed = [(s, gone) for s, gone in self._removed if s > seq]
+        removed = (np.unique(np.concatenate([gone for _, gone in self._removed]))
                    if self._removed else np.zeros(0, np.int64))
-        return (self._ids[order], self._values[order],
+        return (ids[order], self._values[order],
                 {s: a[order] for s, a in self._slots.items()}, removed)
 
     def load(self, ids: np.ndarray, values: np.ndarray,
@@ -484,7 +518,7 @@ the table has input_dim 10 (ids 0 to 9)
         self._values[rows[held]] = values[held]
         for slot in self.slot_names:
             self._slots[slot][rows[held]] = slots[slot][held]
-        self._changed[rows[held]] = self._next_seq()
+        self._changed[rows[held]] = self._next_seq32()
         new = ~held
         if new.any():
             self._add(ids[new], values[new], {s: a[new] for s, a in slots.items()})

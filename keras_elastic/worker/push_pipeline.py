@@ -64,10 +64,20 @@ class PushPipeline:
         """Starts `push()` on the pipeline's thread (call `finish` first)."""
         if self._inflight is not None:
             raise RuntimeError("a push is already in flight: finish() it first")
+        self._inflight = (self.then(push), max_seq, live)
+
+    def then(self, work: Callable[[], Any]) -> concurrent.futures.Future:
+        """Runs `work()` on the pipeline's thread after what is queued there
+        (the push in flight): a lookup ahead sees that push applied.
+
+        >>> pipeline = PushPipeline()
+        >>> pipeline.then(lambda: 7).result()
+        7
+        """
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="keras_elastic_push")
-        self._inflight = (self._executor.submit(push), max_seq, live)
+        return self._executor.submit(work)
 
     def finish(self) -> Done | None:
         """Waits for the push in flight; its reply (None if there was none).

@@ -381,6 +381,10 @@ class ElasticSession:
             cluster.master.wait_for_epoch(dataset.name, epochs)
         sync.pull()
         sync.pull_optimizer_state()  # what Keras saves of the model next
+        if sync.pipelined and sync.table_steps:
+            logging.info("keras_elastic: the rows of %d of %d steps were looked up "
+                         "ahead (while the step before computed)",
+                         sync.table_steps_ahead, sync.table_steps)
         return history
 
     # -- evaluate and predict -----------------------------------------------

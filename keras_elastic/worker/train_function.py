@@ -20,7 +20,10 @@ per `steps_per_execution` steps). For an elastic `fit` it is a
 
 A model with `ke.layers.Embedding` tables and Keras' default step gets the
 same step with its tables' rows looked up in one exchange and their
-gradients pushed with the dense ones (`embedding_step`). A step of the user's
+gradients pushed with the dense ones (`embedding_step`). With the pipelined
+exchange the train function takes each batch one step ahead, so that its
+rows are looked up while the step before it computes
+(`ModelSync.look_ahead`): the lookup leaves the step's critical path. A step of the user's
 own cannot take the gradient of rows that are not variables: such a model
 gets an error naming the layer.
 
@@ -62,6 +65,8 @@ class TrainFunction:
         self.trained_seq = -1      # largest task seq of a batch trained
         self.last_logs: Any = None
         self.replaying = False
+        # (iterator, the next batch, its lookup ahead): taken one step early.
+        self._held: tuple | None = None
         if sync.tables and uses_keras_train_step(model):
             step = self._table_step
         else:
@@ -160,13 +165,36 @@ class TrainFunction:
                 if self._fetch_in_step():
                     logs = self._run_fetching(iterator)
                     continue
-                tags, data = next(iterator)
+                tags, data = self._take(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 if k == 0:
                     raise StopIteration from None
                 break
             logs = self.run(tags, data)
         return logs
+
+    def _take(self, iterator):
+        """The next batch of `iterator`. With the pipelined exchange and
+        server tables, the one after it is taken too and its rows' lookup
+        started (`ModelSync.look_ahead`), within the pipeline's current
+        segment only: the end of a segment (which reports its tasks) is
+        reached only by the step that needs the batch after it."""
+        held, self._held = self._held, None
+        if held is not None and held[0] is iterator:
+            batch, ahead = held[1], held[2]
+        else:  # (a batch held from another iterator is dropped with it)
+            batch, ahead = next(iterator), None
+        if self.sync.pipelined and self.sync.tables:
+            source = iterator.current if isinstance(iterator, SegmentedIterator) else (
+                iterator)
+            try:
+                following = next(source)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                pass
+            else:
+                self._held = (iterator, following, self.sync.look_ahead(following[1]))
+        self.sync.rows_ahead = ahead
+        return batch
 
     def _fetch_in_step(self) -> bool:
         """The batch can be taken inside the compiled step: the step applies

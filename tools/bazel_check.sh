@@ -3,18 +3,22 @@
 # targets and `bazel build //...` builds them (no test runs: they need the
 # Python interpreter with TensorFlow, see .bazelrc).
 #
-# Usage: tools/bazel_check.sh [--install]
-#   --install  when `bazel` is missing, install Debian's bazel-bootstrap
-#              (Bazel 4.2) with apt-get first (needs root).
+# Usage: tools/bazel_check.sh [--install] [--install-only]
+#   --install       when `bazel` is missing, install Debian's bazel-bootstrap
+#                   (Bazel 4.2) with apt-get first (needs root).
+#   --install-only  only that: install Bazel if missing, check nothing (CI
+#                   installs it while the tests run).
 # Under CI (CI=true) the Bazel server is shut down at the end.
 set -euo pipefail
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
 install=0
+install_only=0
 for arg in "$@"; do
   case "$arg" in
     --install) install=1 ;;
+    --install-only) install=1; install_only=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bazel_check: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -36,6 +40,10 @@ if ! command -v bazel >/dev/null 2>&1; then
   echo "bazel_check: installing bazel-bootstrap with apt-get"
   apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q bazel-bootstrap >/dev/null
+fi
+if [ "$install_only" = 1 ]; then
+  echo "bazel_check: $(command -v bazel) is installed"
+  exit 0
 fi
 
 start=$(date +%s)

@@ -82,16 +82,21 @@ class IdIndex:
         mask = len(self._slots) - 1
         slots, keys = self._slots, self._ids
         pos = _home(ids, mask)
-        rows = np.full(len(ids), -1, np.int64)
-        active = np.arange(len(ids))
+        # The first probe, over every id at once (most ids end there).
+        at = slots.take(pos)
+        empty = at == _EMPTY
+        # (an empty slot's -1 reads the last id: masked by `empty`)
+        hit = (keys.take(at) == ids) & ~empty
+        rows = np.where(hit, at, -1).astype(np.int64)
+        active = np.flatnonzero(~(hit | empty))
         while active.size:
-            at = slots[pos[active]]
+            moved = (pos.take(active) + 1) & mask
+            pos[active] = moved
+            at = slots.take(moved)
             empty = at == _EMPTY
-            # (an empty slot's -1 reads the last id: masked by `empty`)
-            hit = ~empty & (keys[at] == ids[active])
+            hit = (keys.take(at) == ids.take(active)) & ~empty
             rows[active[hit]] = at[hit]
             active = active[~(hit | empty)]
-            pos[active] = (pos[active] + 1) & mask
         return pos, rows
 
     def get(self, ids: np.ndarray) -> np.ndarray:

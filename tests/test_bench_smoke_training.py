@@ -2,10 +2,21 @@
 lines: bench/bench_training.py, bench/bench_embedding.py,
 bench/bench_recovery.py. No timing is checked."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
-from bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
+from bench_smoke import (
+    BENCH_DIR,
+    NUM,
+    figures,
+    one_positive,
+    run_smoke,
+    skip_without_bench,
+)
+from conftest import REPO, subprocess_env
 
 pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 
@@ -53,6 +64,16 @@ def test_embedding(tmp_path):
     one_positive(rf"server CPU-s: {NUM} million ids per server CPU-second", out)
     one_positive(rf"^embedding bytes per step / minimum {NUM} (?:meets|is ABOVE) the "
                  "target", out)
+
+
+def test_embedding_refuses_an_unknown_exchange(tmp_path):
+    script = os.path.join(BENCH_DIR, "bench_embedding.py")
+    result = subprocess.run([sys.executable, script, "--exchanges=sync,async"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120,
+                            env=subprocess_env(TMPDIR=str(tmp_path)))
+    assert result.returncode != 0
+    assert "--exchanges: ['async']; give sync, pipelined or both" in result.stderr, (
+        result.stderr[-2000:])
 
 
 def test_recovery(tmp_path):

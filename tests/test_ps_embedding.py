@@ -652,3 +652,18 @@ def test_pipelined_rows_are_looked_up_ahead_one_step_late_like_the_weights(
                                reference.get_layer("table").get_weights()[0], atol=1e-5)
     for a, b in zip(reference.get_weights()[1:], elastic.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_bad_id_of_a_batch_looked_up_ahead_names_the_layer_and_the_id(start_cluster):
+    """exchange="pipelined": the lookup ahead of a batch with an id out of
+    range is not started; that batch's step looks its rows up itself and
+    fails naming the layer and the id, after the good batches before it
+    trained."""
+    _, servers = start_cluster(1)
+    ids, y = data(96, seed=4)
+    ids[70, 1] = VOCAB  # in the third batch of 32
+    model = build(ke.layers.Embedding, "sgd")
+    model.compile(optimizer="sgd", loss="binary_crossentropy", exchange="pipelined")
+    with pytest.raises(Exception, match=f"'table'.*id {VOCAB} is out of range"):
+        model.fit(ids, y, batch_size=32, shuffle=False, verbose=0)
+    assert servers[0].store.pushes == 2  # the two good batches' steps

@@ -569,7 +569,9 @@ def main(argv: list[str]) -> None:
         for name, value in SMOKE.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
-    unknown = sorted(set(FLAGS.exchanges) - {"sync", "pipelined"})
+    from keras_elastic.worker.model_sync import EXCHANGES
+
+    unknown = sorted(set(FLAGS.exchanges) - set(EXCHANGES))
     if unknown or not FLAGS.exchanges:
         raise app.UsageError(f"--exchanges: {unknown or 'none'}; give sync, pipelined "
                              "or both")

@@ -25,12 +25,12 @@ figures mean nothing.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 from absl import app, flags
+from proc_stats import trimmed_rss_bytes
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rows", 5_000_000, "Rows of the table.")
@@ -53,9 +53,6 @@ def main(argv: list[str]) -> None:
 
     from keras_elastic.ps.checkpointing import save_shard, snapshot
     from keras_elastic.ps.store import ParameterStore
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from proc_stats import trimmed_rss_bytes
 
     store = ParameterStore()
     store.init({"w": np.zeros(1, np.float32)}, {"w": True},

@@ -266,12 +266,12 @@ the table has input_dim 10 (ids 0 to 9)
         self._size = end
 
     def _rows_of(self, unique_ids: np.ndarray, create: bool = True,
-                 seen: bool = False) -> np.ndarray:
+                 seen: bool = False, rows: np.ndarray | None = None) -> np.ndarray:
         """Row indices of `unique_ids` (checked, unique), -1 for ids without a
         row. `create`: rows are made for the missing ids that are admitted;
         `seen`: a training lookup, which counts a sighting of each missing id
         (admission)."""
-        rows = self._index.get(unique_ids)
+        rows = self._index.get(unique_ids) if rows is None else rows
         missing = rows < 0
         if create and missing.any():
             if self._sketch is not None:
@@ -314,8 +314,10 @@ the table has input_dim 10 (ids 0 to 9)
                 self._touched[rows] = self._clock32()
                 self._evict()
             return out
-        unique, inverse = np.unique(ids, return_inverse=True)
-        rows = self._rows_of(unique, create=create, seen=create)  # may grow arrays
+        unique, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        # (`rows[first]`: the index's answer for each unique id, a new array)
+        rows = self._rows_of(unique, create=create, seen=create,
+                             rows=rows[first])  # may grow arrays
         held = rows >= 0
         if held.all():
             out = np.take(self._values, rows[inverse], axis=0)

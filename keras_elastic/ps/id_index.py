@@ -79,9 +79,8 @@ class IdIndex:
         """Bytes of the rows' ids held and of the slot table."""
         return self._count * self._ids.itemsize + self._slots.nbytes
 
-    def _find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(slot of each id, or of the empty slot that ends its probe; the row
-        of each id, -1 where it is not held)."""
+    def _find(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each id, -1 where it is not held."""
         mask = len(self._slots) - 1
         slots, keys = self._slots, self._ids
         pos = _home(ids, mask)
@@ -100,14 +99,14 @@ class IdIndex:
             hit = (keys.take(at) == ids.take(active)) & ~empty
             rows[active[hit]] = at[hit]
             active = active[~(hit | empty)]
-        return pos, rows
+        return rows
 
     def get(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id (int64), -1 for ids not held."""
         ids = np.asarray(ids, np.int64)
         if not self._count or not ids.size:
             return np.full(len(ids), -1, np.int64)
-        return self._find(ids)[1]
+        return self._find(ids)
 
     def append(self, ids: np.ndarray) -> np.ndarray:
         """Adds `ids` (unique, none held yet) as the next rows; returns them."""

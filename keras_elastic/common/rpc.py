@@ -404,5 +404,9 @@ def serve_until_signal(server, ready_file: str | None) -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    done.wait()
+    # Polled: a signal the kernel delivers to another thread (one the process
+    # sends itself from a worker thread, as a fenced master does) only runs
+    # its Python handler once the main thread executes bytecode again.
+    while not done.wait(0.5):
+        pass
     server.stop(grace=1.0)

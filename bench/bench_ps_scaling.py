@@ -20,6 +20,14 @@ with 1)) and the per-push CPU cost, from which the sizing note of README.md
 is derived. On a machine with few cores the clients and servers share them:
 the per-push CPU cost is the figure that carries to other machines.
 
+The floor, in the same run (`--echo`): the same client processes send the
+same bytes to one raw-bytes gRPC echo server (echo_server.py: chunks in,
+chunks back, nothing decoded or applied) at each worker count; printed as its
+own table and as the ratio of server CPU per pushed MB, PS / echo, with 1
+server (target <= 1.5). Then the fixed cost of a push (`--fixed_cost_kb`,
+default a 4 KB model of 4 tensors on 1 server, 4 workers): server CPU per
+push (target <= 2 ms), beside the echo's for the same bytes.
+
 ```
 PYTHONPATH=. python bench/bench_ps_scaling.py
 PYTHONPATH=. python bench/bench_ps_scaling.py --model_mb=16 --seconds=10
@@ -30,7 +38,8 @@ PYTHONPATH=. python bench/bench_ps_scaling.py --smoke  # tiny sizes: 1 and 2 ser
 seconds, and 4 run the same code as 2), a 0.1 MB model of 4 tensors, 2 and 4
 workers in 2 processes, 0.3 s of warm-up and 1 s measured per configuration
 (flags given on the command line are kept): checks that the measurement runs
-and prints the table and the scaling efficiencies; the figures mean nothing.
+and prints the tables, the scaling efficiencies, the echo ratio and the fixed
+cost; the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +68,15 @@ flags.DEFINE_float("seconds", 4.0, "Seconds measured per configuration.")
 flags.DEFINE_float("warmup", 1.0, "Seconds each configuration runs before it is "
                    "measured.")
 flags.DEFINE_enum("optimizer", "SGD", ["SGD", "Adam"], "The servers' optimizer.")
+flags.DEFINE_bool("echo", True, "Also measure a raw-bytes gRPC echo server (1 process, "
+                  "echo_server.py) with the same clients and bytes: the floor of "
+                  "server CPU per MB the PS is compared with.")
+flags.DEFINE_float("fixed_cost_kb", 4.0, "Also measure the fixed cost of a push: a "
+                   "model of this many KB in --fixed_cost_tensors tensors on 1 server "
+                   "(0: not measured).")
+flags.DEFINE_integer("fixed_cost_tensors", 4, "Tensors of the fixed-cost model.")
+flags.DEFINE_integer("fixed_cost_workers", 4, "Simulated workers of the fixed-cost "
+                     "measurement.")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (1 and 2 servers, a 0.1 MB model, 2 and "
                   "4 workers, 1 s per configuration; a test runs it: "
                   "tests/test_bench_smoke*.py); the figures mean nothing.")
@@ -70,45 +88,54 @@ SMOKE = {"num_ps": ["1", "2"], "workers": ["2", "4"], "model_mb": 0.1, "tensors"
 _MB = 1_000_000
 
 
-def model_shapes(num_ps: int) -> dict[str, int]:
-    elements = int(FLAGS.model_mb * _MB) // 4 // FLAGS.tensors
-    return dict.fromkeys(variable_names(FLAGS.tensors, num_ps), elements)
+def model_shapes(num_ps: int, model_mb: float, tensors: int) -> dict[str, int]:
+    elements = int(model_mb * _MB) // 4 // tensors
+    return dict.fromkeys(variable_names(tensors, num_ps), elements)
 
 
 # -- the simulated workers (client processes) --------------------------------
-def _client_process(addresses: list[str], shapes: dict[str, int], threads: int,
-                    first_id: int, commands, results) -> None:
-    """`threads` workers, each a `PSClient`; runs the phases it is told
-    (`(active threads, start time, measured seconds, warm-up seconds)`) until
-    told None; reports per phase the exchanges completed in the measured
-    window, their bytes and latencies."""
-    from keras_elastic.ps.client import PSClient
-
+def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
+                    threads: int, first_id: int, commands, results) -> None:
+    """`threads` workers, each a `PSClient` (`kind` "ps") or an `EchoClient`
+    sending the same bytes ("echo"); runs the phases it is told (`(active
+    threads, start time, measured seconds, warm-up seconds)`) until told None;
+    reports per phase the exchanges completed in the measured window, their
+    bytes and latencies."""
     grads = {n: np.full(size, 1e-3, np.float32) for n, size in shapes.items()}
     sent = sum(g.nbytes for g in grads.values())
-    clients = [PSClient(addresses, worker_id=first_id + k, resolver=None)
-               for k in range(threads)]
-    for client in clients:  # learn the servers' versions (a worker's first pull)
-        client.pull()
+    if kind == "echo":
+        from echo_server import EchoClient
+
+        clients = [EchoClient(addresses) for _ in range(threads)]
+        exchanges = [lambda c=c: c.exchange(sent) for c in clients]
+    else:
+        from keras_elastic.ps.client import PSClient
+
+        clients = [PSClient(addresses, worker_id=first_id + k, resolver=None)
+                   for k in range(threads)]
+        for client in clients:  # learn the servers' versions (a worker's first pull)
+            client.pull()
+        exchanges = [lambda c=c: sent + sum(
+            v.nbytes for v in c.exchange(grads, {}).values.values()) for c in clients]
     results.put("ready")
     while True:
         command = commands.get()
         if command is None:
             break
-        results.put(_phase(clients[:command[0]], grads, sent, *command[1:]))
+        results.put(_phase(exchanges[:command[0]], *command[1:]))
     for client in clients:
         client.close()
 
 
-def _phase(clients: list, grads: dict[str, np.ndarray], sent: int, start_at: float,
-           seconds: float, warmup: float) -> tuple[int, int, list[float]]:
+def _phase(exchanges: list, start_at: float, seconds: float, warmup: float
+           ) -> tuple[int, int, list[float]]:
     """Every client exchanges as fast as it can from `start_at` for `warmup +
     seconds`; returns the exchanges completed in the last `seconds`: their
     number, bytes and latencies."""
     begin, end = start_at + warmup, start_at + warmup + seconds
-    counts = [0] * len(clients)
-    moved = [0] * len(clients)
-    latencies: list[list[float]] = [[] for _ in clients]
+    counts = [0] * len(exchanges)
+    moved = [0] * len(exchanges)
+    latencies: list[list[float]] = [[] for _ in exchanges]
 
     def run(k: int) -> None:
         while time.time() < start_at:
@@ -117,14 +144,14 @@ def _phase(clients: list, grads: dict[str, np.ndarray], sent: int, start_at: flo
             t0 = time.time()
             if t0 >= end:
                 return
-            reply = clients[k].exchange(grads, {})
+            nbytes = exchanges[k]()
             t1 = time.time()
             if begin <= t1 <= end:  # completed in the window (throughput)
                 counts[k] += 1
-                moved[k] += sent + sum(v.nbytes for v in reply.values.values())
+                moved[k] += nbytes
                 latencies[k].append(t1 - t0)
 
-    pool = [threading.Thread(target=run, args=(k,)) for k in range(len(clients))]
+    pool = [threading.Thread(target=run, args=(k,)) for k in range(len(exchanges))]
     for t in pool:
         t.start()
     for t in pool:
@@ -136,7 +163,7 @@ class Clients:
     """`--client_processes` processes holding `max(--workers)` workers."""
 
     def __init__(self, addresses: list[str], shapes: dict[str, int],
-                 max_workers: int) -> None:
+                 max_workers: int, kind: str = "ps") -> None:
         context = multiprocessing.get_context("spawn")
         self.count = min(FLAGS.client_processes, max_workers)
         per = -(-max_workers // self.count)
@@ -144,7 +171,7 @@ class Clients:
         self.results = context.Queue()
         self.commands = [context.Queue() for _ in range(self.count)]
         self.procs = [context.Process(target=_client_process, args=(
-            addresses, shapes, per, i * per, self.commands[i], self.results))
+            kind, addresses, shapes, per, i * per, self.commands[i], self.results))
             for i in range(self.count)]
         for p in self.procs:
             p.start()
@@ -183,8 +210,8 @@ class Clients:
 
 
 # -- measuring ----------------------------------------------------------------
-def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str
-                    ) -> list[dict]:
+def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str,
+                    model_mb: float, tensors: int) -> list[dict]:
     from keras_elastic.launcher.backends import start_services
     from keras_elastic.ps.client import PSClient
 
@@ -195,7 +222,7 @@ def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str
     try:
         addresses = [info["address"] for _, info in started]
         ps_pids = [info["pid"] for _, info in started]
-        shapes = model_shapes(num_ps)
+        shapes = model_shapes(num_ps, model_mb, tensors)
         rng = np.random.default_rng(0)
         init = PSClient(addresses, worker_id=10_000, resolver=None)
         init.init({n: (rng.standard_normal(size, dtype=np.float32), True)
@@ -207,8 +234,34 @@ def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str
         for workers in worker_counts:
             row = measure_phase(clients, ps_pids, workers)
             row["num_ps"] = num_ps
+            row["kind"] = "PS"
             logging.info("%d PS, %d workers: %.1f pushes/s, PS CPU %.1f ms/push",
                          num_ps, workers, row["rate"], 1e3 * row["ps_cpu_per_push"])
+            rows.append(row)
+        return rows
+    finally:
+        if clients is not None:
+            clients.close()
+        for handle, _ in started:
+            handle.terminate()
+
+
+def measure_echo(worker_counts: list[int], job_dir: str, model_mb: float,
+                 tensors: int) -> list[dict]:
+    """The same phases against one raw-bytes gRPC echo server (echo_server.py):
+    the model's bytes out and back, nothing decoded, nothing applied."""
+    from echo_server import start_echo_servers
+
+    started = start_echo_servers(1, job_dir)
+    clients = None
+    try:
+        clients = Clients([started[0][1]["address"]],
+                          model_shapes(1, model_mb, tensors), max(worker_counts), "echo")
+        rows = []
+        for workers in worker_counts:
+            row = measure_phase(clients, [started[0][1]["pid"]], workers)
+            row["num_ps"] = 1
+            row["kind"] = "echo"
             rows.append(row)
         return rows
     finally:
@@ -246,19 +299,55 @@ def measure_phase(clients: Clients, ps_pids: list[int], workers: int) -> dict:
             "client_busy": client_cpu / FLAGS.seconds}
 
 
-def report(rows: list[dict]) -> list[str]:
-    model_mb = FLAGS.model_mb
-    lines = [
-        f"  {'PS':>3s} {'workers':>7s} {'pushes/s':>9s} {'MB/s':>7s} "
-        f"{'median ms':>9s} {'p90 ms':>7s} {'PS CPU ms/push':>14s} "
-        f"{'PS CPU ms/MB':>12s} {'PS busy':>8s} {'clients busy':>12s}"]
-    for r in rows:
-        lines.append(
-            f"  {r['num_ps']:3d} {r['workers']:7d} {r['rate']:9.1f} {r['mbs']:7.0f} "
+def _row(label: str, r: dict, model_mb: float) -> str:
+    return (f"  {label:>4s} {r['workers']:7d} {r['rate']:9.1f} {r['mbs']:7.0f} "
             f"{r['median_ms']:9.1f} {r['p90_ms']:7.1f} "
             f"{1e3 * r['ps_cpu_per_push']:14.2f} "
             f"{1e3 * r['ps_cpu_per_push'] / model_mb:12.2f} "
             f"{r['ps_busy']:8.2f} {r['client_busy']:12.2f}")
+
+
+def _verdict(value: float, target: float) -> str:
+    return f"meets the target <= {target:g}" if value <= target else (
+        f"is ABOVE the target <= {target:g}")
+
+
+def report_echo(rows: list[dict], echo_rows: list[dict]) -> list[str]:
+    """The echo's table and the PS's server CPU per MB against it."""
+    model_mb = FLAGS.model_mb
+    lines = ["", "  raw gRPC echo of the same bytes (echo_server.py, 1 process, the "
+             "same clients; 'PS CPU' is the echo server's):"]
+    lines += [_row("echo", r, model_mb) for r in echo_rows]
+    ps = [r["ps_cpu_per_push"] for r in rows if r["num_ps"] == 1 and r["pushes"]]
+    echo = [r["ps_cpu_per_push"] for r in echo_rows if r["pushes"]]
+    if ps and echo and statistics.median(echo) > 0:
+        p, e = statistics.median(ps) / model_mb, statistics.median(echo) / model_mb
+        lines.append(f"  server CPU per pushed MB, 1 server (medians over the worker "
+                     f"counts): PS {1e3 * p:.2f} ms, echo {1e3 * e:.2f} ms: ratio PS "
+                     f"/ echo {p / e:.2f} ({_verdict(p / e, 1.5)})")
+    return lines
+
+
+def report_fixed_cost(ps: dict, echo: dict | None) -> list[str]:
+    """The cost of a push that moves almost no bytes."""
+    cost = 1e3 * ps["ps_cpu_per_push"]
+    line = (f"  fixed cost of a push ({FLAGS.fixed_cost_kb:g} KB model of "
+            f"{FLAGS.fixed_cost_tensors} tensors, 1 server, {ps['workers']} workers, "
+            f"{ps['rate']:.0f} pushes/s): {cost:.2f} ms of server CPU per push "
+            f"({_verdict(cost, 2.0)} ms)")
+    if echo is not None:
+        line += f"; echo of the same bytes {1e3 * echo['ps_cpu_per_push']:.2f} ms"
+    return ["", line]
+
+
+def report(rows: list[dict]) -> list[str]:
+    model_mb = FLAGS.model_mb
+    lines = [
+        f"  {'PS':>4s} {'workers':>7s} {'pushes/s':>9s} {'MB/s':>7s} "
+        f"{'median ms':>9s} {'p90 ms':>7s} {'PS CPU ms/push':>14s} "
+        f"{'PS CPU ms/MB':>12s} {'PS busy':>8s} {'clients busy':>12s}"]
+    for r in rows:
+        lines.append(_row(str(r["num_ps"]), r, model_mb))
     lines.append("  (MB/s: model bytes pushed and pulled back; busy: CPU seconds per "
                  "second, all server or client processes together)")
     by = {(r["num_ps"], r["workers"]): r for r in rows}
@@ -317,8 +406,19 @@ def main(argv: list[str]) -> None:
     job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-scaling-")
     rows = []
     for num_ps in counts:
-        rows += measure_servers(num_ps, worker_counts, job_dir)
-    for line in report(rows):
+        rows += measure_servers(num_ps, worker_counts, job_dir, FLAGS.model_mb,
+                                FLAGS.tensors)
+    lines = report(rows)
+    if FLAGS.echo:
+        lines += report_echo(rows, measure_echo(worker_counts, job_dir,
+                                                FLAGS.model_mb, FLAGS.tensors))
+    if FLAGS.fixed_cost_kb > 0:
+        kb, tensors, workers = (FLAGS.fixed_cost_kb / 1000, FLAGS.fixed_cost_tensors,
+                                [FLAGS.fixed_cost_workers])
+        fixed = measure_servers(1, workers, job_dir, kb, tensors)[0]
+        echo = measure_echo(workers, job_dir, kb, tensors)[0] if FLAGS.echo else None
+        lines += report_fixed_cost(fixed, echo)
+    for line in lines:
         print(line, flush=True)
     print(f"  ({time.time() - started:.0f} s in all; service logs in {job_dir})",
           flush=True)

@@ -10,7 +10,7 @@ step does; the model's bytes each way), and pulls the whole model
 names are chosen so) and the client sends both halves from its own threads.
 
 The baseline, in the same run: echo server processes (this script with
-`--serve_echo`: a generic gRPC service, bytes in, bytes out, no protobuf, made
+`echo_server.py`: a generic gRPC service, bytes in, bytes out, no protobuf, made
 with `keras_elastic.common.rpc.make_server`/`make_channel`, so the same
 message limits, channel options and token check as the PS). The echo
 client sends the same number of bytes cut into `tensor_codec.CHUNK_BYTES`
@@ -45,10 +45,10 @@ import os
 import statistics
 import tempfile
 import time
-from concurrent import futures
 
 import numpy as np
 from absl import app, flags, logging
+from echo_server import EchoClient, start_echo_servers
 from proc_stats import cpu_seconds
 from ps_bench_common import variable_names
 
@@ -59,8 +59,6 @@ flags.DEFINE_integer("tensors", 8, "Variables of the model (equal sizes; even, s
                      "that 2 servers hold half each).")
 flags.DEFINE_integer("rounds", 5, "Measurements per configuration (best kept).")
 flags.DEFINE_float("target_ratio", 0.7, "PS exchange / echo MB/s to meet at 100 MB.")
-flags.DEFINE_bool("serve_echo", False, "Internal: run as an echo server.")
-flags.DEFINE_string("ready_file", None, "Internal: the echo server's ready file.")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (a 1 MB model, best of 2 rounds; a test "
                   "runs it: tests/test_bench_smoke*.py); the figures mean nothing.")
 
@@ -68,95 +66,6 @@ flags.DEFINE_bool("smoke", False, "Tiny sizes (a 1 MB model, best of 2 rounds; a
 SMOKE = {"sizes_mb": ["1"], "rounds": 2}
 
 _MB = 1_000_000
-_ECHO_SERVICE = "kebench.Echo"
-
-
-# -- the echo server (its own process) ----------------------------------------
-class _EchoServer:
-    def __init__(self) -> None:
-        import grpc
-
-        from keras_elastic.common import rpc
-        from keras_elastic.common.tensor_codec import CHUNK_BYTES
-
-        pulls: dict[int, list[bytes]] = {}
-
-        def echo(request_iterator, context):
-            chunks = list(request_iterator)  # all of it first, as the PS does
-            yield from chunks
-
-        def pull(request, context):
-            size = int.from_bytes(request, "little")
-            if size not in pulls:
-                block = bytes(min(size, CHUNK_BYTES))
-                pulls[size] = [block[:min(CHUNK_BYTES, size - o)]
-                               for o in range(0, size, CHUNK_BYTES)]
-            yield from pulls[size]
-
-        handler = grpc.method_handlers_generic_handler(_ECHO_SERVICE, {
-            "Echo": grpc.stream_stream_rpc_method_handler(echo),
-            "Pull": grpc.unary_stream_rpc_method_handler(pull)})
-        self._server = rpc.make_server(max_workers=32)
-        self._server.add_generic_rpc_handlers((handler,))
-        self.address = rpc.bind(self._server)
-        self._server.start()
-
-    def stop(self, grace: float | None = None) -> None:
-        self._server.stop(grace)
-
-
-class EchoClient:
-    """Sends `size / n` bytes to each of n echo servers in parallel."""
-
-    def __init__(self, addresses: list[str]) -> None:
-        from keras_elastic.common import rpc
-
-        self._channels = [rpc.make_channel(a, resolver=None) for a in addresses]
-        for channel, address in zip(self._channels, addresses):
-            rpc.wait_ready(channel, address, "echo server")
-        self._echo = [c.stream_stream(f"/{_ECHO_SERVICE}/Echo") for c in self._channels]
-        self._pull = [c.unary_stream(f"/{_ECHO_SERVICE}/Pull") for c in self._channels]
-        self._pool = futures.ThreadPoolExecutor(len(addresses))
-        self._payloads: dict[int, list[bytes]] = {}
-
-    def _chunks(self, size: int) -> list[bytes]:
-        from keras_elastic.common.tensor_codec import CHUNK_BYTES
-
-        if size not in self._payloads:
-            data = np.random.default_rng(size).bytes(size)
-            self._payloads[size] = [data[o:o + CHUNK_BYTES]
-                                    for o in range(0, size, CHUNK_BYTES)]
-        return self._payloads[size]
-
-    def _map(self, fn):
-        return list(self._pool.map(fn, range(len(self._channels))))
-
-    def exchange(self, size: int) -> int:
-        part = size // len(self._channels)
-        chunks = self._chunks(part)
-
-        def one(i: int) -> int:
-            return sum(len(c) for c in self._echo[i](iter(chunks), timeout=600))
-
-        received = sum(self._map(one))
-        assert received == part * len(self._channels), received
-        return 2 * received
-
-    def pull(self, size: int) -> int:
-        part = size // len(self._channels)
-
-        def one(i: int) -> int:
-            return sum(len(c) for c in self._pull[i](part.to_bytes(8, "little"),
-                                                     timeout=600))
-
-        received = sum(self._map(one))
-        assert received == part * len(self._channels), received
-        return received
-
-    def close(self) -> None:
-        for channel in self._channels:
-            channel.close()
-        self._pool.shutdown()
 
 
 # -- the model ----------------------------------------------------------------
@@ -200,16 +109,6 @@ def timed(fn, server_pids: list[int]) -> tuple[int, float, float, float]:
     seconds = time.perf_counter() - start
     return (nbytes, seconds, cpu_seconds([os.getpid()]) - c0,
             cpu_seconds(server_pids) - s0)
-
-
-def start_echo_servers(count: int, job_dir: str):
-    from keras_elastic.launcher.backends import start_services
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return start_services([(f"echo-{i}", "bench_ps_wire", ["--serve_echo"])
-                           for i in range(count)], job_dir)
 
 
 def start_ps(num_ps: int, job_dir: str):
@@ -336,11 +235,6 @@ def report(size: int, num_ps: int, results: dict[str, Measured]) -> list[str]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if FLAGS.serve_echo:
-        from keras_elastic.common import rpc
-
-        rpc.serve_until_signal(_EchoServer(), FLAGS.ready_file)
-        return
     if FLAGS.smoke:
         for name, value in SMOKE.items():
             if not FLAGS[name].present:

@@ -23,6 +23,18 @@ def test_ps_scaling(tmp_path):
     assert all(e > 0 for _, e in efficiency), out
     one_positive(r"PS CPU per push of the whole .* model \(median over the "
                  r"configurations\): " + NUM + " ms", out)
+    # The raw gRPC echo of the same bytes, same clients, and the PS against it.
+    echo = figures(r"^\s+echo\s+(\d+)\s+" + r"\s+".join([NUM] * 8) + r"$", out)
+    assert [w for w, *_ in echo] == [2, 4] and all(r > 0 for _, r, *_ in echo), out
+    for pattern in (r"server CPU per pushed MB, 1 server \(medians over the worker "
+                    rf"counts\): PS {NUM} ms, echo {NUM} ms: ratio PS / echo {NUM} "
+                    r"\((?:meets|is ABOVE) the target <= 1.5\)",
+                    r"fixed cost of a push \(4 KB model of 4 tensors, 1 server, 4 "
+                    rf"workers, \d+ pushes/s\): {NUM} ms of server CPU per push "
+                    rf"\((?:meets|is ABOVE) the target <= 2 ms\); echo of the same "
+                    rf"bytes {NUM} ms"):
+        found = figures(pattern, out)
+        assert len(found) == 1 and all(v > 0 for v in found[0]), (pattern, out)
 
 
 def test_ps_wire(tmp_path):

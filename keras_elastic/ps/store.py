@@ -216,6 +216,14 @@ class ParameterStore:
         # (the variables' identities, a tf.function reading them all): see
         # `_read_all`.
         self._reader: tuple[tuple, Any] | None = None
+        # (version, every variable's value read by the update that made that
+        # version): what `values_since` answers from while nothing else wrote
+        # a variable since. Never for variables a worker in this process also
+        # updates itself (`init_shared`).
+        self._fresh: tuple[int, dict[str, np.ndarray]] | None = None
+        # name -> (variable, (dtype, shape)) that `check_tensor` compares with.
+        self._wanted: dict[str, tuple[Any, tuple[str, tuple[int, ...]]]] = {}
+        self._shared = False
 
     @property
     def initialized(self) -> bool:
@@ -277,6 +285,7 @@ class ParameterStore:
             self.tables = {n: self._make_table(n, t, sparse) for n, t in tables.items()}
             self.table_specs = tables
             self.variables = variables
+            self._fresh = None
             self.trainable = dict(trainable)
             self.updated_at = dict.fromkeys(variables, 0)
             self.optimizers = {"": OptimizerGroup("", optimizer, optimizer_config, names)}
@@ -313,6 +322,8 @@ class ParameterStore:
             names = sorted(k for k, v in variables.items() if v.trainable)
             if not optimizer.built:
                 optimizer.build([variables[k] for k in names])
+            self._shared = True
+            self._fresh = None
             for key, variable in variables.items():
                 self.variables[key] = variable
                 self.trainable[key] = bool(variable.trainable)
@@ -423,7 +434,13 @@ class ParameterStore:
             raise ValueError(f"variable '{name}' is not trainable: a push carries its "
                              "value, not a gradient")
         got = (str(np.dtype(dtype)), tuple(shape))
-        want = (str(variable.dtype), tuple(variable.shape))
+        known = self._wanted.get(name)
+        if known is None or known[0] is not variable:
+            # (a Keras variable's dtype and shape cost ~20 us to read: a push
+            # checks every tensor it carries)
+            known = self._wanted[name] = (variable, (str(variable.dtype),
+                                                     tuple(variable.shape)))
+        want = known[1]
         if got != want:
             raise ValueError(
                 f"the {'gradient' if gradient else 'value'} of variable '{name}' is "
@@ -450,6 +467,7 @@ class ParameterStore:
                 "a second model with ke.layers.Embedding tables is not supported "
                 "(one model with server tables per job)")
         optimizer = build_optimizer(optimizer_config)
+        self._fresh = None
         for name, value in values.items():
             self.variables[name] = keras.Variable(
                 value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),
@@ -547,20 +565,28 @@ class ParameterStore:
             return out
 
     def _apply_fn(self, group: OptimizerGroup, names: tuple[str, ...]):
-        fn = group.apply_fns.get(names)
+        """The compiled update of `names` by `group`'s optimizer; it returns
+        every variable's value after the update (in `self.variables`' order),
+        read as `_read_all` reads them, so the reply to the push needs no
+        second call into TensorFlow."""
+        key = (names, tuple(id(v) for v in self.variables.values()))
+        fn = group.apply_fns.get(key)
         if fn is None:
             variables = [self.variables[n] for n in names]
+            handles = [_handle(v) for v in self.variables.values()]
             optimizer = group.optimizer
 
             @tf.function
             def apply(grads):
                 optimizer.apply(grads, variables)
+                # (after the update: reads of a resource follow its writes)
+                return [h.read_value() for h in handles]
 
             # Called as a concrete function: a tf.function's own dispatch
             # (matching its arguments' types on every call) took 3 ms of a
             # small push; the gradients' shapes and dtypes are the variables'
             # (`check_tensor`).
-            fn = group.apply_fns[names] = apply.get_concrete_function(
+            fn = group.apply_fns[key] = apply.get_concrete_function(
                 [tf.TensorSpec(tuple(v.shape), v.dtype) for v in variables])
         return fn
 
@@ -667,6 +693,8 @@ class ParameterStore:
                 self.dropped += 1
                 return PushResult(False, self.version, STALE)
             hp.set_hyperparameters(hyperparameters, group.optimizer)
+            if assigns:
+                self._fresh = None
             for name, value in assigns.items():
                 self.variables[name].assign(merged_value(
                     self.variables[name], value, bases.get(name)))
@@ -726,11 +754,15 @@ class ParameterStore:
                 self.tables[name].clock = self.version + 1  # this update's version
                 self.tables[name].apply_gradients(ids, rows, step, learning_rate)
         names = tuple(sorted(grads))
+        values = None
         if names:
-            self._apply_fn(group, names)([as_tensor(grads[n]) for n in names])
+            values = self._apply_fn(group, names)([as_tensor(grads[n]) for n in names])
         else:
             optimizer.iterations.assign_add(1)
         self.version += 1
+        self._fresh = None if values is None or self._shared else (
+            self.version, {name: _read_only(tensor)
+                           for name, tensor in zip(self.variables, values)})
         for n in names:
             self.updated_at[n] = self.version
 
@@ -745,6 +777,9 @@ class ParameterStore:
                 raise UnknownVariableError(unknown)
             selected = [n for n in selected
                         if version < 0 or self.updated_at[n] > version]
+            fresh = self._fresh
+            if fresh is not None and fresh[0] == self.version:
+                return {n: fresh[1][n] for n in selected}
             if len(selected) <= max(1, len(self.variables) // 4):
                 return {n: _snapshot(self.variables[n]) for n in selected}
             values = self._read_all()
@@ -789,6 +824,7 @@ class ParameterStore:
         with self._lock:
             for group in self.optimizers.values():
                 group.pending = []
+            self._fresh = None
             self.version += 1
             self.updated_at = dict.fromkeys(self.variables, self.version)
             self.incarnation = new_incarnation()

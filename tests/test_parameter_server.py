@@ -181,6 +181,31 @@ def test_values_since_are_read_only_snapshots_that_later_pushes_leave_alone():
     np.testing.assert_array_equal(store.values_since(0)["w"], 0.5)
 
 
+def test_values_read_by_an_update_are_never_served_after_a_later_write():
+    # An update returns every variable's value, and the reply to a push is
+    # read from them; an assign-only push (a non-trainable value, buffered
+    # gradients) or a restore writes after it without a new update.
+    store = ParameterStore(grads_to_wait=2)
+    store.init({"w": np.zeros(2, np.float32), "m": np.zeros(2, np.float32)},
+               {"w": True, "m": False}, SGD)
+    store.push({"w": np.ones(2, np.float32)}, {}, 0)
+    store.push({"w": np.ones(2, np.float32)}, {}, 0)  # applied: version 1
+    assert store.version == 1
+    np.testing.assert_array_equal(store.values_since(-1)["w"], -0.5)
+    store.push({}, {"m": np.full(2, 7.0, np.float32)}, 1)  # no new version
+    store.push({"w": np.ones(2, np.float32)}, {"m": np.full(2, 8.0, np.float32)}, 1)
+    assert store.version == 1  # (the gradient waits for a second one)
+    np.testing.assert_array_equal(store.values_since(-1)["m"], 8.0)
+    np.testing.assert_array_equal(store.values_since(0)["m"], 8.0)
+    store.push({"w": np.ones(2, np.float32)}, {}, 1)
+    values = store.values_since(1)
+    np.testing.assert_array_equal(values["w"], -1.0)
+    np.testing.assert_array_equal(values["m"], 8.0)
+    store.variables["w"].assign(np.full(2, 3.0, np.float32))  # what a restore does
+    store.mark_restored("ckpt")
+    np.testing.assert_array_equal(store.values_since(-1)["w"], 3.0)
+
+
 def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
     """`PSClient.waits`: what a worker's heartbeats tell the launcher's
     liveness policy. A server gone: its pull is retried (UNAVAILABLE) and

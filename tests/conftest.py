@@ -19,6 +19,46 @@ TOKEN_ENV = "KERAS_ELASTIC_TOKEN"
 os.environ.setdefault(TOKEN_ENV, secrets.token_hex(32))
 
 
+# -- the order of the test files (CI time) ---------------------------------------
+# README's command runs the files on 2 pytest-xdist workers, a whole file each
+# at a time (--dist loadfile). xdist hands the files out in the order given,
+# which by default it sorts by the number of tests: the hundreds of quick
+# ported tf.data tests first and the few-but-long job and kill files last, so
+# one worker could be left with a long file while the other had nothing to do.
+# The files go out heaviest first instead (longest processing time first), by
+# the seconds tests/test_costs.json holds (written by tools/test_costs.py); a
+# file it lacks counts MULTIPROCESS_SECONDS per multiprocess test, 1 s per other.
+COSTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_costs.json")
+MULTIPROCESS_SECONDS = 40
+
+
+def pytest_configure(config):
+    if getattr(config.option, "loadscopereorder", False):
+        config.option.loadscopereorder = False  # (keep the order made below)
+
+
+def file_order(items, costs: dict[str, float]) -> list:
+    """`items` with whole files heaviest first (by `costs`, seconds per file
+    path from the repository root, else estimated from the files' tests), the
+    order within a file kept."""
+    estimated: dict[str, float] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        seconds = MULTIPROCESS_SECONDS if item.get_closest_marker("multiprocess") else 1
+        estimated[path] = estimated.get(path, 0) + seconds
+    weight = {path: costs.get(path, seconds) for path, seconds in estimated.items()}
+    return sorted(items, key=lambda item: -weight[item.nodeid.split("::")[0]])
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        with open(COSTS_FILE) as f:
+            costs = json.load(f)
+    except (OSError, ValueError):
+        costs = {}
+    items[:] = file_order(items, costs)
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: the repo importable, TF quiet, no cluster
     (the session's job token kept)."""

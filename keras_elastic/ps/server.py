@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import gc
+
 from absl import flags, logging
 
 from keras_elastic.common import faults, fencing, rpc, rpc_service
@@ -84,4 +86,10 @@ def main(argv) -> None:
                              FLAGS.paused, FLAGS.generation)
     logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
                  server.address)
+    # The objects made so far (TensorFlow's and Keras' modules: several hundred
+    # thousand) live as long as the process: kept out of the garbage
+    # collector's passes, which every request's allocations trigger (py-spy
+    # found the collector in 4.5% of a busy server's samples; a 4 KB push
+    # costs about 4% less server CPU, within this machine's noise).
+    gc.freeze()
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -900,14 +900,33 @@ def as_tensor(array: np.ndarray) -> tf.Tensor:
     """`array` as a TensorFlow tensor, without a copy where TensorFlow can use
     its buffer (writable, C-contiguous and 64-byte aligned, as
     `tensor_codec.ChunkAssembler` assembles a tensor received in several
-    chunks: DLPack), else copied (`tf.convert_to_tensor`). The array must not
-    change while the tensor lives.
+    chunks: DLPack), else copied once into an aligned buffer handed over the
+    same way (a read-only view of a received message, as a small push's
+    tensors are). The array must not change while the tensor lives.
+
+    (`tf.convert_to_tensor` of an array copies it, then copies it again when
+    the copy is not 64-byte aligned: 1.13 ms for 4 MB against 0.43 ms, 34 us
+    against 8 us for 4 KB.)
 
     >>> a = np.arange(4, dtype="float32")
     >>> as_tensor(a).numpy().tolist()
     [0.0, 1.0, 2.0, 3.0]
+    >>> a.flags.writeable = False  # e.g. a view of the request's bytes
+    >>> as_tensor(a).numpy().tolist()
+    [0.0, 1.0, 2.0, 3.0]
     """
-    if (array.flags.writeable and array.flags.c_contiguous and array.size
-            and array.ctypes.data % 64 == 0 and array.dtype in _DLPACK_DTYPES):
-        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-    return tf.convert_to_tensor(array)
+    if not array.size or array.dtype not in _DLPACK_DTYPES:
+        return tf.convert_to_tensor(array)
+    if not (array.flags.writeable and array.flags.c_contiguous
+            and array.ctypes.data % 64 == 0):
+        array = _aligned_copy(array)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous, writable, 64-byte aligned copy of `array`."""
+    buffer = np.empty(array.nbytes + 64, np.uint8)
+    offset = -buffer.ctypes.data % 64
+    out = buffer[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(out, array)
+    return out

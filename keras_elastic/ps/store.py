@@ -113,7 +113,8 @@ class OptimizerGroup:
         self.optimizer = optimizer
         self.config = config
         self.names = list(names)
-        self.apply_fns: dict[tuple[str, ...], tf.types.experimental.ConcreteFunction] = {}
+        # (names updated, identities of every variable) -> compiled update
+        self.apply_fns: dict[tuple, tf.types.experimental.ConcreteFunction] = {}
         self.pending: list[tuple[dict[str, np.ndarray], SparseGrads]] = []
         # A worker's own optimizer shared in process (`init_shared`): its
         # variables' names as the server's own optimizer would name them.
@@ -468,6 +469,8 @@ class ParameterStore:
                 "(one model with server tables per job)")
         optimizer = build_optimizer(optimizer_config)
         self._fresh = None
+        for other in self.optimizers.values():
+            other.apply_fns.clear()  # (they return every variable: one more now)
         for name, value in values.items():
             self.variables[name] = keras.Variable(
                 value, name=re.sub(r"[^A-Za-z0-9_.\-]", "_", name),

@@ -216,3 +216,35 @@ def test_generation_rules_and_bad_values_are_named(monkeypatch):
         LaunchConfig(liveness_timeout=0).validate()
     with pytest.raises(ValueError, match="--rendezvous_timeout must be >= 0, got -1"):
         LaunchConfig(rendezvous_timeout=-1).validate()
+
+
+STOPPED_BY_ANOTHER_THREAD = """
+import os, signal, threading, time
+from keras_elastic.common import rpc
+
+class Server:
+    address = "127.0.0.1:0"
+    def stop(self, grace=None):
+        print("stopped", flush=True)
+
+def send():  # a thread of the process signals it, as a fenced master does
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=send, daemon=True).start()
+# Only that thread may take the signal: the kernel delivers it there, never
+# to the main thread that waits in serve_until_signal.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+rpc.serve_until_signal(Server(), None)
+"""
+
+
+def test_a_service_stops_on_a_signal_another_of_its_threads_received(tmp_path):
+    # (the master stopping itself when its journal is fenced: the woken-up
+    # master of the test above stayed up for good when its SIGTERM went to a
+    # thread other than the main one)
+    script = tmp_path / "serve.py"
+    script.write_text(STOPPED_BY_ANOTHER_THREAD)
+    result = subprocess.run([sys.executable, str(script)], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "stopped\n", result.stderr[-2000:]

@@ -206,6 +206,23 @@ def test_values_read_by_an_update_are_never_served_after_a_later_write():
     np.testing.assert_array_equal(store.values_since(-1)["w"], 3.0)
 
 
+def test_an_update_writes_in_place_once_the_last_reply_let_go_of_the_values():
+    # TensorFlow copies a variable's buffer before an update while anything
+    # holds it; the store must not hold the values it read itself (a 4 MB push
+    # cost 17-20 ms instead of 12-13 when it did).
+    store = ParameterStore()
+    store.init({"w": np.ones(1 << 16, np.float32)}, {"w": True}, SGD)
+    grad = np.full(1 << 16, 0.5, np.float32)
+    store.push({"w": grad}, {}, 0)
+    reply = store.values_since(0)
+    where = reply["w"].ctypes.data
+    del reply  # sent
+    store.push({"w": grad}, {}, 1)
+    reply = store.values_since(1)
+    assert reply["w"].ctypes.data == where  # the same buffer, updated in place
+    np.testing.assert_array_equal(reply["w"], 0.5)
+
+
 def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
     """`PSClient.waits`: what a worker's heartbeats tell the launcher's
     liveness policy. A server gone: its pull is retried (UNAVAILABLE) and

@@ -758,6 +758,10 @@ class ParameterStore:
                 self.tables[name].apply_gradients(ids, rows, step, learning_rate)
         names = tuple(sorted(grads))
         values = None
+        # The values read by the last update are let go first: TensorFlow
+        # updates a variable in place only when nothing else holds its buffer
+        # (else it copies it first: 4 MB pushes took 17-20 ms instead of 12-13).
+        self._fresh = None
         if names:
             values = self._apply_fn(group, names)([as_tensor(grads[n]) for n in names])
         else:

@@ -218,7 +218,6 @@ def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str,
     started = start_services([(f"ps-{i}", "keras_elastic.ps",
                                [f"--ps_index={i}", f"--num_ps={num_ps}",
                                 "--grads_to_wait=1"]) for i in range(num_ps)], job_dir)
-    clients = None
     try:
         addresses = [info["address"] for _, info in started]
         ps_pids = [info["pid"] for _, info in started]
@@ -229,19 +228,9 @@ def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str,
                    for n, size in shapes.items()},
                   {"class_name": FLAGS.optimizer, "config": {"learning_rate": 1e-6}})
         init.close()
-        clients = Clients(addresses, shapes, max(worker_counts))
-        rows = []
-        for workers in worker_counts:
-            row = measure_phase(clients, ps_pids, workers)
-            row["num_ps"] = num_ps
-            row["kind"] = "PS"
-            logging.info("%d PS, %d workers: %.1f pushes/s, PS CPU %.1f ms/push",
-                         num_ps, workers, row["rate"], 1e3 * row["ps_cpu_per_push"])
-            rows.append(row)
-        return rows
+        return _phases(Clients(addresses, shapes, max(worker_counts)), ps_pids,
+                       worker_counts, num_ps, "PS")
     finally:
-        if clients is not None:
-            clients.close()
         for handle, _ in started:
             handle.terminate()
 
@@ -253,22 +242,32 @@ def measure_echo(worker_counts: list[int], job_dir: str, model_mb: float,
     from echo_server import start_echo_servers
 
     started = start_echo_servers(1, job_dir)
-    clients = None
     try:
-        clients = Clients([started[0][1]["address"]],
-                          model_shapes(1, model_mb, tensors), max(worker_counts), "echo")
+        info = started[0][1]
+        return _phases(Clients([info["address"]], model_shapes(1, model_mb, tensors),
+                               max(worker_counts), "echo"),
+                       [info["pid"]], worker_counts, 1, "echo")
+    finally:
+        for handle, _ in started:
+            handle.terminate()
+
+
+def _phases(clients: Clients, server_pids: list[int], worker_counts: list[int],
+            num_ps: int, what: str) -> list[dict]:
+    """A row per worker count (`measure_phase`) against the servers
+    `server_pids`; the clients are closed after."""
+    try:
         rows = []
         for workers in worker_counts:
-            row = measure_phase(clients, [started[0][1]["pid"]], workers)
-            row["num_ps"] = 1
-            row["kind"] = "echo"
+            row = measure_phase(clients, server_pids, workers)
+            row["num_ps"] = num_ps
+            logging.info("%d %s, %d workers: %.1f pushes/s, server CPU %.1f ms/push",
+                         num_ps, what, workers, row["rate"],
+                         1e3 * row["ps_cpu_per_push"])
             rows.append(row)
         return rows
     finally:
-        if clients is not None:
-            clients.close()
-        for handle, _ in started:
-            handle.terminate()
+        clients.close()
 
 
 def measure_phase(clients: Clients, ps_pids: list[int], workers: int) -> dict:

@@ -434,6 +434,7 @@ class ElasticDataset:
                 else:
                     chunks = records_of(records).skip(skip).batch(batch_size)
 
+                @tf.autograph.experimental.do_not_convert
                 def tag(i, chunk):
                     n = tf.shape(tf.nest.flatten(chunk)[0], out_type=tf.int64)[0]
                     positions = skip + i * batch_size + tf.range(n, dtype=tf.int64)
@@ -486,8 +487,8 @@ class ElasticDataset:
 
         def run() -> list[int]:
             elements = self._apply_dataset_fn(tf.data.Dataset.from_tensor_slices(records))
-            return [int(f) for f in elements.map(
-                lambda *e: fingerprint(e[0] if len(e) == 1 else e)).as_numpy_iterator()]
+            return [int(f) for f in elements.map(tf.autograph.experimental.do_not_convert(
+                lambda *e: fingerprint(e[0] if len(e) == 1 else e))).as_numpy_iterator()]
 
         first, second = run(), run()
         self._determinism_checked = True

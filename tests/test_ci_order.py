@@ -1,12 +1,13 @@
-"""The order the test files go to pytest-xdist's workers (CI time): heaviest
-first, by tests/test_costs.json, whole files, the order within a file kept."""
+"""CI time: the order the test files go to pytest-xdist's workers (heaviest
+first, by tests/test_costs.json, whole files, the order within a file kept),
+and child processes that skip Keras' scikit-learn wrappers (tests/_site)."""
 
 import json
 import os
 import subprocess
 import sys
 
-from conftest import COSTS_FILE, REPO, file_order
+from conftest import COSTS_FILE, REPO, file_order, subprocess_env
 
 
 class _Item:
@@ -67,3 +68,18 @@ def test_xdist_keeps_the_order_given(pytestconfig):
     # xdist would sort the files by their number of tests (its default
     # --loadscope-reorder); conftest turns that off.
     assert getattr(pytestconfig.option, "loadscopereorder", False) is False
+
+
+def test_child_processes_skip_keras_sklearn_wrappers_but_can_import_sklearn():
+    # `import tensorflow` imports Keras, whose wrappers would import
+    # scikit-learn (1.4 s a process); a script's own import still works.
+    code = ("import sys, tensorflow\n"
+            "import keras.src.wrappers.fixes as fixes\n"
+            "print('after tensorflow:', 'sklearn' in sys.modules, fixes.sklearn)\n"
+            "from sklearn.datasets import load_digits\n"
+            "print('digits:', load_digits().data.shape)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=subprocess_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "after tensorflow: False None" in result.stdout, result.stdout
+    assert "digits: (1797, 64)" in result.stdout, result.stdout

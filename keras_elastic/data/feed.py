@@ -102,19 +102,25 @@ def generator_dataset(generator: Callable[[], Iterator[Any]],
                      copy=True)
             for v, s in zip(values, specs, strict=True)]
 
-    def elements(key: tf.Tensor) -> tf.data.Dataset:
-        def step(k):
-            out = tf.numpy_function(pull, [k], [tf.bool] + dtypes, stateful=True)
-            return out[0], tuple(tf.ensure_shape(t, s.shape)
-                                 for t, s in zip(out[1:], specs, strict=True))
+    # The functions tf.data traces here are plain TensorFlow calls: AutoGraph
+    # need not convert them (about 0.1 s of a worker's start each).
+    plain = tf.autograph.experimental.do_not_convert
 
+    @plain
+    def step(k):
+        out = tf.numpy_function(pull, [k], [tf.bool] + dtypes, stateful=True)
+        return out[0], tuple(tf.ensure_shape(t, s.shape)
+                             for t, s in zip(out[1:], specs, strict=True))
+
+    @plain
+    def elements(key: tf.Tensor) -> tf.data.Dataset:
         return (tf.data.Dataset.from_tensors(key).repeat().map(step)
-                .take_while(lambda ok, values: ok)
-                .map(lambda ok, values: tf.nest.pack_sequence_as(
-                    output_signature, list(values))))
+                .take_while(plain(lambda ok, values: ok))
+                .map(plain(lambda ok, values: tf.nest.pack_sequence_as(
+                    output_signature, list(values)))))
 
     keys = tf.data.Dataset.from_tensors(np.int64(0)).map(
-        lambda _: tf.numpy_function(start, [], tf.int64, stateful=True))
+        plain(lambda _: tf.numpy_function(start, [], tf.int64, stateful=True)))
     return keys.flat_map(elements)
 
 

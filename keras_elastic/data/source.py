@@ -36,6 +36,7 @@ class DataSource(abc.ABC):
     def record_spec(self) -> Any:
         """`tf.TensorSpec` nest of one record."""
 
+    @tf.autograph.experimental.do_not_convert
     def decode(self, records: tf.data.Dataset) -> tf.data.Dataset:
         """Maps one task's records (`read`'s output, as a dataset) to what
         `dataset_fn` receives: unchanged unless the source knows how its

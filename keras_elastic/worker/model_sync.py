@@ -509,6 +509,7 @@ class ModelSync:
             self._dead_at_mark = self.stream.dead()
 
     # -- called from the compiled train step ------------------------------
+    @tf.autograph.experimental.do_not_convert
     def non_trainable_values(self) -> list:
         """Copies of the non-trainable variables' values, read where the
         step traces this (before the step's own updates, in the step's order):

@@ -226,6 +226,78 @@ def test_loss_hook_sees_raw_labels_and_leaves_out_weighed_out_elements():
     assert float(per_example) == pytest.approx(2.5)
 
 
+def test_loss_in_elasticdl_older_output_labels_order_gets_them_in_that_order():
+    def old(output, labels):  # ElasticDL's first model zoo
+        return tf.reduce_mean(output["logits"] - tf.cast(labels, tf.float32))
+
+    def new(labels, predictions):
+        return tf.reduce_mean(predictions["logits"] - tf.cast(labels, tf.float32))
+
+    y = tf.constant([1, 2, 4], tf.int32)
+    pred = {"logits": tf.constant([10.0, 10.0, 10.0])}
+    for loss in (old, new):
+        assert float(zoo_hooks.zoo_loss(zoo_hooks.labels_first(loss), y, pred,
+                                        None)) == pytest.approx(10 - 7 / 3), loss
+
+
+# -- TensorFlow functions on symbolic tensors (Keras 2 modules) ------------------
+def test_tf_functions_on_symbolic_tensors_become_layers_that_save_and_load(tmp_path):
+    import keras
+    import tensorflow.keras.backend as K
+
+    from keras_elastic.jobs import tf_op_layers
+
+    tf_op_layers.enable()
+    inputs = keras.Input((3, 2))
+    summed = K.sum(inputs, axis=1)  # tf.keras.backend, as ElasticDL's deepfm
+    halved = 0.5 * keras.layers.Subtract()([summed, K.square(summed)])
+    outputs = tf.cast(tf.reshape(tf.sigmoid(halved), (-1, 1)) > 0.5, tf.float32)
+    model = keras.Model(inputs, {"p": tf.sigmoid(halved), "bit": outputs})
+    assert sum(type(layer).__name__ == "TFOpLayer" for layer in model.layers) == 6
+    x = np.random.default_rng(0).normal(size=(4, 3, 2)).astype("float32")
+    got = model(x)
+    s = x.sum(axis=1)
+    p = 1 / (1 + np.exp(-0.5 * (s - s * s)))
+    np.testing.assert_allclose(got["p"], p, rtol=1e-5)
+    np.testing.assert_array_equal(got["bit"], (p.reshape(-1, 1) > 0.5).astype("float32"))
+    # A .keras file names each function by its TensorFlow API name.
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(loaded(x)["p"], p, rtol=1e-5)
+    names = {layer.get_config()["function"] for layer in loaded.layers
+             if type(layer).__name__ == "TFOpLayer"}
+    assert names == {"math.reduce_sum", "math.square", "reshape", "math.sigmoid",
+                     "cast"}, names
+    # Calls on real tensors are TensorFlow's as before.
+    assert float(tf.reduce_sum(tf.ones([2, 2]))) == 4.0
+
+
+def test_a_tf_function_layer_that_cannot_be_saved_says_why(tmp_path):
+    import keras
+
+    from keras_elastic.jobs import tf_op_layers
+
+    tf_op_layers.enable()
+    # A dispatchable function with no TensorFlow API name, refusing symbolic
+    # tensors as TensorFlow's functions do.
+    def add_one(x):
+        if isinstance(x, keras.KerasTensor):
+            raise TypeError("a symbolic tensor")
+        return x + 1.0
+
+    plus_one = tf.__internal__.dispatch.add_dispatch_support(add_one)
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, plus_one(inputs))
+    assert float(model(np.zeros((1, 2), "float32"))[0, 0]) == 1.0
+    with pytest.raises(NotImplementedError, match="no TensorFlow API name, so it "
+                       "cannot be saved in a .keras file: save a checkpoint, or use "
+                       "keras.ops or a Keras layer for it"):
+        model.save(tmp_path / "m.keras")
+    with pytest.raises(ValueError, match=r"TFOpLayer: tf.math.no_such_op is not a "
+                       "TensorFlow function of this TensorFlow version"):
+        tf_op_layers.TFOpLayer("math.no_such_op")
+
+
 def test_learning_rate_scheduler_becomes_a_schedule_of_the_servers_version():
     import keras
 

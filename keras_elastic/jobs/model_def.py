@@ -158,8 +158,12 @@ def load_model_def(model_def: str, model_zoo: str | None = None,
                    feed: str | None = None) -> tuple[ModuleType, Any, Any]:
     """Imports the module (ElasticDL's `elasticdl.*` imports served meanwhile);
     returns it, the model function (or class) and the dataset function."""
+    from keras_elastic.jobs import tf_op_layers
     from keras_elastic.jobs.elasticdl_compat import elasticdl_imports
 
+    # Modules written for Keras 2 call TensorFlow functions on symbolic
+    # tensors (ElasticDL's deepfm: tf.reshape, K.sum): made layers, as Keras 2 did.
+    tf_op_layers.enable()
     module_name, function = _split(model_def, model_zoo)
     zoo = zoo_dir(model_def, model_zoo)
     path = _source_path(module_name, zoo)

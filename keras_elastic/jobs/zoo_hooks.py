@@ -4,7 +4,8 @@ An ElasticDL model-zoo module defines, beside `custom_model()`:
 
 - `loss(labels, predictions)`: called with the labels as `dataset_fn` gives
   them (not cast) and all of the model's outputs (a dict for a model with
-  named outputs);
+  named outputs); ElasticDL's older `loss(output, labels)` is told by its
+  parameter names;
 - `optimizer()`: a Keras optimizer;
 - `dataset_fn(dataset, mode, metadata)` or `feed(...)`, which may shuffle
   within a task: its random ops get a fixed seed (the same elements in the
@@ -214,12 +215,43 @@ def zoo_loss(loss_fn: Callable, y, y_pred, sample_weight) -> tf.Tensor:
     return tf.cond(tf.reduce_any(keep), kept, none_kept)
 
 
+# ElasticDL's first model zoo wrote `loss(output, labels)`; it later became
+# `loss(labels, predictions)`. A loss whose parameters are named in the older
+# order gets its arguments in that order.
+_OUTPUT_NAMES = ("output", "outputs", "predictions", "prediction", "logits", "y_pred")
+_LABEL_NAMES = ("labels", "label", "y_true")
+
+
+def labels_first(loss_fn: Callable) -> Callable:
+    """`loss_fn` as a function of `(labels, predictions)`: ElasticDL's older
+    `loss(output, labels)` (told by its parameter names) swapped.
+
+    Example:
+
+    >>> def loss(output, labels):
+    ...     return output - labels
+    >>> labels_first(loss)(1, 10)
+    9
+    """
+    try:
+        names = [p.name for p in inspect.signature(loss_fn).parameters.values()][:2]
+    except (TypeError, ValueError):
+        return loss_fn
+    if len(names) == 2 and names[0] in _OUTPUT_NAMES and names[1] in _LABEL_NAMES:
+        return lambda labels, predictions: loss_fn(predictions, labels)
+    return loss_fn
+
+
 def zoo_model(model: keras.Model, loss_fn: Callable | None,
               metrics: list[tuple[str | None, Any]]) -> keras.Model:
     """Gives `model` (in place, as `ke.wrap` does) ElasticDL's loss and
     metrics: `compute_loss` calls `loss_fn(labels, predictions)` with the
-    labels as given and all outputs; `compute_metrics` updates `metrics`."""
+    labels as given and all outputs (`loss(output, labels)`, ElasticDL's
+    older order, is told by its parameter names); `compute_metrics` updates
+    `metrics`."""
     base = type(model)
+    if loss_fn is not None:
+        loss_fn = labels_first(loss_fn)
 
     class ZooModel(base):
         def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,

@@ -268,6 +268,11 @@ def test_tf_functions_on_symbolic_tensors_become_layers_that_save_and_load(tmp_p
              if type(layer).__name__ == "TFOpLayer"}
     assert names == {"math.reduce_sum", "math.square", "reshape", "math.sigmoid",
                      "cast"}, names
+    # A NumPy array argument is kept with its dtype.
+    picked = keras.Model(inputs, tf.gather(inputs, np.array([2, 0], "int64"), axis=1))
+    picked.save(tmp_path / "g.keras")
+    np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "g.keras")(x),
+                                  x[:, [2, 0]])
     # Calls on real tensors are TensorFlow's as before.
     assert float(tf.reduce_sum(tf.ones([2, 2]))) == 4.0
 
@@ -293,6 +298,16 @@ def test_a_tf_function_layer_that_cannot_be_saved_says_why(tmp_path):
                        "cannot be saved in a .keras file: save a checkpoint, or use "
                        "keras.ops or a Keras layer for it"):
         model.save(tmp_path / "m.keras")
+    # An argument a .keras file cannot hold (NumPy arrays, dtypes, shapes can).
+    inputs = keras.Input((3,))
+    picked = tf.gather(inputs, np.array([2, 0]), axis=1)
+    model = keras.Model(inputs, tf.gather(picked, tf.constant([1]), axis=1))
+    np.testing.assert_array_equal(model(np.array([[1.0, 2.0, 3.0]], "float32")), [[1.0]])
+    with pytest.raises(NotImplementedError, match=r"calls a TensorFlow function with an "
+                       r"argument of type EagerTensor \(.*\), which a .keras file "
+                       "cannot hold: save a checkpoint, or use keras.ops or a Keras "
+                       "layer for it"):
+        model.save(tmp_path / "m2.keras")
     with pytest.raises(ValueError, match=r"TFOpLayer: tf.math.no_such_op is not a "
                        "TensorFlow function of this TensorFlow version"):
         tf_op_layers.TFOpLayer("math.no_such_op")

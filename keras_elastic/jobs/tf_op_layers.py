@@ -55,7 +55,11 @@ def api_name(function: Callable) -> str | None:
     'math.reduce_sum'
     """
     undecorated = _undecorated(function)
-    names = getattr(undecorated, "__dict__", {}).get("_tf_api_names", ())
+    attributes = getattr(undecorated, "__dict__", {})
+    # (TensorFlow 2 functions may call TensorFlow 1 ones, which are what
+    # fails on a symbolic tensor: tf.gather calls tf.compat.v1.gather.)
+    names = [*attributes.get("_tf_api_names", ()),
+             *("compat.v1." + n for n in attributes.get("_tf_api_names_v1", ()))]
     return next((n for n in names if _resolve(n) is not None
                  and _undecorated(_resolve(n)) is undecorated), None)
 
@@ -160,6 +164,8 @@ def _encode(value: Any, layer: str) -> Any:
         return [_encode(v, layer) for v in value]
     if isinstance(value, dict):
         return {"__dict__": {str(k): _encode(v, layer) for k, v in value.items()}}
+    if isinstance(value, np.ndarray):
+        return {"__array__": value.tolist(), "dtype": value.dtype.name}
     if isinstance(value, np.generic):
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -176,6 +182,8 @@ def _decode(value: Any) -> Any:
     if isinstance(value, dict):
         if "__input__" in value:
             return _Input(value["__input__"])
+        if "__array__" in value:
+            return np.array(value["__array__"], value["dtype"])
         if "__dtype__" in value:
             return tf.as_dtype(value["__dtype__"])
         if "__tuple__" in value:

@@ -88,6 +88,51 @@ def launch(job_dir: str, script: str, *flags: str, script_args: tuple = (),
                           timeout=timeout)
 
 
+def dump_stacks(job_dir: str) -> list[int]:
+    """Sends SIGUSR1 to the job's master, servers and workers (from
+    cluster.json): each writes every thread's stack to its log
+    (keras_elastic/common/stacks.py). Returns the pids signalled."""
+    import signal
+
+    try:
+        with open(os.path.join(job_dir, "cluster.json")) as f:
+            cluster = json.load(f)
+    except (OSError, ValueError):
+        return []
+    pids = [cluster.get("master_pid"), *cluster.get("ps_pids", []),
+            *cluster.get("worker_pids", {}).values()]
+    signalled = []
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGUSR1)
+            signalled.append(int(pid))
+        except (TypeError, ValueError, OSError):
+            pass
+    return signalled
+
+
+def finish(proc: subprocess.Popen, job_dir: str, timeout: float) -> str:
+    """The output of a job launched in the background (`launch(...,
+    background=True)`); if it runs past `timeout`, its roles' stacks are
+    dumped into their logs, it is killed, and the test fails with the tails of
+    launcher.log and of every role's log."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        return output
+    except subprocess.TimeoutExpired:
+        dump_stacks(job_dir)
+        time.sleep(2)
+        proc.kill()
+        output, _ = proc.communicate()
+        logs = []
+        for name in sorted(os.listdir(job_dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(job_dir, name), errors="replace") as f:
+                    logs.append(f"--- {name}:\n{f.read()[-6000:]}")
+        pytest.fail(f"the job ran past {timeout} s (stacks dumped into the logs):\n"
+                    + "\n".join(logs) + f"\n--- launcher output:\n{output[-4000:]}")
+
+
 def wait_for(predicate, timeout: float = 120.0, interval: float = 0.2, what: str = ""):
     deadline = time.time() + timeout
     while time.time() < deadline:

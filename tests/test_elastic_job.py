@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 from conftest import (
     assert_exactly_once,
+    dump_stacks,
     job_status,
     launch,
     read_ledger,
@@ -105,6 +106,9 @@ def test_worker_joining_a_running_job_gets_tasks(tmp_path):
     try:
         wait_for(lambda: (job_status(job_dir) or {}).get("tasks_done", 0) >= 2,
                  timeout=180, what="the job to start")
+        # Every role prints its threads' stacks on SIGUSR1 (for a job that
+        # hangs), and goes on.
+        assert len(dump_stacks(job_dir)) == 3  # the master, the server, worker 0
         joined = subprocess.run(
             [sys.executable, "-m", "keras_elastic", "join", f"--job_dir={job_dir}", "--",
              sys.executable, SCRIPT, *args], env=subprocess_env(), capture_output=True,
@@ -115,6 +119,13 @@ def test_worker_joining_a_running_job_gets_tasks(tmp_path):
             proc.kill()
     assert joined.returncode == 0, joined.stdout + joined.stderr
     assert proc.returncode == 0, output
+    for role in ("master", "ps-0", "worker-0"):
+        log = open(os.path.join(job_dir, f"{role}.log")).read()
+        assert "most recent call first" in log, (role, log[-3000:])
+    # The launcher's log is in the job directory too, its summary included.
+    launcher_log = open(os.path.join(job_dir, "launcher.log")).read()
+    assert "started worker 0" in launcher_log and "===== job summary =====" in (
+        launcher_log), launcher_log[-3000:]
     ledger = read_ledger(job_dir)["training"]
     assert_exactly_once(ledger, num_epochs=3, tasks_per_epoch=32)
     by_worker = {w: sum(e["worker"] == w for e in ledger) for w in (0, 1)}

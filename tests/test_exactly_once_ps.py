@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, launch, subprocess_env, wait_for
+from conftest import REPO, finish, launch, subprocess_env, wait_for
 from counting_jobs import (
     check_exact,
     counting_job,
@@ -123,7 +123,7 @@ def test_digits_with_a_parameter_server_killed_reaches_95_percent(tmp_path):
         wait_for(lambda: _training(job_dir).get("epoch", 0) >= 3, timeout=400,
                  what="epoch 4")
         kill_ps(job_dir, 0)
-        output, _ = proc.communicate(timeout=600)
+        output = finish(proc, job_dir, timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

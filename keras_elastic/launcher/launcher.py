@@ -61,6 +61,7 @@ from keras_elastic.launcher.backends import (
     start_service,
     start_services,
 )
+from keras_elastic.launcher.job_log import JobLog
 from keras_elastic.launcher.liveness import HealthProber
 from keras_elastic.launcher.policy import (
     FAIL_BUDGET,
@@ -331,6 +332,8 @@ class Launcher:
         except BaseException:
             self.backend.shutdown()
             raise
+        # (made once nothing refused the job: no file of a job never started)
+        self.log = JobLog(self.job_dir)  # JOB_DIR/launcher.log
         logging.info("backend: %s", self.backend.describe())
 
     def _tls_wanted(self) -> bool:
@@ -770,8 +773,7 @@ class Launcher:
                 self._start_services()
             except NoIntactCheckpointError as e:
                 self.error = f"--resume: {e}"
-                print(f"[launcher] job FAILED: {self.error}", file=sys.stderr,
-                      flush=True)
+                self.log.say(f"[launcher] job FAILED: {self.error}", sys.stderr)
                 return 1
             for _ in range(self.config.num_workers):
                 self._start_worker()
@@ -808,7 +810,7 @@ class Launcher:
                 self._scale()
                 if time.time() - last_progress >= self.config.progress_interval:
                     last_progress = time.time()
-                    print(self._progress(status), flush=True)
+                    self.log.say(self._progress(status))
             return self._finish()
         except OSError as e:
             if not disk.is_disk_condition(e):
@@ -816,7 +818,7 @@ class Launcher:
             # A full disk (or quota, read-only filesystem) where the launcher
             # writes: one line, not a traceback.
             self.error = disk.describe_write_error(e.filename or self.job_dir, e)
-            print(f"[launcher] job FAILED: {self.error}", file=sys.stderr, flush=True)
+            self.log.say(f"[launcher] job FAILED: {self.error}", sys.stderr)
             return 1
         finally:
             for s, handler in previous.items():
@@ -852,15 +854,14 @@ class Launcher:
                            launcher_error=self.error)
             self._write_artifact("summary.json", summary, indent=1)
             summary["missing_artifacts"] = dict(self.missing_artifacts)
-            print(self.summary(summary), flush=True)
+            self.log.say(self.summary(summary))
         if self.error:
-            print(f"[launcher] job FAILED: {self.error}", file=sys.stderr, flush=True)
+            self.log.say(f"[launcher] job FAILED: {self.error}", sys.stderr)
             return 1
         if self.missing_artifacts:
-            print("[launcher] the job trained, but could not write "
-                  f"{', '.join(self.missing_artifacts)}: "
-                  f"{next(iter(self.missing_artifacts.values()))}", file=sys.stderr,
-                  flush=True)
+            self.log.say("[launcher] the job trained, but could not write "
+                         f"{', '.join(self.missing_artifacts)}: "
+                         f"{next(iter(self.missing_artifacts.values()))}", sys.stderr)
             return ARTIFACTS_MISSING
         return 0
 
@@ -961,6 +962,7 @@ class Launcher:
         if self.master_proc is not None:
             self.master_proc.terminate()
         self.backend.shutdown()
+        self.log.close()
 
 
 def _tensorboard_log_dirs(job_dir: str) -> list[str]:

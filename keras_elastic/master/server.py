@@ -16,7 +16,7 @@ import sys
 
 from absl import flags, logging
 
-from keras_elastic.common import faults, fencing, rpc, rpc_service
+from keras_elastic.common import faults, fencing, rpc, rpc_service, stacks
 from keras_elastic.master.servicer import MasterServicer
 from keras_elastic.proto import master_pb2
 
@@ -103,6 +103,7 @@ def main(argv) -> None:
     # bench/bench_master.py: +10-25% tasks/s).
     sys.setswitchinterval(0.001)
     faults.set_role("master")
+    stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
     server = MasterServer(FLAGS.host, FLAGS.port, FLAGS.heartbeat_timeout,
                           FLAGS.max_task_retries, FLAGS.max_workers, FLAGS.journal,
                           FLAGS.progress_timeout, FLAGS.generation,

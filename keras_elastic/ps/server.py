@@ -14,7 +14,7 @@ import gc
 
 from absl import flags, logging
 
-from keras_elastic.common import faults, fencing, rpc, rpc_service
+from keras_elastic.common import faults, fencing, rpc, rpc_service, stacks
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
@@ -80,6 +80,7 @@ def define_flags() -> None:
 def main(argv) -> None:
     del argv
     faults.set_role(f"ps{FLAGS.ps_index}")
+    stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness,
                              FLAGS.restore_from, FLAGS.init_checkpoint_dir,

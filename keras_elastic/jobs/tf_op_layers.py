@@ -206,7 +206,10 @@ class _Dispatcher(tf.__internal__.dispatch.GlobalOpDispatcher):
                 return _Input(len(inputs) - 1)
             return value
 
-        arguments = tf.nest.map_structure(mark, (tuple(args), dict(kwargs)))
+        try:
+            arguments = tf.nest.map_structure(mark, (tuple(args), dict(kwargs)))
+        except (TypeError, ValueError):  # not a structure tf.nest reads: as before
+            return self.NOT_SUPPORTED
         if not inputs:
             return self.NOT_SUPPORTED
         return TFOpLayer(op, arguments)(inputs)

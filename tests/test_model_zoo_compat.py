@@ -402,6 +402,39 @@ def test_dataset_fn_shuffle_is_seeded_for_exact_replays():
 
     first = run()
     assert first == run() and sorted(first) != first  # shuffled, the same each time
+    # ElasticDL's first model zoo wrote dataset_fn(dataset, mode): seeded too.
+    two_args = zoo_hooks.elastic_dataset_fn(
+        lambda dataset, mode: dataset.shuffle(buffer_size=100))
+    orders = [list(two_args(tf.data.Dataset.range(50), "training").as_numpy_iterator())
+              for _ in range(2)]
+    assert orders[0] == orders[1] and orders[0] != sorted(orders[0]), orders
+
+
+def test_a_one_entry_feature_dict_feeds_a_model_of_one_unnamed_input():
+    # Keras 2 fed it whatever the key (ElasticDL's deepfm: {"feature": x} and
+    # an unnamed Input); Keras 3 matches keys to input names.
+    import keras
+
+    def dataset_fn(records, mode):
+        return records.map(lambda x: ({"feature": x}, x[0]))
+
+    records = tf.data.Dataset.from_tensor_slices(np.ones((4, 3), "float32"))
+    unnamed = keras.Model(inputs := keras.Input((3,)), keras.layers.Dense(1)(inputs))
+    features, label = next(iter(zoo_hooks.keras2_single_input(dataset_fn, unnamed)(
+        records, "training")))
+    assert features.shape == (3,) and float(label) == 1.0
+    unnamed.compile(loss="mse")
+    unnamed.fit(zoo_hooks.keras2_single_input(dataset_fn, unnamed)(records, "training")
+                .batch(2), verbose=0)
+    # An input named by the key, or a model of two inputs: the dict as given.
+    named = keras.Model(inputs := keras.Input((3,), name="feature"),
+                        keras.layers.Dense(1)(inputs))
+    two = keras.Model([a := keras.Input((3,)), b := keras.Input((3,))],
+                      keras.layers.Add()([a, b]))
+    for model in (named, two):
+        features, _ = next(iter(zoo_hooks.keras2_single_input(dataset_fn, model)(
+            records, "training")))
+        assert set(features) == {"feature"}
 
 
 # -- data -------------------------------------------------------------------------

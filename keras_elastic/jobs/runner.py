@@ -205,8 +205,9 @@ def main(argv) -> None:
         FLAGS.model_def, FLAGS.model_zoo, FLAGS.feed)
     dataset_fn_name = next(n for n in dataset_fn_names(FLAGS.feed)
                            if getattr(module, n, None) is module_dataset_fn)
-    dataset_fn = zoo_hooks.elastic_dataset_fn(module_dataset_fn)
     model = model_fn(**parse_model_params(FLAGS.model_params))
+    dataset_fn = zoo_hooks.keras2_single_input(
+        zoo_hooks.elastic_dataset_fn(module_dataset_fn), model)
     callbacks = module_callbacks(module, FLAGS.callbacks)
     cluster = ke.worker.get_cluster()
 

@@ -80,15 +80,45 @@ def seeded(seed: int = DATASET_SEED):
 
 def elastic_dataset_fn(fn: Callable) -> Callable:
     """`dataset_fn(records, mode)` for ElasticDataset from the module's
-    function: ElasticDL's 3-argument `dataset_fn(dataset, mode, metadata)` /
-    `feed` gets a `Metadata` and fixed seeds; others are used as they are."""
-    if positional_arity(fn) < 3:
-        return fn
+    function, run with fixed seeds (ElasticDL's modules shuffle without a
+    seed; a replayed task needs the same order): ElasticDL's 3-argument
+    `dataset_fn(dataset, mode, metadata)` / `feed` also gets a `Metadata`,
+    the 2-argument form of ElasticDL's first model zoo does not."""
+    three = positional_arity(fn) >= 3
     metadata = Metadata()
 
     def dataset_fn(records, mode):
         with seeded():
-            return fn(records, mode, metadata)
+            return fn(records, mode, metadata) if three else fn(records, mode)
+
+    dataset_fn.__qualname__ = getattr(fn, "__qualname__", "dataset_fn")
+    dataset_fn.__module__ = getattr(fn, "__module__", None)
+    return dataset_fn
+
+
+def keras2_single_input(fn: Callable, model: keras.Model) -> Callable:
+    """`fn` (a `dataset_fn(records, mode)`), its features given as Keras 2
+    gave them to a model of one input: a dict of one entry, whatever its key,
+    is that entry's value (ElasticDL's deepfm names its feature "feature" and
+    its `Input` nothing; Keras 3 matches a dict's keys to the inputs' names).
+    Unchanged for models of other inputs and keys that name the input."""
+    names = [layer.name for layer in getattr(model, "layers", [])
+             if isinstance(layer, keras.layers.InputLayer)]
+    if len(names) != 1:
+        return fn
+
+    def dataset_fn(records, mode):
+        out = fn(records, mode)
+        spec = out.element_spec
+        features = spec[0] if isinstance(spec, tuple) else spec
+        if not (isinstance(features, dict) and len(features) == 1
+                and names[0] not in features):
+            return out
+        key = next(iter(features))
+        if isinstance(spec, tuple):
+            return out.map(tf.autograph.experimental.do_not_convert(
+                lambda f, *rest: (f[key], *rest)))
+        return out.map(tf.autograph.experimental.do_not_convert(lambda f: f[key]))
 
     dataset_fn.__qualname__ = getattr(fn, "__qualname__", "dataset_fn")
     dataset_fn.__module__ = getattr(fn, "__module__", None)

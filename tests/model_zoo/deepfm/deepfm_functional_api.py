@@ -2,12 +2,12 @@
 """ElasticDL's model_zoo/deepfm_functional_api on small synthetic CTR data,
 written as ElasticDL writes it for Keras 2: TensorFlow and tf.keras.backend
 functions on the model's symbolic tensors (`K.sum`, `K.square`, `tf.reshape`,
-`tf.sigmoid`), embeddings with `mask_zero` and `input_length` and a masking
-layer, named outputs {"logits", "probs"}, a loss in ElasticDL's older
-`loss(output, labels)` order, per-output eval_metrics_fn with AUC, a
-LearningRateScheduler callback, and ElasticDL's optional custom_data_reader
-hook (its RecordIO reader imported at the top, as ElasticDL's CTR modules do;
-keras-elastic never calls the hook)."""
+`tf.sigmoid`), an unnamed `Input` fed a {"feature": ...} dict, embeddings
+with `mask_zero` and `input_length` and a masking layer, named outputs
+{"logits", "probs"}, a loss in ElasticDL's older `loss(output, labels)` order,
+per-output eval_metrics_fn with AUC, a LearningRateScheduler callback, and
+ElasticDL's optional custom_data_reader hook (its RecordIO reader imported at
+the top, as ElasticDL's CTR modules do; keras-elastic never calls the hook)."""
 
 import tensorflow as tf
 import tensorflow.keras.backend as K
@@ -42,7 +42,7 @@ class ApplyMask(Layer):
 
 
 def custom_model(input_dim=100, embedding_dim=4, input_length=10, fc_unit=8):
-    inputs = tf.keras.Input(shape=(input_length,), name="feature")
+    inputs = tf.keras.Input(shape=(input_length,))
     embed_layer = Embedding(
         input_dim=input_dim,
         output_dim=embedding_dim,

@@ -818,6 +818,7 @@ class Launcher:
             # A full disk (or quota, read-only filesystem) where the launcher
             # writes: one line, not a traceback.
             self.error = disk.describe_write_error(e.filename or self.job_dir, e)
+            self._stop_background()  # nothing logs after the last line
             self.log.say(f"[launcher] job FAILED: {self.error}", sys.stderr)
             return 1
         finally:
@@ -855,6 +856,7 @@ class Launcher:
             self._write_artifact("summary.json", summary, indent=1)
             summary["missing_artifacts"] = dict(self.missing_artifacts)
             self.log.say(self.summary(summary))
+        self._stop_background()  # nothing logs after the last line below
         if self.error:
             self.log.say(f"[launcher] job FAILED: {self.error}", sys.stderr)
             return 1
@@ -948,10 +950,16 @@ class Launcher:
         lines.append(f"[launcher] logs, ledger and summary in {self.job_dir}")
         return "\n".join(lines)
 
-    def _shutdown(self) -> None:
+    def _stop_background(self) -> None:
+        """Stops the health prober and the automatic checkpoints (their
+        threads log): the job's last line is then the launcher's last word."""
         self.prober.stop()
         if self.checkpointer is not None:
             self.checkpointer.stop()
+            self.checkpointer = None
+
+    def _shutdown(self) -> None:
+        self._stop_background()
         for proc in self.workers.values():
             proc.terminate()
         self.workers.clear()

@@ -60,8 +60,8 @@ def api_name(function: Callable) -> str | None:
     # fails on a symbolic tensor: tf.gather calls tf.compat.v1.gather.)
     names = [*attributes.get("_tf_api_names", ()),
              *("compat.v1." + n for n in attributes.get("_tf_api_names_v1", ()))]
-    return next((n for n in names if _resolve(n) is not None
-                 and _undecorated(_resolve(n)) is undecorated), None)
+    return next((n for n in names if (found := _resolve(n)) is not None
+                 and _undecorated(found) is undecorated), None)
 
 
 def _undecorated(function: Any) -> Any:

@@ -91,9 +91,16 @@ def elastic_dataset_fn(fn: Callable) -> Callable:
         with seeded():
             return fn(records, mode, metadata) if three else fn(records, mode)
 
-    dataset_fn.__qualname__ = getattr(fn, "__qualname__", "dataset_fn")
-    dataset_fn.__module__ = getattr(fn, "__module__", None)
-    return dataset_fn
+    return _named_like(dataset_fn, fn)
+
+
+def _named_like(wrapper: Callable, fn: Callable) -> Callable:
+    """`wrapper` under `fn`'s name, so errors about the dataset_fn name the
+    module's function (not `functools.wraps`: its `__wrapped__` would give
+    `wrapper` the signature of `fn`, whose arity ElasticDataset reads)."""
+    wrapper.__qualname__ = getattr(fn, "__qualname__", "dataset_fn")
+    wrapper.__module__ = getattr(fn, "__module__", None)
+    return wrapper
 
 
 def keras2_single_input(fn: Callable, model: keras.Model) -> Callable:
@@ -120,9 +127,7 @@ def keras2_single_input(fn: Callable, model: keras.Model) -> Callable:
                 lambda f, *rest: (f[key], *rest)))
         return out.map(tf.autograph.experimental.do_not_convert(lambda f: f[key]))
 
-    dataset_fn.__qualname__ = getattr(fn, "__qualname__", "dataset_fn")
-    dataset_fn.__module__ = getattr(fn, "__module__", None)
-    return dataset_fn
+    return _named_like(dataset_fn, fn)
 
 
 # -- metrics ----------------------------------------------------------------

@@ -202,9 +202,12 @@ class FakeCluster:
         """As `MasterClient.job_status()` (typed) answers it, workers only."""
         from keras_elastic.master.status import WorkersStatus
 
+        # The master's chief: worker 0 registered first; when it is lost, the
+        # smallest alive id.
         return SimpleNamespace(workers=WorkersStatus(
             alive=list(self.alive), lost=0, exited=[], registered=2,
-            marks={w: dict(m) for w, m in self.marks.items()}))
+            marks={w: dict(m) for w, m in self.marks.items()},
+            chief=min(self.alive, default=None)))
 
     def set_mark(self, name: str, value: int = 1) -> None:
         self.marks.setdefault(self.worker_id, {})[name] = value
@@ -424,3 +427,69 @@ def test_chief_killed_mid_training_the_next_worker_continues_the_files(tmp_path)
     assert "SIGKILL at 'epoch_end'" in logs, output[-4000:]
     assert "worker 1 is the chief" in logs, logs[-4000:]
     check_outputs(out_dir, epochs=4, job_dir=job)
+
+
+# -- the chief, held by the master ------------------------------------------------
+def test_the_chief_is_the_first_worker_to_register_also_after_a_master_restart(
+        tmp_path):
+    # A CI run's 2-worker job: worker 1 reached fit before worker 0 had
+    # registered, so under a smallest-alive-id rule both wrote the CSV and the
+    # .h5 checkpoint in epoch 1 (an h5py lock error, a CSV of 1 row of 20).
+    from keras_elastic.master.client import MasterClient
+    from keras_elastic.master.server import MasterServer
+    from keras_elastic.worker.cluster import is_chief
+
+    journal = str(tmp_path / "master.journal")
+    server = MasterServer(journal=journal)
+    clients = []
+
+    def worker(worker_id):
+        client = MasterClient(server.address, worker_id)
+        clients.append(client)
+        assert client.register_worker() == worker_id
+        return SimpleNamespace(embedded=False, master=client, worker_id=worker_id)
+
+    try:
+        one = worker(1)
+        assert is_chief(one)  # alone so far
+        zero = worker(0)
+        assert is_chief(one) and not is_chief(zero)  # 0 came later: 1 stays chief
+        two = worker(2)
+        one.master.worker_exited()  # it finished the script: still the chief
+        assert not is_chief(zero) and not is_chief(two)
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+    server = MasterServer(journal=journal)  # a restarted master
+    try:
+        zero = worker(0)  # (registers again: its process reconnected)
+        workers = zero.master.job_status().workers
+        assert workers.chief == 1 and workers.exited == [1] and not is_chief(zero)
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+
+
+def test_a_lost_chief_passes_to_the_smallest_alive_id_also_on_replay(tmp_path):
+    from keras_elastic.master.servicer import MasterServicer
+    from keras_elastic.proto import master_pb2
+
+    journal = str(tmp_path / "master.journal")
+    servicer = MasterServicer(journal_path=journal)
+    for worker_id in (3, 4, 2):
+        servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=worker_id), None)
+    assert servicer.status()["workers"]["chief"] == 3
+    servicer.ReportWorkerDead(master_pb2.WorkerRequest(worker_id=3, reason="test"), None)
+    assert servicer.status()["workers"]["chief"] == 2
+    servicer.ReportWorkerDead(master_pb2.WorkerRequest(worker_id=4, reason="test"), None)
+    assert servicer.status()["workers"]["chief"] == 2  # not the chief: no change
+    servicer.stop()
+    again = MasterServicer(journal_path=journal)
+    assert again.status()["workers"]["chief"] == 2
+    again.ReportWorkerDead(master_pb2.WorkerRequest(worker_id=2, reason="test"), None)
+    assert again.status()["workers"]["chief"] is None  # none alive
+    again.RegisterWorker(master_pb2.WorkerRequest(worker_id=7), None)
+    assert again.status()["workers"]["chief"] == 7
+    again.stop()

@@ -148,3 +148,30 @@ def test_an_incremental_save_after_a_restore_is_refused_and_a_full_one_works(
         save_checkpoint(client, directory, "ckpt-000002", None, table_base=first.path)
     assert sorted(os.listdir(directory)) == ["ckpt-000001"]  # nothing half-written
     save_checkpoint(client, directory, "ckpt-000002", None)
+
+
+def test_automatic_checkpoints_save_tables_in_full_every_n_and_after_a_resume(
+        servers, tmp_path):
+    # The launcher's AutoCheckpointer with --ps_checkpoint_full_every=3: a full
+    # save, then two holding the rows changed since the save before; a resume
+    # (servers restored or restarted) makes the next one full again.
+    from types import SimpleNamespace
+
+    from keras_elastic.launcher.ps_checkpoints import AutoCheckpointer
+
+    client, rng = _client(servers), np.random.default_rng(3)
+    checkpointer = AutoCheckpointer(str(tmp_path / "auto"), [s.address for s in servers],
+                                    master=None, keep=10, full_every=3)
+    checkpointer._has_tables = True  # what its loop learns from the servers' Status
+    no_training = SimpleNamespace(datasets={})
+    bases = []
+    try:
+        for k in range(6):
+            if k == 4:
+                checkpointer.pause()
+                checkpointer.resume()
+            _train(client, rng, 500, steps=1)
+            bases.append(checkpointer.save(no_training).extra.get("table_base") or "")
+    finally:
+        checkpointer.stop()
+    assert bases == ["", "ckpt-000001", "ckpt-000002", "", "", "ckpt-000005"], bases

@@ -16,6 +16,7 @@ validation shards.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -84,7 +85,9 @@ def main(argv: list[str]) -> None:
         prepare_data.prepare(FLAGS.data_dir, FLAGS.num_shards)
     train = training_data(FLAGS.data_dir, FLAGS.batch_size, FLAGS.minibatches_per_task)
     logging.info("%s", train.describe())
-    model = ke.wrap(model_def.custom_model(FLAGS.learning_rate),
+    # The job's steps: every worker's batches of every epoch.
+    steps = FLAGS.epochs * math.ceil(train.source.num_records() / FLAGS.batch_size)
+    model = ke.wrap(model_def.custom_model(FLAGS.learning_rate, decay_steps=steps),
                     exchange=FLAGS.exchange)
     callbacks = []
     if FLAGS.checkpoint_dir:

@@ -94,6 +94,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._last_lease = 0
         self._next_worker_id = 0
         self._lost = 0
+        # The chief (`worker.cluster.is_chief`): the first worker to register,
+        # for as long as it is alive or exited; when it is lost, the smallest
+        # alive id. Held here so that two workers never both act as the chief
+        # (a smallest-alive-id rule let worker 1 write before worker 0 had
+        # registered). Rebuilt from the journal's worker records on replay.
+        self._chief: int | None = None
         self._started = time.monotonic()
         self._starts = 0
         self._journal: Journal | None = None
@@ -239,6 +245,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if state == "lost" and self._workers[worker_id]["state"] == "alive":
                 self._lost += 1
             self._workers[worker_id]["state"] = state
+        self._elect_chief()
+
+    def _elect_chief(self) -> None:
+        """Keeps the chief while it is alive or exited; else the smallest
+        alive worker (None while there is none)."""
+        chief = self._workers.get(self._chief) if self._chief is not None else None
+        if chief is None or chief["state"] == "lost":
+            alive = self._alive()
+            self._chief = min(alive) if alive else None
 
     # -- workers ----------------------------------------------------------
     def _alive(self) -> list[int]:
@@ -266,7 +281,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                         "timings": {}, "joined": time.time()}
             seq = self._log({"t": "worker", "id": worker_id, "state": "alive",
                              "time": round(time.time(), 3)})
-            logging.info("worker %d registered (%s)", worker_id, request.reason or "-")
+            self._elect_chief()
+            logging.info("worker %d registered (%s)%s", worker_id, request.reason or "-",
+                         "; the chief" if self._chief == worker_id else "")
             self._cond.notify_all()
         self._durable(seq)
         return master_pb2.WorkerResponse(accepted=True, worker_id=worker_id)
@@ -319,6 +336,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return 0
         worker["state"] = "lost"
         self._lost += 1
+        self._elect_chief()
         seq = self._log({"t": "worker", "id": worker_id, "state": "lost",
                          "reason": reason})
         requeued = sum(ds.requeue_worker(worker_id) for ds in self._datasets.values())
@@ -716,6 +734,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     "exited": sorted(w for w, s in self._workers.items()
                                      if s["state"] == "exited"),
                     "registered": len(self._workers),
+                    "chief": self._chief,
                 },
                 "datasets": datasets,
                 "tasks_done": sum(d["tasks_done_total"] for d in datasets.values()),

@@ -107,6 +107,9 @@ class WorkersStatus:
     waiting: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     # Of those, the servers their calls could not reach (UNAVAILABLE, retried).
     unreachable: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # The worker that writes the job's outputs (`worker.cluster.is_chief`);
+    # None while no worker is alive or done.
+    chief: int | None = None
 
     def mark(self, worker: int, name: str) -> int | None:
         """The value `worker` reported for mark `name`, None if none."""
@@ -119,6 +122,7 @@ class WorkersStatus:
         for field in ("waiting", "unreachable"):
             data[field] = {w: master_pb2.WorkerWaits(seconds=v)
                            for w, v in getattr(self, field).items()}
+        data["chief"] = -1 if self.chief is None else self.chief
         return master_pb2.WorkersStatus(**data)
 
 
@@ -180,7 +184,8 @@ class JobStatus:
                                          waiting={i: dict(m.seconds)
                                                   for i, m in w.waiting.items()},
                                          unreachable={i: dict(m.seconds) for i, m
-                                                      in w.unreachable.items()}),
+                                                      in w.unreachable.items()},
+                                         chief=None if w.chief < 0 else w.chief),
                    datasets={n: DatasetStatus.from_proto(d, include_ledger)
                              for n, d in m.datasets.items()},
                    tasks_done=m.tasks_done, requeued=m.requeued,

@@ -121,11 +121,15 @@ def _exit_on_sigterm() -> None:
 
 def is_chief(cluster: Cluster | None = None) -> bool:
     """Whether this worker should write the job's own outputs (final metrics,
-    an export): the worker with the smallest id among those alive or done
-    (a worker that finished the script wrote its outputs: the others must
-    not write them again), or a plain process.
+    an export, the files of Keras' file-writing callbacks), or is a plain
+    process.
 
-    Worker 0 is not always there: a lost worker comes back with a new id.
+    The master holds the chief: the first worker to register, for as long as
+    it is alive or has finished the script (it wrote its outputs: the others
+    must not write them again); when it is lost, the alive worker with the
+    smallest id. So two workers never both write, also at the job's start,
+    when one worker may reach `fit` before another has registered. Worker 0 is
+    not always the chief, and a lost worker comes back with a new id.
 
     Example:
 
@@ -135,9 +139,7 @@ def is_chief(cluster: Cluster | None = None) -> bool:
     cluster = cluster if cluster is not None else get_cluster()
     if cluster.embedded:
         return True
-    workers = cluster.master.job_status().workers
-    candidates = [*workers.alive, *workers.exited]
-    return not candidates or cluster.worker_id == min(candidates)
+    return cluster.master.job_status().workers.chief == cluster.worker_id
 
 
 def reset_cluster() -> None:

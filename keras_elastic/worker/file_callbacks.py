@@ -22,8 +22,9 @@ directories: a script that lists its checkpoint directory (keras-io's
 (`scratch_dir`: without a job directory, a directory under the system's
 temporary one, named after the master's address.)
 
-The chief is `keras_elastic.worker.cluster.is_chief`: the alive worker with the
-smallest id (a plain, embedded process always is). A helper callback, first in
+The chief is `keras_elastic.worker.cluster.is_chief`, held by the master: the
+first worker to register while it lives, then the smallest alive id (a plain,
+embedded process always is). A helper callback, first in
 the list, asks the master at `on_train_begin`, at every `on_epoch_begin` (one
 status call per epoch, none per batch) and at `on_train_end`, and points the
 adapted callbacks at the real or the temporary paths. Non-chief workers still
@@ -38,7 +39,7 @@ the same, complete file on every worker, as after a plain Keras `fit`. A
 non-chief waiting sees the chief die and takes over (below); it stops waiting
 after the liveness timeout, with a warning.
 
-When a worker becomes the chief (the chief died: the next smallest id takes
+When a worker becomes the chief (the chief died: the smallest alive id takes
 over at its next epoch begin, or at its train end after the last epoch), it
 first *promotes* what it wrote meanwhile, so the real paths hold what a
 chief that never died would have written:
@@ -395,8 +396,10 @@ class _ChiefTracker(keras.callbacks.Callback):
             except ConnectionError:  # the master is restarting
                 workers = None
             if workers is not None:
-                chief = min(workers.alive, default=me)
-                if chief == me or workers.mark(chief, mark):
+                chief = workers.chief
+                # The chief finished the script (exited): its callbacks are through.
+                if chief in (None, me) or chief in workers.exited or workers.mark(
+                        chief, mark):
                     return
             if time.monotonic() > deadline:
                 logging.warning("keras_elastic: worker %d: the chief did not finish "

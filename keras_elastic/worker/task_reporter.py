@@ -56,6 +56,7 @@ class TaskReporter(keras.callbacks.Callback):
         self._batch_start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        self.job_metrics.learn_names(logs)
         if self._sync is not None and self._sync.t_data > self._batch_start:
             self.stream.timer.add("input_wait", self._sync.t_data - self._batch_start)
         self.stream.run_replays()
@@ -120,6 +121,8 @@ class JobMetrics:
         self._in_epoch = False
         self._warned = False
         self.active = False  # between the fit's on_train_begin and on_train_end
+        self._renamed: dict[str, str] = {}  # log key -> metric name (learn_names)
+        self._learning, self._tries = True, 0
 
     def report_states(self) -> list | None:
         """What to send with a report of tasks done: the states' change since
@@ -207,20 +210,44 @@ class JobMetrics:
         sums = result[1]
         if not sums:
             return {}
-        # A train_step of the model's own may log a metric under another name
-        # ({"loss": self.total_loss_tracker.result()}): such a log is the
-        # metric whose result it equals now, and gets its job value too.
+        return self.from_sums(sums, logs)
+
+    def learn_names(self, logs: dict | None) -> None:
+        """Learns, from a batch's logs, which metric each log of another name
+        is: a train_step of the model's own may log a metric under another
+        name (`{"loss": self.total_loss_tracker.result()}`), and right after
+        the step such a log equals that metric's result. Learnt once, so an
+        epoch in which this worker trained no batch (Keras then ends it with
+        the previous epoch's last logs) still gets the job's value."""
+        if not self._learning or not logs or self.model is None:
+            return
+        mine = {k: _scalar(v) for k, v in self.model.get_metrics_result().items()}
+        pending = [k for k in logs if k not in mine and k not in self._renamed]
+        for key in pending:
+            value = _scalar(logs[key])
+            same = [m for m, r in mine.items()
+                    if m not in logs and r is not None and r == value]
+            if value is not None and len(same) == 1:
+                self._renamed[key] = same[0]
+        self._tries += 1
+        if all(k in self._renamed for k in pending) or self._tries >= 20:
+            self._learning = False  # nothing (more) to learn, or ambiguous
+
+    def from_sums(self, sums: dict, logs: dict | None = None) -> dict[str, float]:
+        """The model's metric results with its states set to the job's `sums`
+        (keys as `variables()` gives them), and the logs of other names that
+        `learn_names` (or, failing that, their value now) ties to a metric."""
+        renamed = dict(self._renamed)
         mine = {k: _scalar(v) for k, v in self.model.get_metrics_result().items()}
         unlogged = {k: v for k, v in mine.items() if k not in (logs or {})}
-        renamed = {}
         for key, value in (logs or {}).items():
             value = _scalar(value)
-            if key in mine or value is None:
+            if key in mine or key in renamed or value is None:
                 continue
             same = [m for m, r in unlogged.items() if r is not None and r == value]
             if len(same) == 1:
                 renamed[key] = same[0]
-        for key, variable in variables:
+        for key, variable in self.variables() or ():
             value = sums.get(key)
             variable.assign(np.zeros(variable.shape, variable.dtype) if value is None
                             else np.asarray(value).astype(variable.dtype))

@@ -14,8 +14,8 @@ the user's callback (its options, its state) and changes only where it writes:
                                    ElasticDataset nor NumPy arrays)
 <log_dir>/validation/              the job's validation scalars (an elastic
                                    validation_data, the same on every worker),
-                                   written once, by the chief: the alive worker
-                                   with the smallest id at the end of the epoch
+                                   written once, by the chief
+                                   (`ke.worker.is_chief`) at the epoch's end
 ```
 
 `tensorboard --logdir <log_dir>` then shows `worker-0/train`,

@@ -69,6 +69,40 @@ def test_non_trainable_updates_of_two_workers_are_merged_not_overwritten(servers
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("grads_to_wait", [1, 2])
+def test_a_push_of_gradients_and_merged_statistics_is_one_exact_update(grads_to_wait):
+    # The server applies a push's non-trainable values and its update in one
+    # compiled call: a value still at its base is assigned bit for bit, one
+    # another worker changed gets this worker's change added, a boolean is
+    # assigned as is, and the optimizer's update follows.
+    store = ParameterStore(grads_to_wait=grads_to_wait)
+    w, mean = np.array([1.0, 2.0], np.float32), np.array([0.5, 0.25], np.float32)
+    store.init({"w": w, "mean": mean, "flag": np.array(False), "count": np.int64(3)},
+               {"w": True, "mean": False, "flag": False, "count": False}, SGD)
+    grad = np.array([0.25, -1.0], np.float32)
+    ema = (mean * 0.9 + np.float32(0.3)).astype(np.float32)
+    store.push({"w": grad}, {"mean": ema, "flag": np.array(True), "count": np.int64(4)},
+               0, bases={"mean": mean, "flag": np.array(False), "count": np.int64(3)})
+    values = store.values_since(-1)
+    np.testing.assert_array_equal(values["mean"], ema)  # still at its base: as is
+    assert values["flag"] and values["count"] == 4
+    expected = w if grads_to_wait == 2 else w - 0.5 * grad  # (buffered: not yet)
+    np.testing.assert_array_equal(values["w"], expected)
+    # Computed from the older `mean` while the server moved on to `ema`.
+    other = (mean * 0.9 - np.float32(0.1)).astype(np.float32)
+    store.push({"w": grad}, {"mean": other, "count": np.int64(9)}, 1,
+               bases={"mean": mean, "count": np.int64(3)})
+    values = store.values_since(-1)
+    np.testing.assert_allclose(values["mean"], ema + (other - mean), rtol=1e-6)
+    assert values["count"] == 4 + (9 - 3)
+    # Two steps of SGD(0.5); with grads_to_wait=2 one step on their mean.
+    steps = 2 if grads_to_wait == 1 else 1
+    np.testing.assert_array_equal(values["w"], w - steps * 0.5 * grad)
+    # Without a base the value is assigned as is.
+    store.push({}, {"mean": other}, 2)
+    np.testing.assert_array_equal(store.values_since(-1)["mean"], other)
+
+
 def test_a_base_value_must_come_with_its_assign_and_match_its_variable(servers):
     c = PSClient([servers[0].address])
     c.init({"bn": (np.zeros(2, np.float32), False)}, SGD)

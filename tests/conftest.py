@@ -84,8 +84,13 @@ def launch(job_dir: str, script: str, *flags: str, script_args: tuple = (),
     if background:
         return subprocess.Popen(argv, env=environment, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(argv, env=environment, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.Popen(argv, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _fail_with_stacks(proc, job_dir, timeout)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def dump_stacks(job_dir: str) -> list[int]:
@@ -120,17 +125,24 @@ def finish(proc: subprocess.Popen, job_dir: str, timeout: float) -> str:
         output, _ = proc.communicate(timeout=timeout)
         return output
     except subprocess.TimeoutExpired:
-        dump_stacks(job_dir)
-        time.sleep(2)
-        proc.kill()
-        output, _ = proc.communicate()
-        logs = []
-        for name in sorted(os.listdir(job_dir)):
-            if name.endswith(".log"):
-                with open(os.path.join(job_dir, name), errors="replace") as f:
-                    logs.append(f"--- {name}:\n{f.read()[-6000:]}")
-        pytest.fail(f"the job ran past {timeout} s (stacks dumped into the logs):\n"
-                    + "\n".join(logs) + f"\n--- launcher output:\n{output[-4000:]}")
+        _fail_with_stacks(proc, job_dir, timeout)
+
+
+def _fail_with_stacks(proc: subprocess.Popen, job_dir: str, timeout: float):
+    """A job past its timeout: its roles' stacks into their logs, the job
+    killed, the test failed with the logs' tails (a hang leaves its trace)."""
+    dump_stacks(job_dir)
+    time.sleep(2)
+    proc.kill()
+    output, errors = proc.communicate()
+    logs = []
+    for name in sorted(os.listdir(job_dir)) if os.path.isdir(job_dir) else ():
+        if name.endswith(".log"):
+            with open(os.path.join(job_dir, name), errors="replace") as f:
+                logs.append(f"--- {name}:\n{f.read()[-6000:]}")
+    pytest.fail(f"the job ran past {timeout} s (stacks dumped into the logs):\n"
+                + "\n".join(logs) + f"\n--- launcher output:\n"
+                f"{(output + (errors or ''))[-4000:]}")
 
 
 def wait_for(predicate, timeout: float = 120.0, interval: float = 0.2, what: str = ""):

@@ -139,7 +139,7 @@ def cli_jobs(ctr_dir, tmp_path_factory):
 
 
 def final_val_auc(stdout):
-    """The training job's last validation AUC, from worker 0's "final metrics"."""
+    """The training job's last validation AUC, from the chief's "final metrics"."""
     found = re.findall(r"final metrics: .*'val_auc': ([0-9.]+)", stdout)
     assert found, stdout[-3000:]
     return float(found[-1])

@@ -8,6 +8,7 @@ prediction-only.
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -92,3 +93,25 @@ def test_four_job_types_through_the_cli(tmp_path, digits_dir):
     assert predictions.shape == (len(labels), 10)
     accuracy = float(np.mean(predictions.argmax(axis=1) == labels))
     assert accuracy == pytest.approx(metrics["accuracy"], abs=1e-6)
+
+
+def test_the_export_is_written_when_worker_0_died(tmp_path, digits_dir):
+    # Worker 0 is killed at its 5th push and comes back as worker 2: the
+    # chief (held by the master) passes to worker 1, which logs the final
+    # metrics and exports the model (a worker_id == 0 rule exported nothing).
+    out = tmp_path / "digits.keras"
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_elastic", "train", MODEL_DEF,
+         f"--training_data={digits_dir}/train-*", "--num_epochs=2",
+         "--minibatch_size=32", "--num_minibatches_per_task=8", "--num_workers=2",
+         f"--output={out}", f"--job_dir={tmp_path / 'job'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=subprocess_env(KERAS_ELASTIC_FAULTS="mid_push@5:w0",
+                           KERAS_ELASTIC_FAULTS_DIR=str(tmp_path / "faults")))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "[worker-0] keras_elastic fault injection: SIGKILL at 'mid_push'" in output
+    assert "worker 0 exited with code -9" in output, output[-4000:]
+    final = re.findall(r"\[worker-(\d+)\][^\n]*final metrics", output)
+    assert final and final[0] != "0" and len(final) == 1, (final, output[-3000:])
+    assert out.exists()

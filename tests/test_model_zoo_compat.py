@@ -623,7 +623,7 @@ def test_modules_train_evaluate_and_predict_with_two_workers(data_dirs, tmp_path
         # Every worker that trained a batch logs the job's training metrics
         # for the epoch (states summed by the master), whatever share of the
         # tasks it trained (Keras prints no epoch line on a worker that trained
-        # none); the final metrics (worker 0, idle or not) are those numbers.
+        # none); the final metrics (the chief's, idle or not) are those numbers.
         epoch_lines = {}
         for line in out.splitlines():
             found = re.match(r"\[worker-(\d+)\] (.* - loss: .*)$", line)

@@ -265,7 +265,9 @@ def main(argv) -> None:
                 f"e.g. {e.differences[0]}): resume it with the --model_def and "
                 "--model_params it was saved with, or give a new --checkpoint_dir "
                 "to train afresh", e.path, e.differences) from None
-        if cluster.worker_id == 0:
+        # The chief (held by the master: worker 0 unless it was lost) writes
+        # the job's outputs once.
+        if ke.worker.is_chief(cluster):
             logging.info("final metrics: %s",
                          {k: v[-1] for k, v in history.history.items()})
             if FLAGS.output:
@@ -294,7 +296,7 @@ def main(argv) -> None:
         logs = model.evaluate(data, return_dict=True, verbose=2)
         print("evaluation: " + " - ".join(f"{k}: {v:.4f}" for k, v in logs.items()),
               flush=True)
-        if FLAGS.output and cluster.worker_id == 0:
+        if FLAGS.output and ke.worker.is_chief(cluster):
             _write_json(FLAGS.output, logs)
     else:
         model.predict(data, verbose=2)

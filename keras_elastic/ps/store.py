@@ -556,9 +556,9 @@ class ParameterStore:
         `names` updated by `group`'s optimizer; with a group it returns every
         variable's value after the update (in `self.variables`' order), read
         as `_read_all` reads them, so the reply to the push needs no second
-        call into TensorFlow. Called with
-        `(grads, assigns, bases)`: lists in the order of `names`, `assigned`
-        and the assigned names that have a base.
+        call into TensorFlow. Called with `(grads, assigns, bases)`: lists in
+        the order of `names`, of `assigned`, and of the assigned names that
+        have a base.
 
         One call into TensorFlow per push: a model with 14 BatchNormalization
         statistics spent 70% of its server's push time in an eager read, a

@@ -34,6 +34,31 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", None, "Where the callbacks write.", required=True)
 flags.DEFINE_integer("epochs", 4, "Epochs.")
 flags.DEFINE_integer("rows", 2048, "Training rows.")
+flags.DEFINE_bool("worker_0_first", False, "Workers other than 0 register only once "
+                  "worker 0 has: worker 0 is the chief (the first to register), "
+                  "for a test that kills the chief by its id.")
+
+
+def wait_for_worker_0() -> None:
+    """Waits until worker 0 of this launched job has registered with the
+    master, or was lost (asking the master without registering)."""
+    import time
+
+    from keras_elastic.common import cluster_env
+    from keras_elastic.master.client import MasterClient
+
+    env = cluster_env.read()
+    if env is None or env.worker_id == 0:
+        return
+    master = MasterClient(env.master_address)
+    try:
+        while True:
+            workers = master.job_status().workers
+            if 0 in (*workers.alive, *workers.lost_ids, *workers.exited):
+                return  # (a replacement of a lost worker 0 goes on at once)
+            time.sleep(0.1)
+    finally:
+        master.close()
 
 
 def make_model() -> keras.Model:
@@ -64,6 +89,8 @@ def file_callbacks(out_dir: str, **backup_kwargs) -> list[keras.callbacks.Callba
 def main(argv):
     del argv
     os.makedirs(FLAGS.out_dir, exist_ok=True)  # CSVLogger does not make it
+    if FLAGS.worker_0_first:
+        wait_for_worker_0()
     x, y = make_arrays(FLAGS.rows)
     model = ke.wrap(make_model())
     model.fit(x, y, batch_size=32, epochs=FLAGS.epochs, verbose=2,

@@ -22,7 +22,7 @@ import threading
 
 from absl import logging
 
-from keras_elastic.common import cluster_env
+from keras_elastic.common import cluster_env, stacks
 from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient
@@ -107,6 +107,7 @@ def get_cluster() -> Cluster:
             else:
                 _cluster = Cluster(env.master_address, env.ps_addresses, env.worker_id)
                 _exit_on_sigterm()
+                stacks.enable_stack_dumps()  # kill -USR1: every thread's stack
             atexit.register(_cluster.close)
         return _cluster
 

@@ -41,7 +41,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_elastic.checkpoint import ps_layout
-from keras_elastic.common import keras_compat, stacks
+from keras_elastic.common import keras_compat
 from keras_elastic.common.variable_keys import namespace
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers import embedding as embedding_module
@@ -210,8 +210,6 @@ class ElasticSession:
         """
         model = self.model
         cluster = get_cluster()
-        if not cluster.embedded:  # a launched worker: kill -USR1 dumps its stacks
-            stacks.enable_stack_dumps()
         _build(model, dataset)
         if resume is not None:
             # The checkpoint a ShardedModelCheckpoint resumes from must be of

@@ -222,31 +222,17 @@ class JobMetrics:
         if not self._learning or not logs or self.model is None:
             return
         mine = {k: _scalar(v) for k, v in self.model.get_metrics_result().items()}
-        pending = [k for k in logs if k not in mine and k not in self._renamed]
-        for key in pending:
-            value = _scalar(logs[key])
-            same = [m for m, r in mine.items()
-                    if m not in logs and r is not None and r == value]
-            if value is not None and len(same) == 1:
-                self._renamed[key] = same[0]
+        self._renamed.update(_ties(logs, mine, self._renamed))
         self._tries += 1
-        if all(k in self._renamed for k in pending) or self._tries >= 20:
+        if self._tries >= 20 or all(k in mine or k in self._renamed for k in logs):
             self._learning = False  # nothing (more) to learn, or ambiguous
 
     def from_sums(self, sums: dict, logs: dict | None = None) -> dict[str, float]:
         """The model's metric results with its states set to the job's `sums`
         (keys as `variables()` gives them), and the logs of other names that
         `learn_names` (or, failing that, their value now) ties to a metric."""
-        renamed = dict(self._renamed)
         mine = {k: _scalar(v) for k, v in self.model.get_metrics_result().items()}
-        unlogged = {k: v for k, v in mine.items() if k not in (logs or {})}
-        for key, value in (logs or {}).items():
-            value = _scalar(value)
-            if key in mine or key in renamed or value is None:
-                continue
-            same = [m for m, r in unlogged.items() if r is not None and r == value]
-            if len(same) == 1:
-                renamed[key] = same[0]
+        renamed = {**self._renamed, **_ties(logs or {}, mine, self._renamed)}
         for key, variable in self.variables() or ():
             value = sums.get(key)
             variable.assign(np.zeros(variable.shape, variable.dtype) if value is None
@@ -257,6 +243,23 @@ class JobMetrics:
             if name in out:
                 out[key] = out[name]
         return out
+
+
+def _ties(logs: dict, mine: dict[str, float | None],
+          known: dict[str, str]) -> dict[str, str]:
+    """{log key: metric name} for the logs not named after a metric (nor in
+    `known`) whose value equals exactly one metric's result in `mine` among
+    the metrics not logged under their own name."""
+    out = {}
+    for key, value in logs.items():
+        if key in mine or key in known:
+            continue
+        value = _scalar(value)
+        same = [m for m, r in mine.items() if m not in logs and r is not None
+                and r == value]
+        if value is not None and len(same) == 1:
+            out[key] = same[0]
+    return out
 
 
 def _scalar(value) -> float | None:

@@ -128,8 +128,11 @@ def start_echo_servers(count: int, job_dir: str):
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from keras_elastic.common import rpc
+    from keras_elastic.common import allocator, rpc
 
+    # The same allocator setting as a parameter server's (ps/server.py), so
+    # that the floor is measured under the same conditions.
+    allocator.keep_freed_buffers()
     rpc.serve_until_signal(EchoServer(), flags.FLAGS.ready_file)
 
 

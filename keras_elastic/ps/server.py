@@ -14,7 +14,7 @@ import gc
 
 from absl import flags, logging
 
-from keras_elastic.common import faults, fencing, rpc, rpc_service, stacks
+from keras_elastic.common import allocator, faults, fencing, rpc, rpc_service, stacks
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
@@ -81,6 +81,9 @@ def main(argv) -> None:
     del argv
     faults.set_role(f"ps{FLAGS.ps_index}")
     stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
+    # Every push allocates and frees buffers of the model's size: kept for
+    # reuse, not taken back from the kernel page by page (common/allocator.py).
+    allocator.keep_freed_buffers()
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness,
                              FLAGS.restore_from, FLAGS.init_checkpoint_dir,

@@ -118,3 +118,29 @@ def test_importing_the_library_with_an_unchecked_keras_names_it():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "REFUSED UnsupportedKerasError" in out.stdout
     assert "found keras 3.99.0" in out.stdout
+
+
+def test_flat_call_gives_the_public_call_s_result_also_without_the_private_one():
+    import tensorflow as tf
+
+    v = tf.Variable([1.0, 2.0])
+
+    @tf.function(autograph=False)
+    def f(xs, ys):
+        v.assign_add(xs[0])
+        return [v.read_value() * ys[0], xs[1]]
+
+    concrete = f.get_concrete_function([tf.TensorSpec((2,)), tf.TensorSpec(())],
+                                       [tf.TensorSpec(())])
+    args = [tf.constant([1.0, 1.0]), tf.constant(5.0), tf.constant(3.0)]
+    fast = [t.numpy().tolist() for t in keras_compat.flat_call(concrete)(args)]
+
+    class Public:  # a concrete function as seen through its public API only
+        structured_input_signature = concrete.structured_input_signature
+
+        def __call__(self, *a):
+            return concrete(*a)
+
+    public = [t.numpy().tolist() for t in keras_compat.flat_call(Public())(args)]
+    assert fast == [[6.0, 9.0], 5.0]
+    assert public == [[9.0, 12.0], 5.0]  # (the variable moved on once more)

@@ -51,7 +51,8 @@ __all__ = [
     "Functional", "KERAS_CHECKED", "SegmentedIterator", "Trainer", "all_layers",
     "auto_name", "build_from_input_spec", "call_has_training_arg",
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
-    "elastic_epochs", "file_utils", "functional_init_arguments", "reset_fit_state",
+    "elastic_epochs", "file_utils", "flat_call", "functional_init_arguments",
+    "reset_fit_state",
     "loss_tracker", "optimizer_learning_rate", "symbolic_build",
     "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
 ]
@@ -170,6 +171,34 @@ def optimizer_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
     """What the optimizer was given as its learning rate (a float, a variable
     or a `LearningRateSchedule`), not its current value."""
     return optimizer._learning_rate
+
+
+def flat_call(function: Any) -> Callable[[list], Any]:
+    """A caller of a `tf.function`'s concrete function that takes the flat
+    list of its tensor arguments (in its signature's order) and skips the
+    match of each argument against its `TensorSpec` (TensorFlow's private
+    `ConcreteFunction._call_flat`; the public call where it is missing). For
+    tensors known to fit the signature: the check costs 25 us a tensor (a
+    push of 50 tensors: 1.2 ms of Python per call).
+
+    >>> import tensorflow as tf
+    >>> f = tf.function(lambda xs: [x * 2 for x in xs]).get_concrete_function(
+    ...     [tf.TensorSpec((), tf.float32)])
+    >>> [float(t) for t in flat_call(f)([tf.constant(1.0)])]
+    [2.0]
+    """
+    call_flat = getattr(function, "_call_flat", None)
+    if call_flat is None or getattr(function, "captured_inputs", None) is None:
+        return lambda tensors: function(*_unflatten(function, tensors))
+    return lambda tensors: call_flat(list(tensors), function.captured_inputs)
+
+
+def _unflatten(function: Any, tensors: list) -> list:
+    """`tensors` in the structure of `function`'s positional arguments."""
+    import tensorflow as tf
+
+    return tf.nest.pack_sequence_as(function.structured_input_signature[0],
+                                    list(tensors))
 
 
 # -- the epoch iterator ---------------------------------------------------

@@ -40,8 +40,11 @@ def keep_freed_buffers(max_bytes: int = DEFAULT_MAX_BYTES) -> bool:
     Returns whether it was applied: False (and nothing changed) where the C
     library is not glibc.
 
-    The cost is memory: each of the allocator's arenas may keep up to
-    `max_bytes` free above its used blocks.
+    The cost is memory: each of the allocator's arenas (one per thread that
+    allocates concurrently, at most 8 per core) may keep up to `max_bytes`
+    free above its used blocks. Measured on a server taking 4 MB pushes from
+    4 workers at once: 40 MB more resident (740 MB against 700 MB, most of
+    it TensorFlow's), page faults a push 1,240-1,750 -> 40-130.
     """
     name = ctypes.util.find_library("c")
     try:

@@ -38,9 +38,11 @@ class EchoServer:
         def pull(request, context):
             size = int.from_bytes(request, "little")
             if size not in pulls:
-                block = bytes(min(size, CHUNK_BYTES))
-                pulls[size] = [block[:min(CHUNK_BYTES, size - o)]
-                               for o in range(0, size, CHUNK_BYTES)]
+                # Distinct bytes of the whole size, as a model's are (one
+                # block of zeros sent again and again was served from the
+                # CPU's cache: a floor no server holding a model can reach).
+                data = np.random.default_rng(size).bytes(size)
+                pulls[size] = [data[o:o + CHUNK_BYTES] for o in range(0, size, CHUNK_BYTES)]
             yield from pulls[size]
 
         handler = grpc.method_handlers_generic_handler(SERVICE, {

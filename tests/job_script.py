@@ -26,8 +26,13 @@ flags.DEFINE_string("output", None, "Where worker 0 writes weights (.npz).")
 flags.DEFINE_integer("exit_code", 0, "Exit with this code right away (crash tests).")
 flags.DEFINE_string("checkpoint_dir", None, "Save a checkpoint every epoch here.")
 flags.DEFINE_string("barrier", None, "EPOCH:N: at the end of epoch EPOCH (0-based; "
-                    "-1: before training) wait until N workers are alive (tests "
+                    "-1: before training) wait until N workers joined the job (tests "
                     "drive a job's moments with it instead of racing it).")
+flags.DEFINE_string("late_worker", None, "ID:EPOCH: worker ID calls fit only once the "
+                    "job's training reached epoch EPOCH (0-based): the others trained "
+                    "the epochs before while it was busy elsewhere.")
+flags.DEFINE_bool("write_history", False, "Each worker writes its fit's History to "
+                  "history-<worker id>.json in the job directory.")
 flags.DEFINE_bool("slow_second_save", False, "The 2nd save stalls in the sharding "
                   "callback (on the parameter server) after writing a marker file.")
 
@@ -54,11 +59,30 @@ class SlowSecondSave(tf.train.experimental.ShardingCallback):
         return [shard]
 
 
+def joined(cluster) -> set[int]:
+    """The workers that joined the job so far: alive, or since exited or lost
+    (a worker scaled down before this one reached its barrier counts)."""
+    workers = cluster.master.status()["workers"]
+    return {*workers["alive"], *workers["exited"], *workers["lost_ids"]}
+
+
 def wait_for_workers(cluster, count: int) -> None:
     deadline = time.monotonic() + 300
-    while len(cluster.master.status()["workers"]["alive"]) < count:
+    while len(joined(cluster)) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"--barrier: {count} workers never were alive")
+            raise TimeoutError(f"--barrier: {count} workers never joined")
+        time.sleep(0.1)
+
+
+def wait_for_epoch(cluster, dataset: str, epoch: int) -> None:
+    """Until `dataset` is registered and at `epoch` or later."""
+    deadline = time.monotonic() + 300
+    while True:
+        ds = cluster.master.job_status().datasets.get(dataset)
+        if ds is not None and (ds.epoch >= epoch or ds.finished):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"--late_worker: '{dataset}' never reached epoch {epoch}")
         time.sleep(0.1)
 
 
@@ -107,10 +131,17 @@ def main(argv):
             callbacks.append(keras.callbacks.LambdaCallback(
                 on_epoch_end=lambda epoch, logs: epoch == 0 and np.savez(
                     os.path.join(job_dir, "epoch-1.npz"), *model.get_weights())))
-    model.fit(ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
-                                batch_size=FLAGS.batch_size,
-                                minibatches_per_task=FLAGS.minibatches_per_task),
-              epochs=FLAGS.epochs, verbose=2, callbacks=callbacks)
+    if FLAGS.late_worker:
+        late, epoch = (int(v) for v in FLAGS.late_worker.split(":"))
+        if cluster.worker_id == late:
+            wait_for_epoch(cluster, "training", epoch)
+    history = model.fit(ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,
+                                          batch_size=FLAGS.batch_size,
+                                          minibatches_per_task=FLAGS.minibatches_per_task),
+                        epochs=FLAGS.epochs, verbose=2, callbacks=callbacks)
+    if FLAGS.write_history:
+        with open(os.path.join(job_dir, f"history-{cluster.worker_id}.json"), "w") as f:
+            json.dump({"epoch": history.epoch, "history": history.history}, f)
     if FLAGS.output and cluster.worker_id == 0:
         np.savez(FLAGS.output, *model.get_weights())
         with open(FLAGS.output + ".ps.json", "w") as f:

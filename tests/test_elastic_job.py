@@ -218,6 +218,38 @@ def test_kill_during_a_parameter_server_save_leaves_the_previous_checkpoint(tmp_
     assert not [n for n in os.listdir(ckpt) if n.startswith(".")]
 
 
+def test_a_worker_late_for_fit_ends_the_epochs_it_missed_with_the_job_metrics(tmp_path):
+    """Worker 1 calls fit only once worker 0 trained epochs 1 and 2 (it was
+    busy elsewhere: a long predict between two fits, in keras-io's
+    autoencoder, where this was found). Its History still has all 3 epochs,
+    the same as worker 0's: it ends the two epochs already over at once,
+    with the job's metrics (before, it started at the job's epoch 3 and its
+    History had 1 epoch, so the two workers' callbacks saw different
+    epochs)."""
+    x, y = make_arrays(1024)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=2)
+    job_dir = str(tmp_path / "job")
+    out = launch(job_dir, SCRIPT, "--num_workers=2",
+                 script_args=(f"--data={tmp_path}/data/train-*.tfrecord", "--epochs=3",
+                              "--batch_size=16", "--minibatches_per_task=4",
+                              "--late_worker=1:2", "--write_history"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    histories = []
+    for worker in (0, 1):
+        with open(os.path.join(job_dir, f"history-{worker}.json")) as f:
+            histories.append(json.load(f))
+    assert histories[0]["epoch"] == histories[1]["epoch"] == [0, 1, 2]
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(histories[1]["history"][key],
+                                   histories[0]["history"][key], rtol=1e-6)
+    # Worker 1 trained nothing of epochs 1 and 2 (they were over when it came).
+    ledger = read_ledger(job_dir)["training"]
+    assert {e["worker"] for e in ledger if e["epoch"] < 2} == {0}
+    worker_1 = open(os.path.join(job_dir, "worker-1.log")).read()
+    assert "dataset 'training' is at epoch 3; this worker ends epochs 1-2 at once" in (
+        worker_1), worker_1[-3000:]
+
+
 def test_scaling_a_running_job_up_and_down(tmp_path):
     x, y = make_arrays(2048)
     write_shards(str(tmp_path / "data"), x, y, num_shards=2)
@@ -227,8 +259,11 @@ def test_scaling_a_running_job_up_and_down(tmp_path):
                   script_args=(f"--data={tmp_path}/data/train-*.tfrecord", "--epochs=3",
                                "--batch_size=16", "--minibatches_per_task=4",
                                # Worker 0 waits at the end of epoch 1 until
-                               # the added worker is alive: the job cannot
-                               # end before it trains.
+                               # the added worker joined: the job cannot end
+                               # before it trains. (Joined, not alive: the
+                               # test may scale it down before worker 0
+                               # reaches the barrier, which then waited for
+                               # good: a CI hang.)
                                "--sleep_per_batch=0.05", "--barrier=0:2"),
                   background=True)
 

@@ -502,7 +502,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 if error:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, error)
             response = master_pb2.RegisterDatasetResponse(
-                epoch=existing.epoch, num_tasks_per_epoch=len(existing.tasks),
+                epoch=existing.epoch, first_epoch=existing.initial_progress[0],
+                num_tasks_per_epoch=len(existing.tasks),
                 records_per_task=existing.spec.records_per_task,
                 warning=existing.warning)
         self._durable(seq)

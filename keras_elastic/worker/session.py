@@ -305,7 +305,19 @@ class ElasticSession:
             request.resume, request.resume_epoch = True, int(initial_epoch)
         registered = cluster.master.register_dataset(request)
         dataset.registered(registered)
-        start_epoch = max(initial_epoch, registered.epoch)
+        # From the user's first epoch, not the job's current one: a worker that
+        # comes to this fit late (the others trained its first epochs while
+        # it evaluated or predicted, or it joined the job since) ends each
+        # epoch already over at once, with the job's metrics, so every
+        # worker's History and callbacks (EarlyStopping, ReduceLROnPlateau)
+        # see the same epochs. Only a resumed dataset starts later: the
+        # epochs before its resume have no result here.
+        start_epoch = max(initial_epoch, registered.first_epoch)
+        if registered.epoch > start_epoch:
+            logging.info("keras_elastic: dataset '%s' is at epoch %d; this worker "
+                         "ends epochs %d-%d at once, with the job's metrics",
+                         dataset.name, registered.epoch + 1, start_epoch + 1,
+                         min(registered.epoch, epochs))
         local = resume if resume is not None and not restore_from else None
         sync = self.connect(dataset, restore_from=restore_from, local_restore=local,
                             resume=resume, adopt=True,

@@ -201,6 +201,13 @@ class JobMetrics:
             if result is not None:
                 break
             ds = stream.master.job_status().datasets.get(stream.dataset)
+            if ds is not None and (ds.epoch > epoch or ds.finished):
+                # (An epoch's result is kept as it ends: none for an epoch
+                # over means one before a resume; never wait for it.)
+                result = stream.master.get_result(stream.dataset, epoch, wait=False)
+                if result is None:
+                    return {}
+                break
             if ds is not None and ds.epoch == epoch and ds.todo > 0:
                 logging.warning(
                     "epoch %d: %d task(s) went back to the master's queue (a worker "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 from absl import flags, logging
 
 from keras_elastic.common import allocator, faults, fencing, rpc, rpc_service, stacks
@@ -77,17 +78,32 @@ def define_flags() -> None:
                         "the initial model here when a worker initializes it.")
 
 
+def keep_buffers_for(store: ParameterStore) -> None:
+    """Keeps freed buffers of up to the size of a push of `store`'s dense
+    variables for reuse (a launched server process only: a process-wide
+    setting)."""
+    dense = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                for v in store.variables.values())
+    limit = allocator.buffer_limit(dense)
+    if allocator.keep_freed_buffers(limit):
+        logging.info("freed buffers of up to %d bytes are kept for reuse (this "
+                     "server's dense variables: %d bytes)", limit, dense)
+
+
 def main(argv) -> None:
     del argv
     faults.set_role(f"ps{FLAGS.ps_index}")
     stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
-    # Every push allocates and frees buffers of the model's size: kept for
-    # reuse, not taken back from the kernel page by page (common/allocator.py).
-    allocator.keep_freed_buffers()
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness,
                              FLAGS.restore_from, FLAGS.init_checkpoint_dir,
                              FLAGS.paused, FLAGS.generation)
+    # Every push allocates and frees buffers of the model's size: kept for
+    # reuse, not taken back from the kernel page by page (common/allocator.py),
+    # once the server knows its share of the model.
+    server.servicer.after_init = keep_buffers_for
+    if server.store.initialized:  # restored from a checkpoint
+        keep_buffers_for(server.store)
     logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
                  server.address)
     # The objects made so far (TensorFlow's and Keras' modules: several hundred

@@ -13,6 +13,7 @@ server that owns it, if another one); a push before init FAILED_PRECONDITION.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -84,6 +85,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         # Paused during a rollback (see Pause): workers must not act on the
         # restored state before the master has rolled back too.
         self.paused = paused
+        # Called with the store once a worker's Init created the model (a
+        # launched server sizes its allocator's kept buffers: ps/server.py).
+        self.after_init: Callable[[ParameterStore], None] | None = None
 
     def _refuse_if_paused(self, context) -> None:
         if self.paused:
@@ -260,6 +264,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
                     restore_shard(self.store, self.ps_index, self.num_ps,
                                   header.restore_from)
+                if created and self.after_init is not None:
+                    self.after_init(self.store)
                 if created and self.init_checkpoint_dir:
                     from keras_elastic.ps.checkpointing import save_shard
 

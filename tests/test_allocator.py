@@ -15,6 +15,8 @@ import pytest
 from conftest import subprocess_env
 from test_fencing import SGD, start, stop
 
+from keras_elastic.common import allocator
+
 
 def minor_faults(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
@@ -65,3 +67,14 @@ def test_keep_freed_buffers_is_applied_where_the_c_library_is_glibc():
          "print(allocator.keep_freed_buffers())"],
         env=subprocess_env(), capture_output=True, text=True, check=True).stdout
     assert out.split()[-1] == str(glibc)
+
+
+@pytest.mark.parametrize("model_bytes, limit", [
+    (0, 1 << 20),               # a server of embedding tables with no dense part
+    (173_056, 1 << 20),         # bench_embedding's MLP on one of 2 servers
+    (4_194_304, 8 << 20),       # a 4 MB share: its push and its reply
+    (10_000_000, 32 << 20),
+    (1_000_000_000, 32 << 20),  # glibc's largest mmap threshold
+])
+def test_the_kept_buffers_fit_a_push_of_the_server_s_share(model_bytes, limit):
+    assert allocator.buffer_limit(model_bytes) == limit

@@ -1,8 +1,11 @@
 """A parameter server keeps the buffers of a push for the next one
-(`common/allocator.py`): a real server process, a 4 MB model pushed and taken
-back 60 times by 4 workers at once, and the server's page faults counted from /proc (not a
-timing). Before, glibc returned every freed message buffer to the kernel and
-each push took about 1,300 page faults (5 MB of fresh pages) back.
+(`common/allocator.py`): a real server process, a 4 MB model pushed and
+taken back 60 times by 4 workers at once, and the server's page faults
+counted from /proc (not a timing). Before, glibc returned every freed message
+buffer to the kernel and each push took about 1,300 page faults (5 MB of
+fresh pages) back. The size kept follows the server's share of the model
+(`buffer_limit`), so a server of large embedding tables keeps no large
+one-off buffers.
 """
 
 import os

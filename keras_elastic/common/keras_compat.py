@@ -52,8 +52,7 @@ __all__ = [
     "auto_name", "build_from_input_spec", "call_has_training_arg",
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
     "elastic_epochs", "file_utils", "flat_call", "functional_init_arguments",
-    "reset_fit_state",
-    "loss_tracker", "optimizer_learning_rate", "symbolic_build",
+    "reset_fit_state", "loss_tracker", "optimizer_learning_rate", "symbolic_build",
     "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
 ]
 

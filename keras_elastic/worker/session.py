@@ -313,11 +313,11 @@ class ElasticSession:
         # see the same epochs. Only a resumed dataset starts later: the
         # epochs before its resume have no result here.
         start_epoch = max(initial_epoch, registered.first_epoch)
-        if registered.epoch > start_epoch:
-            logging.info("keras_elastic: dataset '%s' is at epoch %d; this worker "
-                         "ends epochs %d-%d at once, with the job's metrics",
-                         dataset.name, registered.epoch + 1, start_epoch + 1,
-                         min(registered.epoch, epochs))
+        if min(registered.epoch, epochs) > start_epoch:
+            logging.info("keras_elastic: dataset '%s' is %s; this worker ends epochs "
+                         "%d-%d at once, with the job's metrics", dataset.name,
+                         f"at epoch {registered.epoch + 1}" if registered.epoch < epochs
+                         else "done", start_epoch + 1, min(registered.epoch, epochs))
         local = resume if resume is not None and not restore_from else None
         sync = self.connect(dataset, restore_from=restore_from, local_restore=local,
                             resume=resume, adopt=True,

@@ -132,8 +132,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from keras_elastic.common import allocator, rpc
 
-    # The same allocator setting as a parameter server's (ps/server.py), so
-    # that the floor is measured under the same conditions.
+    # The most buffers a parameter server keeps (ps/server.py sizes its own
+    # limit from its share of the model, up to this): the floor is measured
+    # with an allocator at least as kind as the server's.
     allocator.keep_freed_buffers()
     rpc.serve_until_signal(EchoServer(), flags.FLAGS.ready_file)
 

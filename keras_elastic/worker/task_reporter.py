@@ -203,7 +203,8 @@ class JobMetrics:
             ds = stream.master.job_status().datasets.get(stream.dataset)
             if ds is not None and (ds.epoch > epoch or ds.finished):
                 # (An epoch's result is kept as it ends: none for an epoch
-                # over means one before a resume; never wait for it.)
+                # over means one before a resume; never wait for it. Asked
+                # again: the epoch may have ended since the first ask.)
                 result = stream.master.get_result(stream.dataset, epoch, wait=False)
                 if result is None:
                     return {}

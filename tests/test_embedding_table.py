@@ -479,9 +479,10 @@ def test_huge_bounded_table_holds_only_touched_rows():
         table.lookup(rng.integers(0, 50_000_000, size=500))
     assert 11_000 < len(table) <= 12_500
     # values + 2 Adam slots of 4 bytes, the id (8) and last change (4), and
-    # the index's slots (4 bytes each, at least 3/8 full).
+    # the index's slots (a 4-byte row and a 1-byte tag each, at least 3/8
+    # full).
     per_row = 3 * 32 * 4 + 8 + 4
-    assert len(table) * per_row <= table.nbytes <= len(table) * (per_row + 4 / 0.375)
+    assert len(table) * per_row <= table.nbytes <= len(table) * (per_row + 5 / 0.375)
     assert len(table) <= table.capacity <= 1.25 * len(table) + 16
     assert table.nbytes < 20_000_000  # the full table would be 6.4 GB per array
 
@@ -491,9 +492,10 @@ def test_capacity_never_exceeds_a_small_input_dim():
     table.lookup(np.arange(17))
     table.lookup(np.arange(20))
     # Room for 20 rows exactly; rows, ids and change numbers (incremental
-    # checkpoints), and the id index's smallest table (64 slots of 4 bytes).
+    # checkpoints), and the id index's smallest table (4 groups of 8 slots,
+    # each a 4-byte row and a 1-byte tag).
     assert len(table) == 20 and table.capacity == 20
-    assert table.nbytes == 20 * (DIM * 4 + 8 + 4) + 64 * 4
+    assert table.nbytes == 20 * (DIM * 4 + 8 + 4) + 32 * (4 + 1)
 
 
 def test_export_load_round_trip():

@@ -667,3 +667,41 @@ def test_a_bad_id_of_a_batch_looked_up_ahead_names_the_layer_and_the_id(start_cl
     with pytest.raises(Exception, match=f"'table'.*id {VOCAB} is out of range"):
         model.fit(ids, y, batch_size=32, shuffle=False, verbose=0)
     assert servers[0].store.pushes == 2  # the two good batches' steps
+
+
+def test_a_lookup_bigger_than_a_message_is_cut_into_calls():
+    """A lookup whose rows exceed what one gRPC message may hold (64 MiB: a
+    prediction batch of many ids, a wide table) is cut into calls of at most
+    LOOKUP_REPLY_BYTES of rows each, and answers every id in its place."""
+    from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
+    from keras_elastic.ps import ParameterServer, PSClient
+    from keras_elastic.ps.client import LOOKUP_REPLY_BYTES
+
+    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    client = PSClient([s.address for s in servers])
+    calls = []
+    for i, stub in enumerate(client._streams):
+        def counted(request, *args, _lookup=stub.Lookup, _i=i, **kwargs):
+            reply = _lookup(request, *args, **kwargs)
+            calls.append((_i, reply.byte_size))
+            return reply
+        stub.Lookup = counted
+    try:
+        client.init({"w": (np.zeros(2, np.float32), True)},
+                    {"class_name": "SGD", "config": {"learning_rate": 0.1}},
+                    tables={"t": {"dim": 64}})
+        ids = np.arange(300_000, dtype=np.int64) * 7 + 3
+        rows = client.lookup({"t": ids})["t"]  # 76.8 MB of rows
+        assert rows.shape == (300_000, 64) and rows.nbytes > MAX_MESSAGE_BYTES
+        assert sum(s.store.tables["t"].export()[0].size for s in servers) == 300_000
+        # Several calls to each server, none of them over the bound.
+        assert sorted({i for i, _ in calls}) == [0, 1] and len(calls) >= 6
+        assert max(size for _, size in calls) <= LOOKUP_REPLY_BYTES + 4096
+        # Every id's row in its place: the same rows asked in another order.
+        order = np.random.default_rng(0).permutation(len(ids))
+        np.testing.assert_array_equal(
+            client.lookup({"t": ids[order]}, create=False)["t"], rows[order])
+    finally:
+        client.close()
+        for s in servers:
+            s.stop()

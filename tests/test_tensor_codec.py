@@ -78,3 +78,53 @@ def test_frame_parser_refuses_malformed_messages():
     # Fields it does not know are skipped, as protobuf does.
     unknown = b"\x38\x05" + data  # field 7, a varint
     assert bytes(parse(unknown).chunk.content) == good.chunk.content
+
+
+@pytest.mark.parametrize("no_create", [False, True])
+def test_tensor_messages_are_protobufs_bytes_and_read_back(no_create):
+    """Lookup's wire format (tensors_bytes / TensorMessageParser) is protobuf's,
+    both ways; the parsed chunks are views of the message."""
+    from keras_elastic.common.tensor_codec import TensorMessageParser, tensors_bytes
+    from keras_elastic.proto import ps_pb2
+
+    named = [("a", np.arange(5, dtype=np.int64)), ("b", np.arange(3, dtype=np.int64) * 7)]
+    data = tensors_bytes(1, named, {2: int(no_create)})
+    assert data == ps_pb2.LookupRequest(ids=list(encode_all(named, 1 << 62)),
+                                        no_create=no_create).SerializeToString()
+    request = TensorMessageParser(ps_pb2.LookupRequest)(data)
+    assert request.no_create is no_create and request.byte_size == len(data)
+    got = dict(decode_all(request.ids))
+    assert {n: a.tolist() for n, a in got.items()} == {n: a.tolist() for n, a in named}
+    assert isinstance(request.ids[0].content, memoryview)
+    # A reply built by protobuf reads the same.
+    rows = np.ones((5, 2), np.float32)
+    reply = ps_pb2.LookupResponse(rows=list(encode("a", rows))).SerializeToString()
+    assert reply == tensors_bytes(1, [("a", rows)])
+    np.testing.assert_array_equal(
+        dict(decode_all(TensorMessageParser(ps_pb2.LookupResponse)(reply).rows))["a"], rows)
+
+
+def test_tensor_message_parser_refuses_malformed_messages_and_other_types():
+    from keras_elastic.common.tensor_codec import (
+        TensorError,
+        TensorMessageParser,
+        tensors_bytes,
+    )
+    from keras_elastic.proto import ps_pb2
+
+    parse = TensorMessageParser(ps_pb2.LookupRequest)
+    data = tensors_bytes(1, [("a", np.arange(4))], {2: 1})
+    with pytest.raises(TensorError, match="malformed message: field 1 is not "
+                                          "length-delimited"):
+        parse(b"\x08\x01")  # field 1 as a varint
+    with pytest.raises(TensorError, match="malformed message: field 2 is not a varint"):
+        parse(data[:-2] + b"\x12\x00")  # field 2 as bytes
+    with pytest.raises(TensorError, match="malformed message"):
+        parse(data[:-4])  # cut short
+    with pytest.raises(ValueError, match="field 2: only non-negative varints, got -1"):
+        tensors_bytes(1, [], {2: -1})
+    # A message with other kinds of fields is not one this parser reads.
+    with pytest.raises(TypeError, match=r"keras_elastic\.ModelBundle\.header: "
+                                        "TensorMessageParser reads only TensorChunk "
+                                        "and varint fields"):
+        TensorMessageParser(ps_pb2.ModelBundle)

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -202,6 +203,33 @@ def bundle_bytes(header, named: Iterable[tuple[str, np.ndarray]]) -> bytes:
     return b"".join(pieces)
 
 
+def tensors_bytes(field: int, named: Iterable[tuple[str, np.ndarray]],
+                  varints: dict[int, int] | None = None) -> bytes:
+    """A serialized message holding one chunk per array in its repeated
+    `TensorChunk` field number `field` (e.g. `LookupResponse.rows`), and the
+    non-negative varint fields `varints` ({number: value}, e.g.
+    `LookupRequest.no_create`; zeros left out, as protobuf does): byte for
+    byte protobuf's serialization, built with one copy of the arrays' bytes.
+    `TensorMessageParser` reads it back without copying them.
+
+    >>> from keras_elastic.proto import ps_pb2
+    >>> a = np.arange(3, dtype="int64")
+    >>> tensors_bytes(1, [("t", a)], {2: 1}) == ps_pb2.LookupRequest(
+    ...     ids=list(encode_all([("t", a)], 1 << 62)), no_create=True).SerializeToString()
+    True
+    """
+    pieces: list = []
+    for name, array in named:
+        for frame in _chunk_pieces(field, name, array, 1 << 62):
+            pieces.extend(frame)
+    for number, value in sorted((varints or {}).items()):
+        if value < 0:
+            raise ValueError(f"field {number}: only non-negative varints, got {value}")
+        if value:
+            pieces += [_varint(number << 3), _varint(value)]
+    return b"".join(pieces)
+
+
 def chunk_frames_all(field: int, named: Iterable[tuple[str, np.ndarray]],
                      chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
     for name, array in named:
@@ -354,13 +382,15 @@ class FrameParser:
 
 class Bundle:
     """A bundle message read by `BundleParser`: `header` and `tensors` (the
-    chunks, each a `RawChunk` whose content is a view of the message)."""
+    chunks, each a `RawChunk` whose content is a view of the message);
+    `byte_size`, the message's size."""
 
-    __slots__ = ("header", "tensors")
+    __slots__ = ("header", "tensors", "byte_size")
 
-    def __init__(self, header, tensors: list[RawChunk]) -> None:
+    def __init__(self, header, tensors: list[RawChunk], byte_size: int = 0) -> None:
         self.header = header
         self.tensors = tensors
+        self.byte_size = byte_size
 
 
 class BundleParser:
@@ -389,7 +419,62 @@ class BundleParser:
                 header = self._header_type.FromString(value)
             elif number == 2:
                 tensors.append(parse_chunk(value))
-        return Bundle(header, tensors)
+        return Bundle(header, tensors, len(data))
+
+
+class TensorMessageParser:
+    """Reads a serialized message whose fields are repeated `TensorChunk`s
+    and varints (bool and integer fields: e.g. `LookupRequest`,
+    `LookupResponse`) as an object with the same attribute names: the chunks
+    as `RawChunk`s whose content is a view of the message (no copy), the
+    varints as Python values; `byte_size` is the message's size. A gRPC
+    deserializer (see `tensors_bytes`). Unknown fields are skipped, as
+    protobuf skips them.
+
+    >>> from keras_elastic.proto import ps_pb2
+    >>> data = tensors_bytes(1, [("t", np.arange(3))], {2: 1})
+    >>> request = TensorMessageParser(ps_pb2.LookupRequest)(data)
+    >>> request.no_create, [(n, a.tolist()) for n, a in decode_all(request.ids)]
+    (True, [('t', [0, 1, 2])])
+    """
+
+    def __init__(self, message_type) -> None:
+        self._chunks: dict[int, str] = {}
+        self._varints: dict[int, tuple[str, bool]] = {}  # number -> (name, is bool)
+        chunk_type = tensor_pb2.TensorChunk.DESCRIPTOR.full_name
+        for f in message_type.DESCRIPTOR.fields:
+            if f.message_type is not None and f.message_type.full_name == chunk_type:
+                self._chunks[f.number] = f.name
+            elif f.type == f.TYPE_BOOL:
+                self._varints[f.number] = (f.name, True)
+            elif f.type in (f.TYPE_INT32, f.TYPE_INT64, f.TYPE_UINT32, f.TYPE_UINT64,
+                            f.TYPE_ENUM):
+                self._varints[f.number] = (f.name, False)
+            else:
+                raise TypeError(f"{message_type.DESCRIPTOR.full_name}.{f.name}: "
+                                "TensorMessageParser reads only TensorChunk and "
+                                "varint fields")
+
+    def __call__(self, data: bytes) -> types.SimpleNamespace:
+        message = types.SimpleNamespace(byte_size=len(data))
+        for name in self._chunks.values():
+            setattr(message, name, [])
+        for name, is_bool in self._varints.values():
+            setattr(message, name, False if is_bool else 0)
+        view = memoryview(data)
+        for number, wire, value in _fields(view, 0, len(view)):
+            if number in self._chunks:
+                if not isinstance(value, memoryview):
+                    raise TensorError(f"malformed message: field {number} is not "
+                                      "length-delimited")
+                getattr(message, self._chunks[number]).append(parse_chunk(value))
+            elif number in self._varints:
+                if wire != 0:
+                    raise TensorError(f"malformed message: field {number} is not "
+                                      "a varint")
+                name, is_bool = self._varints[number]
+                setattr(message, name, bool(value) if is_bool else _int64(value))
+        return message
 
 
 def encode_all(named: Iterable[tuple[str, np.ndarray]],

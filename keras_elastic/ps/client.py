@@ -45,12 +45,13 @@ from keras_elastic.common.resolver import ClusterResolver
 from keras_elastic.common.tensor_codec import (
     BundleParser,
     FrameParser,
+    TensorMessageParser,
     bundle_bytes,
     chunk_frames,
     chunk_frames_all,
     decode_all,
-    encode_all,
     read_stream,
+    tensors_bytes,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.partition import (
@@ -71,13 +72,16 @@ from keras_elastic.ps.task_log import Applied
 # message: a stream costs milliseconds more per call in gRPC Python. Replies carry
 # as many bytes as the pushed variables, so this also bounds the reply.
 SMALL_PUSH_BYTES = 16 << 20
+# The most bytes of rows one Lookup call brings back: a bigger lookup (a
+# prediction batch of many ids, a wide table) is cut into several calls.
+LOOKUP_REPLY_BYTES = 16 << 20
 
 
 _SERVICE = "/keras_elastic.ParameterServer/"
 
 
 class _StreamStub:
-    """The streaming methods that move whole models (Init, Push, Pull), with
+    """The methods that move tensors (Init, Push, Pull, PushSmall, Lookup), with
     the wire format built and read by hand (`tensor_codec.chunk_frames`,
     `FrameParser`): the same bytes as the generated stub's, one copy of each
     tensor on the way out and one on the way in (protobuf's message objects
@@ -97,6 +101,10 @@ class _StreamStub:
         self.PushSmall = channel.unary_unary(
             _SERVICE + "PushSmall", request_serializer=None,
             response_deserializer=BundleParser(ps_pb2.ModelHeader))
+        # Embedding rows (`tensors_bytes`, `TensorMessageParser`).
+        self.Lookup = channel.unary_unary(
+            _SERVICE + "Lookup", request_serializer=None,
+            response_deserializer=TensorMessageParser(ps_pb2.LookupResponse))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +238,9 @@ class PSClient:
         # Variables split over servers (`init`'s layout): key -> its pieces
         # and shape; slice name -> piece; the newest value of each slice.
         self._split: dict[str, tuple[list[Piece], tuple[int, ...]]] = {}
+        # Embedding table -> bytes of one of its rows (from `init`): a lookup
+        # is cut into calls whose replies stay under LOOKUP_REPLY_BYTES.
+        self._row_bytes: dict[str, int] = {}
         self._piece_of: dict[str, Piece] = {}
         self._slice_values: dict[str, np.ndarray] = {}
 
@@ -387,6 +398,9 @@ class PSClient:
             if pieces[0].name != name:  # split
                 self._split[name] = (pieces, tuple(np.shape(variables[name][0])))
                 self._piece_of.update({p.name: p for p in pieces})
+        self._row_bytes.update(
+            {n: int(t["dim"]) * np.dtype(t.get("dtype", "float32")).itemsize
+             for n, t in (tables or {}).items()})
         table_specs = [ps_pb2.TableSpec(
             name=n, dim=t["dim"], dtype=t.get("dtype", "float32"),
             input_dim=t.get("input_dim") or 0,
@@ -503,23 +517,42 @@ class PSClient:
         answer."""
         ids = {t: np.asarray(v, np.int64) for t, v in ids.items()}
         where = {t: self._split_rows(v) for t, v in ids.items()}
+        # Each server's share in calls whose replies stay under
+        # LOOKUP_REPLY_BYTES (a message may not exceed MAX_MESSAGE_BYTES):
+        # (server, {table: positions in ids[table]}).
+        calls: list[tuple[int, dict[str, np.ndarray]]] = []
+        for i in range(self.num_ps):
+            mine = {t: where[t][i] for t in ids if where[t][i].size}
+            call: dict[str, np.ndarray] = {}
+            room = LOOKUP_REPLY_BYTES
+            for t, positions in mine.items():
+                per_row = max(self._row_bytes.get(t, 0), 1)
+                while positions.size:
+                    take = room // per_row
+                    if take == 0 and call:  # this call is full: on to the next
+                        calls.append((i, call))
+                        call, room = {}, LOOKUP_REPLY_BYTES
+                        continue
+                    take = max(take, 1)
+                    call[t], positions = positions[:take], positions[take:]
+                    room -= len(call[t]) * per_row
+            if call:
+                calls.append((i, call))
 
-        def lookup_one(i: int) -> dict[str, np.ndarray]:
-            request = ps_pb2.LookupRequest(ids=list(encode_all(
-                ((t, ids[t][where[t][i]]) for t in ids if where[t][i].size),
-                chunk_bytes=1 << 62)), no_create=not create)
-            reply = self._call(i, "Lookup", lambda: self._stubs[i].Lookup(
+        def lookup_one(k: int) -> dict[str, np.ndarray]:
+            i, call = calls[k]
+            request = tensors_bytes(1, ((t, ids[t][p]) for t, p in call.items()),
+                                    {2: int(not create)})
+            reply = self._call(i, "Lookup", lambda: self._streams[i].Lookup(
                 request, timeout=600))
             return dict(decode_all(reply.rows))
 
-        servers = [i for i in range(self.num_ps)
-                   if any(where[t][i].size for t in ids)]
         out: dict[str, np.ndarray] = {}
-        for i, rows in zip(servers, self._map(lookup_one, servers)):
+        for (_, call), rows in zip(calls, self._map(lookup_one, range(len(calls)))):
             for t, r in rows.items():
                 if t not in out:
                     out[t] = np.empty((len(ids[t]), r.shape[1]), r.dtype)
-                out[t][where[t][i]] = r
+                out[t][call[t]] = r
         return out
 
     def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray]

@@ -24,11 +24,12 @@ from keras_elastic.common.tensor_codec import (
     BundleParser,
     FrameParser,
     TensorError,
+    TensorMessageParser,
     bundle_bytes,
     chunk_frames_all,
     decode_all,
-    encode_all,
     read_stream,
+    tensors_bytes,
 )
 from keras_elastic.proto import ps_pb2, ps_pb2_grpc
 from keras_elastic.ps.partition import (
@@ -72,7 +73,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     # Requests read without protobuf's copies: the pushed tensors' chunks are
     # views of the received messages (see `rpc_service.add_service`).
     RAW_REQUESTS = {"Push": FrameParser(ps_pb2.PushHeader),
-                    "PushSmall": BundleParser(ps_pb2.PushHeader)}
+                    "PushSmall": BundleParser(ps_pb2.PushHeader),
+                    "Lookup": TensorMessageParser(ps_pb2.LookupRequest)}
 
     def __init__(self, store: ParameterStore, ps_index: int = 0, num_ps: int = 1,
                  init_checkpoint_dir: str | None = None, paused: bool = False) -> None:
@@ -372,8 +374,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 rows = self.store.lookup(ids, create=not request.no_create)
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, "Lookup", e)
-        return ps_pb2.LookupResponse(
-            rows=list(encode_all(rows.items(), chunk_bytes=1 << 62)))
+        # (a serialized LookupResponse, built with one copy of the rows)
+        return tensors_bytes(1, rows.items())
 
     def Claim(self, request, context):
         if not self.store.initialized:

@@ -57,3 +57,35 @@ def test_ids_view_is_read_only():
     else:
         raise AssertionError("IdIndex.ids let a caller change an id")
     assert index.get(np.array([4])).tolist() == [0]
+
+
+def test_ids_of_one_group_and_one_tag_overflow_and_are_all_found():
+    """The slow paths of a lookup: ids that share their home group past its 8
+    slots (found in the next groups) and share their tag within a group
+    (the first slot of their tag is another id's)."""
+    from keras_elastic.ps.id_index import GROUP, _hash
+
+    # A table of 4 groups (2 bits) holds up to 24 ids; pick ids whose home is
+    # group 0, many of them with one tag.
+    candidates = np.arange(200_000, dtype=np.int64)
+    group, tag = _hash(candidates, 2)
+    home = candidates[group == 0]
+    common = np.bincount(tag[group == 0]).argmax()
+    same_tag = home[tag[group == 0] == common][:4]
+    others = home[tag[group == 0] != common][:8]
+    ids = np.concatenate([others[:6], same_tag, others[6:]])  # 12 > GROUP
+    assert len(ids) == 12 > GROUP and len(same_tag) == 4
+    index = IdIndex()
+    index.append(ids)
+    assert index._bits == 2  # (still 4 groups: the ids share group 0)
+    assert index.get(ids).tolist() == list(range(12))
+    assert index.get(ids[::-1]).tolist() == list(range(12))[::-1]
+    # Absent ids of the same group and tag are not found.
+    absent = home[tag[group == 0] == common][4:6]
+    assert index.get(absent).tolist() == [-1, -1]
+    # And after a removal (a rehash) the rest are still found in their rows.
+    keep = np.ones(12, bool)
+    keep[[0, 7]] = False
+    index.keep(keep)
+    assert index.get(ids[keep]).tolist() == list(range(10))
+    assert index.get(ids[~keep]).tolist() == [-1, -1]

@@ -63,14 +63,14 @@ _WORD = np.dtype("<u8")
 
 def _hash(ids: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """The home group (of 2^bits) and the tag (1..255) of each id: the top
-    bits of a multiplicative (Fibonacci) mix of the id, which spreads
-    neighbouring ids over the table, and 8 middle bits of it folded with the
-    top ones."""
+    `bits` bits of a multiplicative (Fibonacci) mix of the id, which spreads
+    neighbouring ids over the table, and the 8 bits below them (not bits the
+    group already holds: ids of one group would share their tags)."""
     with np.errstate(over="ignore"):
         mixed = ids.astype(np.uint64) * _GOLDEN
     group = ((mixed >> np.uint64(64 - bits)).astype(np.int64) if bits
              else np.zeros(len(ids), np.int64))
-    tag = ((mixed ^ (mixed >> np.uint64(32))) >> np.uint64(24)).astype(np.uint8)
+    tag = (mixed >> np.uint64(56 - bits)).astype(np.uint8)
     np.maximum(tag, 1, out=tag)  # (0 is an empty slot's)
     return group, tag
 

@@ -126,5 +126,5 @@ def test_tensor_message_parser_refuses_malformed_messages_and_other_types():
     # A message with other kinds of fields is not one this parser reads.
     with pytest.raises(TypeError, match=r"keras_elastic\.ModelBundle\.header: "
                                         "TensorMessageParser reads only TensorChunk "
-                                        "and varint fields"):
+                                        "and single varint fields"):
         TensorMessageParser(ps_pb2.ModelBundle)

@@ -440,27 +440,29 @@ class TensorMessageParser:
 
     def __init__(self, message_type) -> None:
         self._chunks: dict[int, str] = {}
-        self._varints: dict[int, tuple[str, bool]] = {}  # number -> (name, is bool)
+        self._varints: dict[int, tuple[str, str]] = {}  # number -> (name, kind)
         chunk_type = tensor_pb2.TensorChunk.DESCRIPTOR.full_name
         for f in message_type.DESCRIPTOR.fields:
             if f.message_type is not None and f.message_type.full_name == chunk_type:
                 self._chunks[f.number] = f.name
-            elif f.type == f.TYPE_BOOL:
-                self._varints[f.number] = (f.name, True)
-            elif f.type in (f.TYPE_INT32, f.TYPE_INT64, f.TYPE_UINT32, f.TYPE_UINT64,
-                            f.TYPE_ENUM):
-                self._varints[f.number] = (f.name, False)
-            else:
+                continue
+            kind = {f.TYPE_BOOL: "bool", f.TYPE_INT32: "signed", f.TYPE_INT64: "signed",
+                    f.TYPE_ENUM: "signed", f.TYPE_UINT32: "unsigned",
+                    f.TYPE_UINT64: "unsigned"}.get(f.type)
+            repeated = f.is_repeated if hasattr(f, "is_repeated") else (
+                f.label == f.LABEL_REPEATED)
+            if kind is None or repeated:
                 raise TypeError(f"{message_type.DESCRIPTOR.full_name}.{f.name}: "
                                 "TensorMessageParser reads only TensorChunk and "
-                                "varint fields")
+                                "single varint fields")
+            self._varints[f.number] = (f.name, kind)
 
     def __call__(self, data: bytes) -> types.SimpleNamespace:
         message = types.SimpleNamespace(byte_size=len(data))
         for name in self._chunks.values():
             setattr(message, name, [])
-        for name, is_bool in self._varints.values():
-            setattr(message, name, False if is_bool else 0)
+        for name, kind in self._varints.values():
+            setattr(message, name, False if kind == "bool" else 0)
         view = memoryview(data)
         for number, wire, value in _fields(view, 0, len(view)):
             if number in self._chunks:
@@ -472,8 +474,9 @@ class TensorMessageParser:
                 if wire != 0:
                     raise TensorError(f"malformed message: field {number} is not "
                                       "a varint")
-                name, is_bool = self._varints[number]
-                setattr(message, name, bool(value) if is_bool else _int64(value))
+                name, kind = self._varints[number]
+                setattr(message, name, bool(value) if kind == "bool" else
+                        _int64(value) if kind == "signed" else value)
         return message
 
 

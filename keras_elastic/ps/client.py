@@ -510,7 +510,8 @@ class PSClient:
     def lookup(self, ids: dict[str, np.ndarray], create: bool = True
                ) -> dict[str, np.ndarray]:
         """Rows of embedding tables: {table: int64 ids} -> {table: rows}, one
-        call per server concerned, in parallel. A training lookup (`create`)
+        call per server concerned (several for more than LOOKUP_REPLY_BYTES
+        of its rows), in parallel. A training lookup (`create`)
         makes the rows of admitted ids on first use; an evaluation or
         prediction lookup (`create=False`) makes none (ids without a row get
         their initializer's row). A table given no ids is left out of the

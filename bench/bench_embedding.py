@@ -95,7 +95,7 @@ flags.DEFINE_list("exchanges", ["sync", "pipelined"], "Elastic configurations, o
 flags.DEFINE_integer("prefill_rows", 0, "Before training, the servers make the rows of "
                      "ids 0..prefill_rows-1 (a table that already holds that many "
                      "rows: its memory per row and its lookup rate are measured).")
-flags.DEFINE_integer("rate_ids", 4_000_000, "With --prefill_rows: ids looked up (in "
+flags.DEFINE_integer("rate_ids", 40_000_000, "With --prefill_rows: ids looked up (in "
                      "batches of 1,000,000, drawn from the data) to measure the "
                      "servers' lookups per CPU-second.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and of the models.")
@@ -373,8 +373,8 @@ class Prefill:
         looked = time.perf_counter() - start
         cpu = cpu_seconds([p.pid for p in servers]) - cpu0
         # The same lookups with one server busy at a time (the client asks
-        # them in turn), as when each server has its machine: on this one the
-        # servers share two cores and their caches while they work at once.
+        # them in turn), as when each server has its own machine: here the
+        # servers share the machine's cores and caches while they work at once.
         pool, cluster.ps._pool = cluster.ps._pool, None
         try:
             cpu0 = cpu_seconds([p.pid for p in servers])

@@ -365,12 +365,15 @@ class ElasticSession:
                     validation_steps=validation_steps, initial_epoch=start_epoch,
                     shuffle=False, **kwargs)
         except tf.errors.OpError as e:
+            # The push in flight (pipelined exchange: the step before the one
+            # that failed) ends before `fit` raises, whatever its outcome, so
+            # no update of this fit reaches the servers after it returned.
+            sync.drop_push()
             if stream.error is not None:
                 raise stream.error from None
             refused = next((s.error for s in sync.hyperparameter_syncs.values()
                             if s.error is not None), None)
             if refused:  # an optimizer change the servers cannot follow
-                sync.drop_push()
                 raise refused from None
             raise e
         except BaseException:

@@ -210,6 +210,11 @@ the table has input_dim 10 (ids 0 to 9)
             else:
                 raise ValueError(f"embedding table {self.name!r}: ids must be "
                                  f"integers, got dtype {ids.dtype}")
+        if ids.dtype == np.int64 and ids.size:
+            # (the common case in two reductions and no temporary array: a
+            # lookup's ids are checked by the server, its store and its table)
+            if ids.min() >= 0 and (self.input_dim is None or ids.max() < self.input_dim):
+                return ids
         bad = ids < 0 if ids.dtype.kind == "i" else np.zeros(ids.shape, bool)
         if ids.dtype.kind == "u":
             bad |= ids > _INT64_MAX

@@ -196,11 +196,17 @@ def bundle_bytes(header, named: Iterable[tuple[str, np.ndarray]]) -> bytes:
     True
     """
     head = header.SerializeToString()
-    pieces = [_varint(1 << 3 | _LENGTH_DELIMITED), _varint(len(head)), head]
+    return b"".join([_varint(1 << 3 | _LENGTH_DELIMITED), _varint(len(head)), head,
+                     *_whole_chunk_pieces(2, named)])
+
+
+def _whole_chunk_pieces(field: int, named: Iterable[tuple[str, np.ndarray]]
+                        ) -> Iterator:
+    """The pieces of one chunk per array in field `field` (`_chunk_pieces`),
+    to be joined with one copy."""
     for name, array in named:
-        for frame in _chunk_pieces(2, name, array, 1 << 62):
-            pieces.extend(frame)
-    return b"".join(pieces)
+        for frame in _chunk_pieces(field, name, array, 1 << 62):
+            yield from frame
 
 
 def tensors_bytes(field: int, named: Iterable[tuple[str, np.ndarray]],
@@ -218,10 +224,7 @@ def tensors_bytes(field: int, named: Iterable[tuple[str, np.ndarray]],
     ...     ids=list(encode_all([("t", a)], 1 << 62)), no_create=True).SerializeToString()
     True
     """
-    pieces: list = []
-    for name, array in named:
-        for frame in _chunk_pieces(field, name, array, 1 << 62):
-            pieces.extend(frame)
+    pieces = list(_whole_chunk_pieces(field, named))
     for number, value in sorted((varints or {}).items()):
         if value < 0:
             raise ValueError(f"field {number}: only non-negative varints, got {value}")

@@ -62,14 +62,14 @@ _WORD = np.dtype("<u8")
 
 
 def _hash(ids: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """The home group (of 2^bits) and the tag (1..255) of each id: the top
-    `bits` bits of a multiplicative (Fibonacci) mix of the id, which spreads
-    neighbouring ids over the table, and the 8 bits below them (not bits the
-    group already holds: ids of one group would share their tags)."""
+    """The home group (of 2^bits, bits >= 1: a table has at least
+    `_MIN_GROUPS`) and the tag (1..255) of each id: the top `bits` bits of a
+    multiplicative (Fibonacci) mix of the id, which spreads neighbouring ids
+    over the table, and the 8 bits below them (not bits the group already
+    holds: ids of one group would share their tags)."""
     with np.errstate(over="ignore"):
         mixed = ids.astype(np.uint64) * _GOLDEN
-    group = ((mixed >> np.uint64(64 - bits)).astype(np.int64) if bits
-             else np.zeros(len(ids), np.int64))
+    group = (mixed >> np.uint64(64 - bits)).astype(np.int64)
     tag = (mixed >> np.uint64(56 - bits)).astype(np.uint8)
     np.maximum(tag, 1, out=tag)  # (0 is an empty slot's)
     return group, tag
@@ -211,11 +211,12 @@ class IdIndex:
             for t in range(int(turn.max()) + 1):
                 now = np.flatnonzero(turn == t)
                 flags = _zero_bytes(words.take(group.take(now)))
-                free, fits = _first_flag(flags), flags != 0
+                fits = flags != 0
                 full[now[~fits]] = True
-                now, free = now[fits], free[fits]
-                tags[group.take(now), free] = tag.take(now)
-                slots[group.take(now) * GROUP + free] = rows.take(now)
+                now, free = now[fits], _first_flag(flags[fits])
+                home = group.take(now)
+                tags[home, free] = tag.take(now)
+                slots[home * GROUP + free] = rows.take(now)
             # The rows whose group filled up: on to the next group.
             group, tag, rows = (group[full] + 1) & mask, tag[full], rows[full]
 

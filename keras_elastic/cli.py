@@ -156,7 +156,7 @@ def _define_run() -> None:
 
 def _main_run(command: list[str]) -> int:
     from keras_elastic.launcher import LaunchConfig, Launcher
-    from keras_elastic.launcher.launcher import parse_resources
+    from keras_elastic.launcher.config import parse_resources
 
     try:
         resources = {kind: parse_resources(getattr(FLAGS, f"{kind}_resources"),

@@ -12,7 +12,9 @@ MODULES = [
     "keras_elastic.common.errors",
     "keras_elastic.common.keras_compat",
     "keras_elastic.common.step_context",
+    "keras_elastic.launcher.config",
     "keras_elastic.launcher.policy",
+    "keras_elastic.launcher.report",
     "keras_elastic.master.status",
     "keras_elastic.worker.session",
 ]

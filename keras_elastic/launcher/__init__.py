@@ -9,6 +9,7 @@ light (tests/test_architecture.py checks both). Ray (an optional extra) only whe
 Ray backend is chosen.
 """
 
-from keras_elastic.launcher.launcher import LaunchConfig, Launcher
+from keras_elastic.launcher.config import LaunchConfig
+from keras_elastic.launcher.launcher import Launcher
 
 __all__ = ["LaunchConfig", "Launcher"]

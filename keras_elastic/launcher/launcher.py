@@ -22,7 +22,9 @@ progress, so the job goes on from one consistent point, every element's
 gradient applied exactly once (workers wait for the server and carry on). A
 server that keeps dying (`max_ps_restarts`) fails the job with its log.
 The launcher decides whether to recover (`policy.py`); the steps of a
-recovery, in their order, are `recovery.py`'s.
+recovery, in their order, are `recovery.py`'s. What the job was asked for is
+`config.py`'s `LaunchConfig`; what it prints and writes at the end,
+`report.py`'s.
 
 The job directory holds every process's log, `cluster.json` (for joining
 workers), `ps_checkpoints/`, `ledger.json` (every task completion) and
@@ -31,17 +33,15 @@ workers), `ps_checkpoints/`, `ledger.json` (every task completion) and
 Example:
 
 ```python
-launcher = Launcher(["python", "train.py"], num_workers=2, num_ps=1)
+launcher = Launcher(["python", "train.py"], LaunchConfig(num_workers=2, num_ps=1))
 exit_code = launcher.run()
 ```
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import shlex
 import signal
 import sys
 import tempfile
@@ -52,15 +52,14 @@ from absl import logging
 
 from keras_elastic.checkpoint.errors import NoIntactCheckpointError
 from keras_elastic.common import auth, cluster_env, disk, fencing, rpc, tls
-from keras_elastic.common.timing import PHASE_HELP, format_table
 from keras_elastic.launcher.backends import (
-    BACKENDS,
     Backend,
     RoleHandle,
     make_backend,
     start_service,
     start_services,
 )
+from keras_elastic.launcher.config import LaunchConfig
 from keras_elastic.launcher.job_log import JobLog
 from keras_elastic.launcher.liveness import HealthProber
 from keras_elastic.launcher.policy import (
@@ -82,186 +81,16 @@ from keras_elastic.launcher.ps_checkpoints import (
     latest_checkpoint,
 )
 from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
+from keras_elastic.launcher.report import Artifacts, progress_line, summary_text
 from keras_elastic.master.client import MasterClient
 from keras_elastic.master.status import JobStatus
-from keras_elastic.ps.partition import DEFAULT_PARTITION_BYTES, PARTITION_BYTES_ENV
+from keras_elastic.ps.partition import PARTITION_BYTES_ENV
 
 DESIRED_WORKERS_FILE = "desired_workers"
 # The exit status of a job that trained but could not write some of its
 # artifacts (ledger.json, summary.json, ...: a full disk); the summary names them.
 ARTIFACTS_MISSING = 3
 JOURNAL_FILE = "master.journal"
-
-
-@dataclasses.dataclass
-class LaunchConfig:
-    num_workers: int = 1
-    num_ps: int = 1
-    min_workers: int = 0          # 0: num_workers
-    max_workers: int = 0          # 0: num_workers
-    max_worker_restarts: int = 3
-    grads_to_wait: int = 1
-    heartbeat_timeout: float = 30.0
-    # A master or parameter server that answers no health check for this long
-    # is lost (killed, then recovered as if it had died).
-    liveness_timeout: float = 60.0
-    # The start rendezvous: no task is handed out before the job's
-    # num_workers workers registered, or this many seconds passed.
-    rendezvous_timeout: float = 120.0
-    # Trainable variables of at least this many bytes are split over the
-    # parameter servers (ps/partition.py); 0: none is.
-    ps_partition_bytes: int = DEFAULT_PARTITION_BYTES
-    max_task_retries: int = 3
-    progress_interval: float = 10.0
-    job_dir: str | None = None
-    echo_worker_output: bool = True
-    max_ps_restarts: int = 3
-    ps_checkpoint_secs: float = 30.0
-    ps_checkpoint_versions: int = 0
-    # Embedding tables in automatic checkpoints: a full save every this many
-    # (the others hold the rows changed since the previous one); 1: all full.
-    ps_checkpoint_full_every: int = 8
-    ps_checkpoints_to_keep: int = 2
-    max_master_restarts: int = 3
-    resume: bool = False          # continue the job of job_dir from its journal
-    connect_timeout: float = cluster_env.DEFAULT_CONNECT_TIMEOUT
-    # Where the master and parameter servers listen, and the host the job's
-    # processes reach them at (None: `bind`); see docs/security.md.
-    bind: str = "127.0.0.1"
-    advertise: str | None = None
-    # None: on beyond loopback (unless insecure), off on loopback; True forces
-    # it on loopback too; False turns it off (refused beyond loopback unless
-    # insecure). Always on when tls_cert is given.
-    tls: bool | None = None
-    tls_cert: str | None = None   # None with TLS on: a self-signed one in JOB_DIR/tls
-    tls_key: str | None = None
-    tls_ca: str | None = None     # what clients trust (None: the system's CAs)
-    insecure: bool = False        # allows clear text beyond loopback
-    # Where roles run: "local" (this machine) or "ray" (see backends/ray.py).
-    backend: str = "local"
-    ray_address: str | None = None  # None: RAY_ADDRESS / a local cluster / a new one
-    # Ray resources per role, e.g. {"CPU": 2, "GPU": 1} (None: the defaults).
-    worker_resources: dict | None = None
-    ps_resources: dict | None = None
-    master_resources: dict | None = None
-
-    @property
-    def tls_on(self) -> bool:
-        if self.tls_cert:
-            return True
-        if self.tls is not None:
-            return self.tls
-        return not tls.is_loopback(self.bind) and not self.insecure
-
-    def validate(self) -> None:
-        if self.num_workers < 1:
-            raise ValueError(f"--num_workers must be at least 1, got {self.num_workers}")
-        if self.num_ps < 1:
-            raise ValueError(f"--num_ps must be at least 1, got {self.num_ps}")
-        if self.max_workers and self.max_workers < self.num_workers:
-            raise ValueError(f"--num_workers={self.num_workers} is more than "
-                             f"--max_workers={self.max_workers}")
-        if self.min_workers > self.num_workers:
-            raise ValueError(f"--min_workers={self.min_workers} is more than "
-                             f"--num_workers={self.num_workers}")
-        if self.max_worker_restarts < 0:
-            raise ValueError("--max_worker_restarts must be >= 0, got "
-                             f"{self.max_worker_restarts}")
-        if self.grads_to_wait < 1:
-            raise ValueError(f"--grads_to_wait must be >= 1, got {self.grads_to_wait}")
-        if self.max_master_restarts < 0:
-            raise ValueError("--max_master_restarts must be >= 0, got "
-                             f"{self.max_master_restarts}")
-        if self.resume and not self.job_dir:
-            raise ValueError("--resume needs the --job_dir of the job to continue")
-        if self.max_ps_restarts < 0:
-            raise ValueError("--max_ps_restarts must be >= 0, got "
-                             f"{self.max_ps_restarts}")
-        if self.ps_checkpoint_full_every < 1:
-            raise ValueError(f"--ps_checkpoint_full_every must be at least 1, got "
-                             f"{self.ps_checkpoint_full_every}")
-        if self.ps_checkpoint_secs < 0 or self.ps_checkpoint_versions < 0:
-            raise ValueError("--ps_checkpoint_secs and --ps_checkpoint_versions must "
-                             "be >= 0 (0: off)")
-        if self.ps_checkpoints_to_keep < 1:
-            raise ValueError("--ps_checkpoints_to_keep must be >= 1, got "
-                             f"{self.ps_checkpoints_to_keep}")
-        if self.rendezvous_timeout < 0:
-            raise ValueError(f"--rendezvous_timeout must be >= 0, got "
-                             f"{self.rendezvous_timeout}")
-        if self.ps_partition_bytes < 0:
-            raise ValueError(f"--ps_partition_bytes must not be negative, got "
-                             f"{self.ps_partition_bytes}")
-        if self.liveness_timeout <= 0:
-            raise ValueError(f"--liveness_timeout must be positive, got "
-                             f"{self.liveness_timeout}")
-        if self.connect_timeout <= 0:
-            raise ValueError(f"--connect_timeout must be positive, got "
-                             f"{self.connect_timeout}")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("--tls_cert and --tls_key go together (the servers' "
-                             "certificate and its private key)")
-        if self.tls_ca and not self.tls_cert:
-            raise ValueError("--tls_ca needs --tls_cert and --tls_key (without them "
-                             "the job makes its own certificate and CA)")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"--backend={self.backend!r}: choose among "
-                             f"{', '.join(BACKENDS)}")
-        resources = {"worker": self.worker_resources, "ps": self.ps_resources,
-                     "master": self.master_resources}
-        for kind, request in resources.items():
-            if request is not None:
-                check_resources(request, f"--{kind}_resources")
-        if self.backend != "ray":
-            given = [f"--{k}_resources" for k, v in resources.items() if v is not None]
-            given += ["--ray_address"] if self.ray_address else []
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply with --backend ray")
-        else:
-            if self.bind != "127.0.0.1" or self.advertise:
-                raise ValueError("--bind and --advertise are for --backend local: on "
-                                 "Ray every service listens on the address of its node")
-            return
-        rpc.check_bind(self.bind, self.tls_on, self.insecure)
-        if tls.is_wildcard(self.bind) and not self.advertise:
-            raise ValueError(f"--bind={self.bind} listens on every interface: give "
-                             "--advertise, the host name or address at which the job's "
-                             "processes reach this machine")
-
-    @property
-    def bounds(self) -> tuple[int, int]:
-        return (self.min_workers or self.num_workers,
-                self.max_workers or self.num_workers)
-
-
-def check_resources(request: object, flag: str) -> dict[str, float]:
-    """A resource request is a JSON object of names to numbers >= 0.
-
-    >>> check_resources({"CPU": 2, "GPU": 1}, "--worker_resources")
-    {'CPU': 2, 'GPU': 1}
-    """
-    if not isinstance(request, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-            and v >= 0 for k, v in request.items()):
-        raise ValueError(f"{flag} must be a JSON object of resource names to numbers "
-                         f">= 0, e.g. '{{\"CPU\": 2, \"GPU\": 1}}'; got {request!r}")
-    return request
-
-
-def parse_resources(text: str | None, flag: str) -> dict[str, float] | None:
-    """`--worker_resources` and the like: JSON text to a request (None: unset).
-
-    >>> parse_resources('{"CPU": 2, "worker_slot": 1}', "--worker_resources")
-    {'CPU': 2, 'worker_slot': 1}
-    """
-    if text is None or not text.strip():
-        return None
-    try:
-        request = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"{flag}={text!r} is not JSON ({e}); e.g. "
-                         f"{flag}='{{\"CPU\": 2, \"GPU\": 1}}'") from None
-    return check_resources(request, flag)
 
 
 class Launcher:
@@ -302,8 +131,8 @@ class Launcher:
         self.resumed_from: dict | None = None
         self._pending_dead: list[tuple[int, str]] = []  # not yet told to the master
         self._fenced: set[int] = set()  # workers killed because the master lost them
-        # Artifacts of JOB_DIR that could not be written: {name: why, in a line}.
-        self.missing_artifacts: dict[str, str] = {}
+        # JOB_DIR's JSON files (`missing`: those a full disk kept out).
+        self.artifacts = Artifacts(self.job_dir)
         self.recoveries: list[dict] = []
         # Every worker death, for the failure policy (launcher/policy.py).
         self.failures: list[WorkerDeath] = []
@@ -503,7 +332,7 @@ class Launcher:
         roles = {"master": self.master_proc, **{f"ps-{i}": p for i, p in
                                                  enumerate(self.ps_procs)},
                  **{f"worker-{i}": p for i, p in self.workers.items()}}
-        self._write_artifact("cluster.json", {
+        self.artifacts.write("cluster.json", {
             "master": self.master_address, "ps": self.ps_addresses,
             "generation": self.generation,
             # Lost workers whose replacement waits for room on the backend.
@@ -743,22 +572,6 @@ class Launcher:
             proc.terminate()
             self._report_dead(worker_id, "scaled down")
 
-    def _progress(self, status: JobStatus) -> str:
-        parts = []
-        for name, ds in status.datasets.items():
-            if ds.num_epochs:
-                where = f"epoch {min(ds.epoch + 1, ds.num_epochs)}/{ds.num_epochs}"
-            else:  # evaluation / prediction: rounds
-                where = f"round {ds.epoch}"
-            parts.append(f"{name}: {where}, tasks {ds.done}/"
-                         f"{ds.tasks_per_epoch} done, {ds.doing} doing")
-        waiting = (f", {self.pending_slots} waiting for room" if self.pending_slots
-                   else "")
-        parts.append(f"workers {len(status.workers.alive)} alive, "
-                     f"{status.workers.lost} lost{waiting}")
-        parts.append(f"requeued {status.requeued}")
-        return "[launcher] " + " | ".join(parts)
-
     def run(self) -> int:
         """Runs the job to its end; returns the exit code (0: success)."""
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -810,7 +623,7 @@ class Launcher:
                 self._scale()
                 if time.time() - last_progress >= self.config.progress_interval:
                     last_progress = time.time()
-                    self.log.say(self._progress(status))
+                    self.log.say(progress_line(status, self.pending_slots))
             return self._finish()
         except OSError as e:
             if not disk.is_disk_condition(e):
@@ -836,7 +649,7 @@ class Launcher:
         if status is not None:
             ledger = {name: ds.pop("ledger", []) for name, ds in
                       status["datasets"].items()}
-            self._write_artifact("ledger.json", ledger)
+            self.artifacts.write("ledger.json", ledger)
             summary = dict(status, elapsed=time.time() - self.started,
                            worker_restarts=self.restarts, workers_lost=self.lost,
                            ps_restarts=self.ps_restarts, ps_recoveries=self.recoveries,
@@ -853,17 +666,17 @@ class Launcher:
                            if self.checkpointer else None,
                            embedding_tables=self._table_stats(),
                            launcher_error=self.error)
-            self._write_artifact("summary.json", summary, indent=1)
-            summary["missing_artifacts"] = dict(self.missing_artifacts)
-            self.log.say(self.summary(summary))
+            self.artifacts.write("summary.json", summary, indent=1)
+            summary["missing_artifacts"] = dict(self.artifacts.missing)
+            self.log.say(summary_text(summary, self.job_dir))
         self._stop_background()  # nothing logs after the last line below
         if self.error:
             self.log.say(f"[launcher] job FAILED: {self.error}", sys.stderr)
             return 1
-        if self.missing_artifacts:
+        if self.artifacts.missing:
             self.log.say("[launcher] the job trained, but could not write "
-                         f"{', '.join(self.missing_artifacts)}: "
-                         f"{next(iter(self.missing_artifacts.values()))}", sys.stderr)
+                         f"{', '.join(self.artifacts.missing)}: "
+                         f"{next(iter(self.artifacts.missing.values()))}", sys.stderr)
             return ARTIFACTS_MISSING
         return 0
 
@@ -884,71 +697,6 @@ class Launcher:
                 for key, value in counters.items():
                     total[key] += value
         return out
-
-    def _write_artifact(self, name: str, data, indent: int | None = None) -> bool:
-        """Writes JOB_DIR/`name` (JSON) atomically; on a disk condition (full,
-        quota, read-only) logs one line, records it as missing, and goes on."""
-        path = os.path.join(self.job_dir, name)
-        try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(data, f, indent=indent)
-            os.replace(path + ".tmp", path)
-            self.missing_artifacts.pop(name, None)
-            return True
-        except OSError as e:
-            if not disk.is_disk_condition(e):
-                raise
-            message = disk.describe_write_error(path, e)
-            if self.missing_artifacts.get(name) != message:
-                logging.error("%s", message)
-            self.missing_artifacts[name] = message
-            try:
-                os.remove(path + ".tmp")
-            except OSError:
-                pass
-            return False
-
-    def summary(self, summary: dict) -> str:
-        lines = ["", "[launcher] ===== job summary ====="]
-        lines.append(f"[launcher] elapsed {summary['elapsed']:.1f} s; tasks done "
-                     f"{summary['tasks_done']}, requeued {summary['requeued']}; workers "
-                     f"lost {summary['workers_lost']}, restarts "
-                     f"{summary['worker_restarts']}; parameter-server restarts "
-                     f"{summary['ps_restarts']}, master restarts "
-                     f"{summary['master_restarts']}, automatic checkpoints "
-                     f"{summary['ps_checkpoints']}")
-        for r in summary.get("ps_recoveries", []):
-            lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "
-                         f"{r['seconds']:.1f} s from {r['checkpoint']}, completions "
-                         f"undone {r['completions_undone']}")
-        for name, t in summary.get("embedding_tables", {}).items():
-            lines.append(f"[launcher] embedding table '{name}': {t['rows']} rows "
-                         f"({t['bytes'] / 2**20:.1f} MiB) over the servers, "
-                         f"{t['admitted']} admitted, {t['evicted']} evicted, "
-                         f"{t['dropped']} gradient rows of ids not admitted dropped")
-        for name, ds in summary["datasets"].items():
-            unit = "epoch(s)" if ds["num_epochs"] else "round(s)"
-            lines.append(f"[launcher] dataset '{name}' ({ds['mode']}): "
-                         f"{ds['tasks_done_total']} tasks over {ds['epoch']} {unit} of "
-                         f"{ds['tasks_per_epoch']} tasks")
-        if summary["timings"]:
-            lines.append("[launcher] seconds per phase, summed over workers:")
-            lines.extend("[launcher]   " + row for row in
-                         format_table(summary["timings"]).splitlines())
-            for phase in PHASE_HELP:
-                if phase in summary["timings"]:
-                    lines.append(f"[launcher]   {phase}: {PHASE_HELP[phase]}")
-        if summary.get("ps_checkpoint_failures"):
-            age = summary.get("recovery_point_age_s")
-            lines.append(f"[launcher] automatic checkpoints skipped: "
-                         f"{summary['ps_checkpoint_failures']}; the newest recovery "
-                         "point is " + ("none" if age is None else f"{age:.0f} s old"))
-        for name, why in summary.get("missing_artifacts", {}).items():
-            lines.append(f"[launcher] missing {name}: {why}")
-        lines.extend(f"[launcher] TensorBoard: tensorboard --logdir {shlex.quote(d)}"
-                     for d in _tensorboard_log_dirs(self.job_dir))
-        lines.append(f"[launcher] logs, ledger and summary in {self.job_dir}")
-        return "\n".join(lines)
 
     def _stop_background(self) -> None:
         """Stops the health prober and the automatic checkpoints (their
@@ -971,15 +719,6 @@ class Launcher:
             self.master_proc.terminate()
         self.backend.shutdown()
         self.log.close()
-
-
-def _tensorboard_log_dirs(job_dir: str) -> list[str]:
-    """The TensorBoard log dirs the workers recorded (worker/tensorboard.py)."""
-    try:
-        with open(os.path.join(job_dir, "tensorboard.json")) as f:
-            return [str(d) for d in json.load(f).get("log_dirs", [])]
-    except (OSError, ValueError, AttributeError):
-        return []
 
 
 def _last_generation(job_dir: str) -> int:

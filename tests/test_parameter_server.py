@@ -257,6 +257,54 @@ def test_an_update_writes_in_place_once_the_last_reply_let_go_of_the_values():
     np.testing.assert_array_equal(reply["w"], 0.5)
 
 
+def test_a_call_a_stopping_server_cancels_is_retried_one_we_cancel_is_not():
+    """A server that shuts down answers a call arriving meanwhile CANCELLED:
+    the server going away, retried like UNAVAILABLE (before, the client
+    raised it as a server error and a worker stopped); a call this process
+    cancelled is not retried."""
+    import time
+    from concurrent import futures
+
+    import grpc
+
+    from keras_elastic.common import rpc
+
+    def cancelled(request, context):
+        context.abort(grpc.StatusCode.CANCELLED, "the server is shutting down")
+
+    def slow(request, context):
+        time.sleep(30)
+        yield b""
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", {
+        "Cancelled": grpc.unary_unary_rpc_method_handler(cancelled),
+        "Slow": grpc.unary_stream_rpc_method_handler(slow)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        attempts = []
+
+        def call():
+            attempts.append(1)
+            return channel.unary_unary("/t.S/Cancelled")(b"")
+
+        with pytest.raises(grpc.RpcError) as e:
+            rpc.retry_unreachable(call, "the test server", timeout=0.6)
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+        assert rpc.is_unreachable(e.value) and len(attempts) > 1
+        stream = channel.unary_stream("/t.S/Slow")(b"")
+        stream.cancel()
+        with pytest.raises(grpc.RpcError) as e:
+            next(stream)
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+        assert not rpc.is_unreachable(e.value)
+    finally:
+        channel.close()
+        server.stop(None)
+
+
 def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
     """`PSClient.waits`: what a worker's heartbeats tell the launcher's
     liveness policy. A server gone: its pull is retried (UNAVAILABLE) and

@@ -128,3 +128,57 @@ def test_tensor_message_parser_refuses_malformed_messages_and_other_types():
                                         "TensorMessageParser reads only TensorChunk "
                                         "and single varint fields"):
         TensorMessageParser(ps_pb2.ModelBundle)
+
+
+def test_a_chunk_read_again_reads_as_protobuf_reads_it():
+    """`parse_chunk` remembers a variable's chunk fields by name (every push
+    sends the same); a chunk that differs anywhere but its content's bytes,
+    or whose content does not fill the message, is read field by field: each
+    read equals protobuf's, whatever came before."""
+    from keras_elastic.common.tensor_codec import TensorError, parse_chunk
+    from keras_elastic.proto import tensor_pb2
+
+    def chunk(**fields):
+        fields = {"name": "layer/kernel", "dtype": "float32", "shape": [2, 2],
+                  "total_bytes": 16, "content": np.arange(4, dtype="f4").tobytes(),
+                  **fields}
+        return tensor_pb2.TensorChunk(**fields).SerializeToString()
+
+    def read(data: bytes):
+        got = parse_chunk(memoryview(data))
+        want = tensor_pb2.TensorChunk.FromString(data)
+        assert (got.name, got.dtype, list(got.shape), got.offset, got.total_bytes,
+                bytes(got.content)) == (want.name, want.dtype, list(want.shape),
+                                        want.offset, want.total_bytes, want.content)
+        return got
+
+    read(chunk())  # remembered
+    again = read(chunk(content=np.full(4, 7, "f4").tobytes()))
+    assert isinstance(again.content, memoryview)
+    assert np.frombuffer(again.content, "f4").tolist() == [7.0] * 4
+    read(chunk(dtype="int32"))                       # another dtype, same name
+    read(chunk(shape=[4], content=bytes(16)))        # another shape
+    read(chunk(total_bytes=12, content=bytes(12)))   # a size that differs
+    read(chunk(content=bytes(8)))                    # content shorter than the tensor
+    read(chunk(offset=8, content=bytes(8)))          # a later chunk of the tensor
+    read(chunk() + b"\x0a\x01x")                     # a field after the content
+    read(chunk(name="n" * 200))                      # a long name
+    read(chunk())                                    # and the first form again
+    # A message cut short of its content is refused, not read as remembered.
+    with pytest.raises(TensorError, match="malformed message"):
+        parse_chunk(memoryview(chunk()[:-1]))
+
+
+def test_encoded_frames_are_protobufs_bytes_for_every_dtype_and_shape():
+    """The remembered frame prefixes (`bundle_bytes`) stay byte for byte
+    protobuf's as dtypes and shapes of one name change."""
+    from keras_elastic.common.tensor_codec import bundle_bytes
+    from keras_elastic.proto import ps_pb2
+
+    header = ps_pb2.ModelHeader(version=2)
+    for array in (np.ones((2, 3), "float32"), np.ones(6, "float32"),
+                  np.ones((2, 3), "float64"), np.array([b"ab", b"c"]),
+                  np.zeros((0, 4), "int32"), np.float32(2.5)):
+        want = ps_pb2.ModelBundle(header=header, tensors=list(
+            encode_all([("w", array)], 1 << 62))).SerializeToString()
+        assert bundle_bytes(header, [("w", array)]) == want

@@ -73,8 +73,19 @@ AUTO = "auto"
 
 
 def is_unreachable(error: grpc.RpcError) -> bool:
-    """The server could not be reached (down, restarting, or gone mid-call)."""
-    return error.code() == grpc.StatusCode.UNAVAILABLE
+    """The server could not be reached (down, restarting, or gone mid-call).
+
+    A server that stops cancels its calls in flight (UNAVAILABLE), and one
+    that arrives while it shuts down (CANCELLED, not cancelled by this
+    process): both are a server going away, retried like one that is down.
+    """
+    code = error.code()
+    return code == grpc.StatusCode.UNAVAILABLE or (
+        code == grpc.StatusCode.CANCELLED and error.details() != _LOCALLY_CANCELLED)
+
+
+# What gRPC reports for a call this process cancelled (grpc/_channel.py).
+_LOCALLY_CANCELLED = "Locally cancelled by application!"
 
 
 def retry_unreachable(call: Callable[[], T], what: str, timeout: float,

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -75,24 +76,34 @@ def check_header(chunk: tensor_pb2.TensorChunk, content=None
     tensor 'w': total_bytes is 24, but float32 of shape [2, 4] is 32 bytes
     """
     name = chunk.name
-    try:
-        dtype = np.dtype(chunk.dtype)
-    except (TypeError, ValueError, SyntaxError):
-        raise TensorError(f"tensor '{name}': unknown dtype {chunk.dtype!r}") from None
-    if dtype.hasobject or dtype.fields is not None or dtype.itemsize == 0:
-        raise TensorError(f"tensor '{name}': dtype {chunk.dtype!r} cannot travel as "
-                          "raw bytes")
-    shape = tuple(chunk.shape)
-    if any(d < 0 for d in shape):
-        raise TensorError(f"tensor '{name}': negative dimension in shape {list(shape)}")
-    size = math.prod(shape) * dtype.itemsize
-    if chunk.total_bytes != size:
-        raise TensorError(f"tensor '{name}': total_bytes is {chunk.total_bytes}, but "
-                          f"{chunk.dtype} of shape {list(shape)} is {size} bytes")
+    spec = _spec(chunk.dtype, tuple(chunk.shape), chunk.total_bytes)
+    if isinstance(spec, str):
+        raise TensorError(f"tensor '{name}': {spec}")
+    dtype, shape = spec
     end = chunk.offset + len(chunk.content if content is None else content)
     if chunk.offset < 0 or end > chunk.total_bytes:
         raise TensorError(f"tensor '{name}': chunk bytes [{chunk.offset}, {end}) are "
                           f"outside the tensor's {chunk.total_bytes} bytes")
+    return dtype, shape
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _spec(dtype_text: str, shape: tuple[int, ...], total: int
+          ) -> tuple[np.dtype, tuple[int, ...]] | str:
+    """A chunk's (dtype, shape), or what is wrong with them (`check_header`);
+    remembered: every push of a variable has the same."""
+    try:
+        dtype = np.dtype(dtype_text)
+    except (TypeError, ValueError, SyntaxError):
+        return f"unknown dtype {dtype_text!r}"
+    if dtype.hasobject or dtype.fields is not None or dtype.itemsize == 0:
+        return f"dtype {dtype_text!r} cannot travel as raw bytes"
+    if any(d < 0 for d in shape):
+        return f"negative dimension in shape {list(shape)}"
+    size = math.prod(shape) * dtype.itemsize
+    if total != size:
+        return (f"total_bytes is {total}, but {dtype_text} of shape {list(shape)} "
+                f"is {size} bytes")
     return dtype, shape
 
 
@@ -104,8 +115,19 @@ def _as_buffer(name: str, array) -> tuple[np.ndarray, memoryview | bytes, str]:
         raise TypeError(f"tensor '{name}': object arrays cannot be sent; "
                         "convert strings to bytes tensors first")
     buf = memoryview(array).cast("B") if array.nbytes else b""
-    dtype = array.dtype.str if array.dtype.kind == "S" else array.dtype.name
-    return array, buf, dtype
+    return array, buf, dtype_name(array.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def dtype_name(dtype: np.dtype) -> str:
+    """The name a chunk gives `dtype` ("float32"; "|S5" for fixed-size bytes),
+    remembered: NumPy builds `dtype.name` anew at each read (~3 us, as long
+    as the rest of a small tensor's encoding).
+
+    >>> dtype_name(np.dtype("float32")), dtype_name(np.dtype("S5"))
+    ('float32', '|S5')
+    """
+    return dtype.str if dtype.kind == "S" else dtype.name
 
 
 def chunk_fields(name: str, array: np.ndarray, chunk_bytes: int = CHUNK_BYTES
@@ -171,15 +193,33 @@ def _chunk_pieces(field: int, name: str, array: np.ndarray, chunk_bytes: int
     views), to be joined with one copy."""
     array, buf, dtype = _as_buffer(name, array)
     total = array.nbytes
-    shape = list(array.shape)
+    shape = tuple(array.shape)
+    if total <= chunk_bytes:  # one chunk: everything but the bytes is cached
+        yield (_frame_prefix(field, name, dtype, shape, total), buf)
+        return
     key = _varint(field << 3 | _LENGTH_DELIMITED)
-    for offset in range(0, max(total, 1), chunk_bytes):
+    for offset in range(0, total, chunk_bytes):
         piece = buf[offset:offset + chunk_bytes]
         head = tensor_pb2.TensorChunk(name=name, dtype=dtype, shape=shape, offset=offset,
                                       total_bytes=total).SerializeToString()
-        content = (_CONTENT_KEY, _varint(len(piece)), piece) if len(piece) else ()
+        content = (_CONTENT_KEY, _varint(len(piece)), piece)
         size = len(head) + sum(len(p) for p in content)
         yield (key, _varint(size), head, *content)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _frame_prefix(field: int, name: str, dtype: str, shape: tuple[int, ...],
+                  total: int) -> bytes:
+    """What precedes a whole tensor's bytes in its frame `{field: TensorChunk}`:
+    the field's key and size, the chunk's fields, the content's key and size.
+    The same for every push of a variable, so built once (a protobuf message
+    built and serialized per tensor cost ~4 us, most of a small tensor's
+    encoding)."""
+    head = tensor_pb2.TensorChunk(name=name, dtype=dtype, shape=shape,
+                                  total_bytes=total).SerializeToString()
+    content = _CONTENT_KEY + _varint(total) if total else b""
+    return (_varint(field << 3 | _LENGTH_DELIMITED)
+            + _varint(len(head) + len(content) + total) + head + content)
 
 
 def bundle_bytes(header, named: Iterable[tuple[str, np.ndarray]]) -> bytes:
@@ -322,7 +362,71 @@ def _text(value, what: str) -> str:
 
 def parse_chunk(data: memoryview) -> RawChunk:
     """A serialized `TensorChunk` as a `RawChunk` whose content is a view of
-    `data`."""
+    `data`.
+
+    A variable's chunk has the same bytes every push but its content's, so a
+    whole chunk's fields between its name and its content are remembered by
+    name once read field by field (`_parse_chunk_fields`, 3-4 us a tensor in
+    Python): a chunk whose bytes there are those, and whose content fills the
+    rest, reads as they did (what the field-by-field reading would give).
+
+    >>> data = memoryview(next(encode("w", np.ones(2, "float32"))).SerializeToString())
+    >>> first, again = parse_chunk(data), parse_chunk(data)
+    >>> (again.name, again.dtype, again.shape, again.total_bytes,
+    ...  np.frombuffer(again.content, "float32").tolist())
+    ('w', 'float32', [2], 8, [1.0, 1.0])
+    """
+    if len(data) > 2 and data[0] == _NAME_KEY and data[1] < 0x80:
+        start = 2 + data[1]
+        known = _KNOWN_CHUNKS.get(bytes(data[2:start]))
+        if known is not None:
+            middle, name, dtype, shape, total = known
+            content = start + len(middle)
+            if len(data) == content + total and data[start:content] == middle:
+                chunk = RawChunk()
+                chunk.name, chunk.dtype, chunk.shape = name, dtype, list(shape)
+                chunk.total_bytes, chunk.content = total, data[content:]
+                return chunk
+    chunk = _parse_chunk_fields(data)
+    _remember_chunk(data, chunk)
+    return chunk
+
+
+_NAME_KEY = 0x0A  # field 1 (name), length-delimited
+# name's UTF-8 -> (the bytes between the name and the content, name, dtype,
+# shape, total_bytes) of a whole chunk read field by field (`parse_chunk`).
+_KNOWN_CHUNKS: dict[bytes, tuple[bytes, str, str, tuple[int, ...], int]] = {}
+_KNOWN_CHUNKS_MAX = 1 << 14
+
+
+def _remember_chunk(data: memoryview, chunk: RawChunk) -> None:
+    """Remembers a whole chunk's bytes between its name and its content, when
+    the name is its first field (one byte of length) and the content its
+    last, filling the message to its end."""
+    total = chunk.total_bytes
+    if (chunk.offset or len(chunk.content) != total or total < 1
+            or len(data) < 2 or data[0] != _NAME_KEY or data[1] >= 0x80):
+        return
+    start, content = 2 + data[1], len(data) - total
+    if start > content:
+        return
+    if not (isinstance(chunk.content, memoryview) and chunk.content.nbytes == total
+            and _same_view(chunk.content, data, content)):
+        return
+    if len(_KNOWN_CHUNKS) >= _KNOWN_CHUNKS_MAX:
+        _KNOWN_CHUNKS.clear()
+    _KNOWN_CHUNKS[bytes(data[2:start])] = (bytes(data[start:content]), chunk.name,
+                                           chunk.dtype, tuple(chunk.shape), total)
+
+
+def _same_view(view: memoryview, data: memoryview, offset: int) -> bool:
+    """Whether `view` is `data[offset:]`, the same memory."""
+    return (np.frombuffer(view, np.uint8).ctypes.data
+            == np.frombuffer(data, np.uint8).ctypes.data + offset)
+
+
+def _parse_chunk_fields(data: memoryview) -> RawChunk:
+    """`parse_chunk`, field by field."""
     chunk = RawChunk()
     for number, wire, value in _fields(data, 0, len(data)):
         if number == 1:
@@ -489,7 +593,7 @@ def encode_all(named: Iterable[tuple[str, np.ndarray]],
         yield from encode(name, array, chunk_bytes)
 
 
-def _empty_aligned(nbytes: int, alignment: int = 64) -> np.ndarray:
+def empty_aligned(nbytes: int, alignment: int = 64) -> np.ndarray:
     """An uninitialized uint8 buffer starting at a multiple of `alignment`
     (what TensorFlow needs to use it without a copy, see `ps/store.py`)."""
     raw = np.empty(nbytes + alignment, np.uint8)
@@ -527,7 +631,7 @@ class ChunkAssembler:
                 self._done.add(name)
                 return name, np.frombuffer(content, dtype=dtype).reshape(shape)
             try:
-                buf = _empty_aligned(chunk.total_bytes)
+                buf = empty_aligned(chunk.total_bytes)
             except MemoryError:
                 raise TensorError(f"tensor '{name}': cannot allocate its "
                                   f"{chunk.total_bytes} bytes") from None

@@ -50,8 +50,11 @@ class MasterServer:
         self._server.start()
 
     def stop(self, grace: float | None = None) -> None:
+        """Stops serving (calls in flight get `grace` seconds, None: none)
+        and returns once the port is closed: a call made after this finds
+        the server unreachable, not shutting down."""
         self.servicer.stop()
-        self._server.stop(grace)
+        self._server.stop(grace).wait()
 
     def wait(self) -> None:
         self._server.wait_for_termination()

@@ -50,7 +50,10 @@ class ParameterServer:
         self._server.start()
 
     def stop(self, grace: float | None = None) -> None:
-        self._server.stop(grace)
+        """Stops serving (calls in flight get `grace` seconds, None: none)
+        and returns once the port is closed: a call made after this finds
+        the server unreachable, not shutting down."""
+        self._server.stop(grace).wait()
 
 
 FLAGS = flags.FLAGS

@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_elastic.common import errors, keras_compat
+from keras_elastic.common.tensor_codec import empty_aligned
 from keras_elastic.common.variable_keys import namespace_of
 from keras_elastic.ps import hyperparameters as hp
 from keras_elastic.ps.embedding_table import EmbeddingTable
@@ -202,7 +203,8 @@ class ParameterStore:
         # updates itself (`init_shared`).
         self._fresh: tuple[int, dict[str, np.ndarray]] | None = None
         # name -> (variable, (dtype, shape)) that `check_tensor` compares with.
-        self._wanted: dict[str, tuple[Any, tuple[str, tuple[int, ...]]]] = {}
+        # name -> (variable, dtype, shape, trainable), read once (check_tensor)
+        self._wanted: dict[str, tuple[Any, np.dtype, tuple[int, ...], bool]] = {}
         self._shared = False
         # Compiled assigns of a push without an update (see `_apply_fn`).
         self._assign_fns: dict[tuple, Any] = {}
@@ -410,24 +412,24 @@ class ParameterStore:
         if not self.initialized:
             raise errors.ServerStateError(NOT_INITIALIZED)
         variable = self.variables.get(name)
-        if variable is None:
-            raise UnknownVariableError([name])
-        if gradient and not self.trainable[name]:
-            raise ValueError(f"variable '{name}' is not trainable: a push carries its "
-                             "value, not a gradient")
-        got = (str(np.dtype(dtype)), tuple(shape))
         known = self._wanted.get(name)
         if known is None or known[0] is not variable:
-            # (a Keras variable's dtype and shape cost ~20 us to read: a push
-            # checks every tensor it carries)
-            known = self._wanted[name] = (variable, (str(variable.dtype),
-                                                     tuple(variable.shape)))
-        want = known[1]
-        if got != want:
-            raise ValueError(
-                f"the {'gradient' if gradient else 'value'} of variable '{name}' is "
-                f"{got[0]} of shape {list(got[1])}, but the variable is {want[0]} of "
-                f"shape {list(want[1])}")
+            if variable is None:
+                raise UnknownVariableError([name])
+            # (a Keras variable's dtype and shape cost ~20 us to read, and a
+            # dtype's name ~3 us: a push checks every tensor it carries)
+            known = self._wanted[name] = (variable, np.dtype(variable.dtype),
+                                          tuple(variable.shape), self.trainable[name])
+        _, want_dtype, want_shape, trainable = known
+        if gradient and not trainable:
+            raise ValueError(f"variable '{name}' is not trainable: a push carries its "
+                             "value, not a gradient")
+        if dtype == want_dtype and tuple(shape) == want_shape:
+            return
+        raise ValueError(
+            f"the {'gradient' if gradient else 'value'} of variable '{name}' is "
+            f"{np.dtype(dtype).name} of shape {list(shape)}, but the variable is "
+            f"{want_dtype.name} of shape {list(want_shape)}")
 
     def _add_model(self, namespace: str, values: dict[str, np.ndarray],
                    trainable: dict[str, bool], optimizer_config: dict,
@@ -606,19 +608,19 @@ class ParameterStore:
 
     def _assigned(self, assigns: Mapping[str, np.ndarray],
                   bases: Mapping[str, np.ndarray]):
-        """`(key, assign tensors, base tensors)` of a push's non-trainable
+        """`(key, assign arrays, base arrays)` of a push's non-trainable
         values for `_apply_fn` (a boolean value is assigned as is)."""
         names = tuple(sorted(assigns))
         key = tuple((n, n in bases and assigns[n].dtype != np.bool_) for n in names)
-        return (key, [as_tensor(assigns[n]) for n in names],
-                [as_tensor(bases[n]) for n, based in key if based])
+        return (key, [assigns[n] for n in names],
+                [bases[n] for n, based in key if based])
 
     def _assign(self, assigns: Mapping[str, np.ndarray],
                 bases: Mapping[str, np.ndarray]) -> None:
         """Assigns a push's non-trainable values without an update."""
         if assigns:
             key, values, base_values = self._assigned(assigns, bases)
-            self._apply_fn(None, (), key)([*values, *base_values])
+            self._apply_fn(None, (), key)([as_tensor(a) for a in (*values, *base_values)])
 
     def hyperparameters(self) -> dict[str, float]:
         """The optimizers' settable hyperparameters now: {"learning_rate": v}
@@ -796,7 +798,8 @@ class ParameterStore:
         if names:
             key, values, base_values = self._assigned(assigns or {}, bases or {})
             values = self._apply_fn(group, names, key)(
-                [*(as_tensor(grads[n]) for n in names), *values, *base_values])
+                [as_tensor(a) for a in (*(grads[n] for n in names), *values,
+                                        *base_values)])
         else:
             self._assign(assigns or {}, bases or {})
             optimizer.iterations.assign_add(1)
@@ -966,8 +969,6 @@ def as_tensor(array: np.ndarray) -> tf.Tensor:
 
 def _aligned_copy(array: np.ndarray) -> np.ndarray:
     """A C-contiguous, writable, 64-byte aligned copy of `array`."""
-    buffer = np.empty(array.nbytes + 64, np.uint8)
-    offset = -buffer.ctypes.data % 64
-    out = buffer[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = empty_aligned(array.nbytes).view(array.dtype).reshape(array.shape)
     np.copyto(out, array)
     return out

@@ -26,7 +26,11 @@ chunks back, nothing decoded or applied) at each worker count; printed as its
 own table and as the ratio of server CPU per pushed MB, PS / echo, with 1
 server (target <= 1.5). Then the fixed cost of a push (`--fixed_cost_kb`,
 default a 4 KB model of 4 tensors on 1 server, 4 workers): server CPU per
-push (target <= 2 ms), beside the echo's for the same bytes.
+push (target <= 2 ms), beside the echo's for the same bytes. Then the cost of
+each tensor a push carries (`--per_tensor_tensors`, default the same 4 KB
+model in 64 tensors): (server CPU per push with 64 tensors - with 4) / 60,
+and the same for the client's CPU (a model of many small variables pays it
+per variable on both ends).
 
 ```
 PYTHONPATH=. python bench/bench_ps_scaling.py
@@ -77,6 +81,9 @@ flags.DEFINE_float("fixed_cost_kb", 4.0, "Also measure the fixed cost of a push:
 flags.DEFINE_integer("fixed_cost_tensors", 4, "Tensors of the fixed-cost model.")
 flags.DEFINE_integer("fixed_cost_workers", 4, "Simulated workers of the fixed-cost "
                      "measurement.")
+flags.DEFINE_integer("per_tensor_tensors", 64, "Also measure the cost of each tensor "
+                     "of a push: the fixed-cost model in this many tensors against "
+                     "--fixed_cost_tensors (0: not measured).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (1 and 2 servers, a 0.1 MB model, 2 and "
                   "4 workers, 1 s per configuration; a test runs it: "
                   "tests/test_bench_smoke*.py); the figures mean nothing.")
@@ -294,6 +301,7 @@ def measure_phase(clients: Clients, ps_pids: list[int], workers: int) -> dict:
             "median_ms": 1e3 * statistics.median(latencies) if latencies else 0.0,
             "p90_ms": 1e3 * float(np.percentile(latencies, 90)) if latencies else 0.0,
             "ps_cpu_per_push": ps_cpu / max(pushes, 1),
+            "client_cpu_per_push": client_cpu / max(pushes, 1),
             "ps_busy": ps_cpu / FLAGS.seconds,
             "client_busy": client_cpu / FLAGS.seconds}
 
@@ -337,6 +345,18 @@ def report_fixed_cost(ps: dict, echo: dict | None) -> list[str]:
     if echo is not None:
         line += f"; echo of the same bytes {1e3 * echo['ps_cpu_per_push']:.2f} ms"
     return ["", line]
+
+
+def report_per_tensor(few: dict, many: dict, few_tensors: int, many_tensors: int
+                      ) -> list[str]:
+    """What each tensor of a push costs beyond the bytes: the same model in
+    more tensors, server and client CPU per push."""
+    extra = many_tensors - few_tensors
+    server = (many["ps_cpu_per_push"] - few["ps_cpu_per_push"]) / extra
+    client = (many["client_cpu_per_push"] - few["client_cpu_per_push"]) / extra
+    return [f"  cost of each tensor of a push ({FLAGS.fixed_cost_kb:g} KB model in "
+            f"{many_tensors} tensors against {few_tensors}): {1e6 * server:.1f} us of "
+            f"server CPU, {1e6 * client:.1f} us of client CPU"]
 
 
 def report(rows: list[dict]) -> list[str]:
@@ -417,6 +437,9 @@ def main(argv: list[str]) -> None:
         fixed = measure_servers(1, workers, job_dir, kb, tensors)[0]
         echo = measure_echo(workers, job_dir, kb, tensors)[0] if FLAGS.echo else None
         lines += report_fixed_cost(fixed, echo)
+        if FLAGS.per_tensor_tensors > tensors:
+            many = measure_servers(1, workers, job_dir, kb, FLAGS.per_tensor_tensors)[0]
+            lines += report_per_tensor(fixed, many, tensors, FLAGS.per_tensor_tensors)
     for line in lines:
         print(line, flush=True)
     print(f"  ({time.time() - started:.0f} s in all; service logs in {job_dir})",

@@ -35,6 +35,11 @@ def test_ps_scaling(tmp_path):
                     rf"bytes {NUM} ms"):
         found = figures(pattern, out)
         assert len(found) == 1 and all(v > 0 for v in found[0]), (pattern, out)
+    # What each tensor of a push costs (the same 4 KB model in 64 tensors); a
+    # difference of two measurements, so only its form is checked.
+    found = figures(r"cost of each tensor of a push \(4 KB model in 64 tensors "
+                    rf"against 4\): {NUM} us of server CPU, {NUM} us of client CPU", out)
+    assert len(found) == 1, out
 
 
 def test_ps_wire(tmp_path):

@@ -1,0 +1,64 @@
+"""tools/repeat_tests.py: repeats test files under the README's settings,
+counts the failed runs, and reads and writes docs/stability.md's record."""
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO, subprocess_env
+
+TOOL = os.path.join(REPO, "tools", "repeat_tests.py")
+
+
+def _repeat(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, TOOL, "--norecord", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env=subprocess_env())
+
+
+def test_runs_in_a_row_are_counted_and_a_failed_run_named(tmp_path):
+    ok = tmp_path / "test_ok.py"
+    ok.write_text("def test_ok():\n    assert True\n")
+    result = _repeat("--runs=2", str(ok))
+    assert result.returncode == 0, result.stderr
+    assert "2 runs of 1 file(s)" in result.stdout and "2 passed, 0 failed" in result.stdout
+    # A test that fails every other run (a file counts its runs).
+    flaky = tmp_path / "test_flaky.py"
+    flaky.write_text(
+        "import pathlib\n"
+        f"COUNT = pathlib.Path({str(tmp_path / 'count')!r})\n"
+        "def test_every_other_run():\n"
+        "    n = int(COUNT.read_text()) + 1 if COUNT.exists() else 1\n"
+        "    COUNT.write_text(str(n))\n"
+        "    assert n % 2\n")
+    result = _repeat("--runs=2", str(flaky))
+    assert result.returncode == 1
+    assert "1 passed, 1 failed" in result.stdout
+    failed_log = result.stdout.split("failed: ")[-1].strip()
+    assert "run-02.txt" in failed_log and "1 failed" in open(failed_log).read()
+
+
+def test_a_missing_file_is_refused_naming_it():
+    result = _repeat("tests/no_such_test.py")
+    assert result.returncode != 0
+    assert "no such test file: tests/no_such_test.py" in result.stderr
+
+
+def test_the_record_counts_only_clean_runs_of_enough_repetitions(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import repeat_tests
+    finally:
+        sys.path.pop(0)
+    record = tmp_path / "stability.md"
+    record.write_text(
+        "| date | commit | files | runs | failed runs | tests a run | wall |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
+        "| 2026-11-27 | abc | `tests/a.py` `tests/b.py` | 20 | 0 | 9 | 5 min |\n"
+        "| 2026-11-27 | abc | `tests/c.py` | 20 | 1 | 3 | 2 min |\n"
+        "| 2026-11-27 | abc | `tests/d.py` | 5 | 0 | 3 | 1 min |\n")
+    monkeypatch.setattr(repeat_tests, "RECORD", str(record))
+    assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py"}
+    assert repeat_tests.recorded_files(5) == {"tests/a.py", "tests/b.py", "tests/d.py"}
+    repeat_tests.append_record(["tests/e.py"], 20, [], 4, 120.0)
+    assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py", "tests/e.py"}

@@ -11,7 +11,7 @@ TOOL = os.path.join(REPO, "tools", "repeat_tests.py")
 
 
 def _repeat(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, TOOL, "--norecord", *args],
+    return subprocess.run([sys.executable, TOOL, "--norecord", "--marker=", *args],
                           capture_output=True, text=True, timeout=300,
                           env=subprocess_env())
 
@@ -36,6 +36,18 @@ def test_runs_in_a_row_are_counted_and_a_failed_run_named(tmp_path):
     assert "1 passed, 1 failed" in result.stdout
     failed_log = result.stdout.split("failed: ")[-1].strip()
     assert "run-02.txt" in failed_log and "1 failed" in open(failed_log).read()
+
+
+def test_only_the_marked_tests_are_repeated(tmp_path):
+    marked = tmp_path / "test_marked.py"
+    marked.write_text("import pytest\n"
+                      "@pytest.mark.multiprocess\n"
+                      "def test_marked():\n    assert True\n"
+                      "def test_unmarked():\n    assert False\n")
+    result = subprocess.run([sys.executable, TOOL, "--norecord", "--runs=1", str(marked)],
+                            capture_output=True, text=True, timeout=300,
+                            env=subprocess_env())
+    assert result.returncode == 0 and "1 passed, 0 failed" in result.stdout, result
 
 
 def test_a_missing_file_is_refused_naming_it():

@@ -5,8 +5,9 @@ records the result in docs/stability.md.
 A test that drives its faults with fault-injection points passes every time;
 one that races a fresh process against a timer fails now and then, and only
 repetition shows it. Each run is the README's command on the given files
-(`python -m pytest -q -n 2 --dist loadfile FILES`); a failed run's output is
-kept (its path is printed and recorded).
+(`python -m pytest -q -n 2 --dist loadfile FILES`), by default on the
+files' tests marked `multiprocess` only (`--marker`); a failed run's output is
+kept (its path is printed).
 
 ```
 python tools/repeat_tests.py --runs=20 tests/test_elastic_job.py tests/test_fencing.py
@@ -33,6 +34,8 @@ TABLE_HEAD = "| date | commit | files | runs | failed runs | tests a run | wall 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("runs", 20, "Runs in a row.")
 flags.DEFINE_integer("workers", 2, "pytest-xdist workers (-n), as README's command.")
+flags.DEFINE_string("marker", "multiprocess", "Repeat only the tests with this marker "
+                    "(pytest -m; empty: every test of the files).")
 flags.DEFINE_bool("record", True, "Append the result to docs/stability.md.")
 flags.DEFINE_bool("remaining", False, "Print the test files with multi-process tests "
                   "(marker `multiprocess`) that docs/stability.md has no clean "
@@ -69,7 +72,8 @@ def run_once(files: list[str], log: str) -> tuple[bool, int]:
     with open(log, "w") as out:
         code = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-n", str(FLAGS.workers), "--dist",
-             "loadfile", "-p", "no:cacheprovider", *files],
+             "loadfile", "-p", "no:cacheprovider",
+             *(["-m", FLAGS.marker] if FLAGS.marker else []), *files],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
     with open(log) as f:
         last = f.read().strip().splitlines()[-1:] or [""]

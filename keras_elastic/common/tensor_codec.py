@@ -408,10 +408,8 @@ def _remember_chunk(data: memoryview, chunk: RawChunk) -> None:
             or len(data) < 2 or data[0] != _NAME_KEY or data[1] >= 0x80):
         return
     start, content = 2 + data[1], len(data) - total
-    if start > content:
-        return
-    if not (isinstance(chunk.content, memoryview) and chunk.content.nbytes == total
-            and _same_view(chunk.content, data, content)):
+    if start > content or not (isinstance(chunk.content, memoryview)
+                               and _same_view(chunk.content, data, content)):
         return
     if len(_KNOWN_CHUNKS) >= _KNOWN_CHUNKS_MAX:
         _KNOWN_CHUNKS.clear()

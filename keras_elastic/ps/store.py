@@ -202,8 +202,8 @@ class ParameterStore:
         # a variable since. Never for variables a worker in this process also
         # updates itself (`init_shared`).
         self._fresh: tuple[int, dict[str, np.ndarray]] | None = None
-        # name -> (variable, (dtype, shape)) that `check_tensor` compares with.
-        # name -> (variable, dtype, shape, trainable), read once (check_tensor)
+        # name -> (variable, dtype, shape, trainable) that `check_tensor`
+        # compares with, read once per variable.
         self._wanted: dict[str, tuple[Any, np.dtype, tuple[int, ...], bool]] = {}
         self._shared = False
         # Compiled assigns of a push without an update (see `_apply_fn`).
@@ -428,8 +428,8 @@ class ParameterStore:
             return
         raise ValueError(
             f"the {'gradient' if gradient else 'value'} of variable '{name}' is "
-            f"{np.dtype(dtype).name} of shape {list(shape)}, but the variable is "
-            f"{want_dtype.name} of shape {list(want_shape)}")
+            f"{np.dtype(dtype)} of shape {list(shape)}, but the variable is "
+            f"{want_dtype} of shape {list(want_shape)}")
 
     def _add_model(self, namespace: str, values: dict[str, np.ndarray],
                    trainable: dict[str, bool], optimizer_config: dict,

@@ -294,6 +294,24 @@ def test_a_call_a_stopping_server_cancels_is_retried_one_we_cancel_is_not():
             rpc.retry_unreachable(call, "the test server", timeout=0.6)
         assert e.value.code() == grpc.StatusCode.CANCELLED
         assert rpc.is_unreachable(e.value) and len(attempts) > 1
+        # Given up on, it is a server that did not answer, as UNAVAILABLE is,
+        # for the parameter-server and the master clients alike.
+        from keras_elastic.master.client import MasterClient
+
+        address = f"127.0.0.1:{port}"
+        ps = PSClient([address], resolver=None, reconnect_timeout=0.3)
+        error = ps._error(0, "Pull", e.value)
+        assert isinstance(error, ConnectionError)
+        assert str(error) == (f"parameter server 0 at {address} did not answer Pull: "
+                              "the server is shutting down")
+        ps.close()
+        master = MasterClient(address, reconnect_timeout=0.3)
+        master._stub = type("Stub", (), {"GetStatus": staticmethod(
+            channel.unary_unary("/t.S/Cancelled"))})
+        with pytest.raises(ConnectionError, match=f"master at {address} did not "
+                           "answer GetStatus: the server is shutting down"):
+            master._call("GetStatus", b"")
+        master.close()
         stream = channel.unary_stream("/t.S/Slow")(b"")
         stream.cancel()
         with pytest.raises(grpc.RpcError) as e:

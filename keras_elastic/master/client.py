@@ -61,7 +61,7 @@ class MasterClient:
                 f"the master at {self.address}", self.reconnect_timeout)
         except grpc.RpcError as e:
             code = e.code()
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            if rpc.is_unreachable(e) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise ConnectionError(
                     f"master at {self.address} did not answer {method}: "
                     f"{e.details()}") from None

@@ -304,7 +304,7 @@ class PSClient:
         return getattr(self._channels[index], "address", self.addresses[index])
 
     def _error(self, index: int, method: str, e: grpc.RpcError) -> Exception:
-        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if rpc.is_unreachable(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return ConnectionError(f"parameter server {index} at {self._address(index)} "
                                    f"did not answer {method}: {e.details()}")
         return ValueError(f"parameter server {index} at {self._address(index)}: "

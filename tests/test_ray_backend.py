@@ -209,6 +209,24 @@ def test_digits_two_workers_on_two_nodes_reaches_95_percent(ray_nodes, tmp_path)
     assert cluster["tls"]["server_name"] == "keras-elastic.job", cluster
 
 
+def test_several_parameter_servers_share_one_node(ray_nodes, tmp_path, counting_data):
+    """docs/ray.md's several servers on one machine: a resource that one node
+    offers, a share of it asked per server, and the servers land on that
+    node together (not spread); the job is exact."""
+    ray_nodes.ensure(2)
+    out, proc = counting_job(ray_nodes, tmp_path, counting_data, "--num_workers=2",
+                             "--num_ps=2", '--ps_resources={"head_slot": 0.25}',
+                             '--master_resources={"head_slot": 0.25}', epochs=1,
+                             sleep=0.0)
+    output = finish(proc)
+    check_exact(tmp_path, out, output, epochs=1)
+    summary = summary_of(tmp_path)
+    head = nodes_of(summary, "master")
+    assert nodes_of(summary, "ps-0") == nodes_of(summary, "ps-1") == head, (
+        summary["placements"])
+    assert head[0] not in ray_nodes.nodes  # the head, not a worker node
+
+
 # -- elasticity: nodes leave and join ---------------------------------------------
 def test_worker_node_removed_mid_epoch_job_finishes_exact(ray_nodes, tmp_path,
                                                           counting_data):

@@ -608,19 +608,19 @@ class ParameterStore:
 
     def _assigned(self, assigns: Mapping[str, np.ndarray],
                   bases: Mapping[str, np.ndarray]):
-        """`(key, assign arrays, base arrays)` of a push's non-trainable
+        """`(key, assign tensors, base tensors)` of a push's non-trainable
         values for `_apply_fn` (a boolean value is assigned as is)."""
         names = tuple(sorted(assigns))
         key = tuple((n, n in bases and assigns[n].dtype != np.bool_) for n in names)
-        return (key, [assigns[n] for n in names],
-                [bases[n] for n, based in key if based])
+        return (key, [as_tensor(assigns[n]) for n in names],
+                [as_tensor(bases[n]) for n, based in key if based])
 
     def _assign(self, assigns: Mapping[str, np.ndarray],
                 bases: Mapping[str, np.ndarray]) -> None:
         """Assigns a push's non-trainable values without an update."""
         if assigns:
             key, values, base_values = self._assigned(assigns, bases)
-            self._apply_fn(None, (), key)([as_tensor(a) for a in (*values, *base_values)])
+            self._apply_fn(None, (), key)([*values, *base_values])
 
     def hyperparameters(self) -> dict[str, float]:
         """The optimizers' settable hyperparameters now: {"learning_rate": v}
@@ -798,8 +798,7 @@ class ParameterStore:
         if names:
             key, values, base_values = self._assigned(assigns or {}, bases or {})
             values = self._apply_fn(group, names, key)(
-                [as_tensor(a) for a in (*(grads[n] for n in names), *values,
-                                        *base_values)])
+                [*(as_tensor(grads[n]) for n in names), *values, *base_values])
         else:
             self._assign(assigns or {}, bases or {})
             optimizer.iterations.assign_add(1)

@@ -26,7 +26,11 @@ configuration (target >= `--target_ratio` at 100 MB), the servers' CPU per MB
 moved against the echo servers' (target <= 1.5), how parallel the two
 halves travel with 2 servers (the exchange to both against the exchange to
 each alone), CPU seconds per exchange of this process and of the servers,
-and the device TensorFlow uses.
+and the device TensorFlow uses. With 1 server it also times the exchange's
+own work without the transport in this process (the encodes and decodes, a
+real `ParameterStore`'s update: see `Work`), in copy passes over the model's
+bytes, and the best ratio PS / echo that work allows when nothing of it
+overlaps the transfer: what is left to gain on this machine.
 
 ```
 PYTHONPATH=. python bench/bench_ps_wire.py
@@ -171,6 +175,7 @@ def measure(size: int, addresses: list[str], pids: list[int],
             runs["ps exchange, server 0 only"] = (lambda: ps_exchange([0]), pids)
             runs["ps exchange, server 1 only"] = (lambda: ps_exchange([1]), pids)
         results = {k: Measured() for k in runs}
+        work = Work(grads, FLAGS.rounds) if num_ps == 1 else None
         for fn, _ in runs.values():  # warm-up (first calls, tracing, buffers)
             fn()
         for r in range(FLAGS.rounds):
@@ -179,15 +184,92 @@ def measure(size: int, addresses: list[str], pids: list[int],
                 results[key].add(*timed(fn, p))
             logging.info("%d MB, %d PS, round %d: %s", size // _MB, num_ps, r,
                          ", ".join(f"{k} {v.rates[-1]:.0f}" for k, v in results.items()))
+            if work is not None:
+                work.measure()
+        if work is not None:
+            results["work"] = work
         return results
     finally:
         echo.close()
         client.close()
 
 
+class Work:
+    """A PS exchange's own work, everything but the transport, timed in this
+    process on the same gradients: the client's encoding of the push (one
+    copy into 2 MiB frames), the server's decoding (one copy into aligned
+    memory TensorFlow can use), a real `ParameterStore`'s SGD update and read
+    (the optimizer's arithmetic), the server's encoding of the reply (one
+    copy) and the client's decoding of it (one copy). Beside it, one
+    `np.copyto` pass over the model's bytes: the unit the work is counted in.
+
+    What the exchange costs beyond the echo's transport is this work unless
+    it overlaps the transfer, so `echo + work` is the time a PS exchange
+    takes when nothing overlaps, and the best ratio PS / echo this machine
+    allows with these copies is `echo / (echo + work)`.
+    """
+
+    def __init__(self, grads: dict[str, np.ndarray], rounds: int) -> None:
+        from keras_elastic.ps.store import ParameterStore
+
+        self.grads = grads
+        self.store = ParameterStore()
+        self.store.init({n: np.zeros_like(g) for n, g in grads.items()},
+                        dict.fromkeys(grads, True),
+                        {"class_name": "SGD", "config": {"learning_rate": 1e-6}})
+        nbytes = sum(g.nbytes for g in grads.values())
+        self.source = np.frombuffer(np.random.default_rng(1).bytes(nbytes), np.uint8)
+        self.target = np.empty(nbytes, np.uint8)
+        self.phases: dict[str, list[float]] = {}
+        self.measure()  # warm-up: tracing the update, first buffers
+
+    def _timed(self, phase: str, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        self.phases.setdefault(phase, []).append(time.perf_counter() - start)
+        return out
+
+    def measure(self) -> None:
+        from keras_elastic.common.tensor_codec import (
+            FrameParser,
+            chunk_frames_all,
+            read_stream,
+        )
+        from keras_elastic.proto import ps_pb2
+
+        def encode(values: dict[str, np.ndarray]) -> list[bytes]:
+            return list(chunk_frames_all(2, values.items()))
+
+        def decode(header_type, frames: list[bytes]) -> dict[str, np.ndarray]:
+            parse = FrameParser(header_type)
+            return read_stream([parse(f) for f in frames])[1]
+
+        def update(pushed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.store.push(pushed, {}, -1)
+            return self.store.values_since(-1)
+
+        self._timed("copy pass", np.copyto, self.target, self.source)
+        frames = self._timed("client encode", encode, self.grads)
+        pushed = self._timed("server decode", decode, ps_pb2.PushHeader, frames)
+        del frames
+        values = self._timed("server update", update, pushed)
+        del pushed
+        reply = self._timed("server encode", encode, values)
+        del values
+        self._timed("client decode", decode, ps_pb2.ModelHeader, reply)
+
+    def best(self, phase: str) -> float:
+        return min(self.phases[phase])
+
+    @property
+    def total(self) -> float:
+        return sum(self.best(p) for p in self.phases if p != "copy pass")
+
+
 def report(size: int, num_ps: int, results: dict[str, Measured]) -> list[str]:
     lines = [f"  {size / _MB:.0f} MB model, {num_ps} PS "
              f"({FLAGS.tensors} float32 tensors):"]
+    work = results.pop("work", None)
     for key, m in results.items():
         i = m.rates.index(m.best)
         lines.append(f"    {key:28s} {m.best:7.0f} MB/s (median {m.median:5.0f}), "
@@ -202,6 +284,22 @@ def report(size: int, num_ps: int, results: dict[str, Measured]) -> list[str]:
                 f" the target {FLAGS.target_ratio}")
         lines.append(f"    ratio PS {kind} / echo {kind}: {ratio:.3f} (medians "
                      f"{ps.median / echo.median:.3f}){verdict}")
+    if work is not None:
+        echo_s = min(results["echo exchange"].seconds)
+        ps_s = min(results["ps exchange"].seconds)
+        unit = work.best("copy pass")
+        phases = ", ".join(f"{p} {work.best(p) * 1e3:.0f}" for p in work.phases
+                           if p != "copy pass")
+        lines.append(
+            f"    the exchange's own work in this process, no transport: "
+            f"{work.total * 1e3:.0f} ms = {work.total / unit:.1f} copy passes over "
+            f"the model's bytes (one pass {unit * 1e3:.0f} ms; {phases} ms)")
+        lines.append(
+            f"    (echo + that work) / PS exchange, in time: "
+            f"{(echo_s + work.total) / ps_s:.3f} (1: nothing overlaps the transfer, "
+            f"above 1: some of the work does); with these copies and "
+            f"nothing overlapped the best ratio PS / echo is "
+            f"{echo_s / (echo_s + work.total):.3f}")
     # Server CPU per MB moved (both directions), over every round (/proc
     # counts CPU in 10 ms ticks): what a server process costs per byte,
     # against the echo's (the floor gRPC itself sets).

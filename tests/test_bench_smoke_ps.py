@@ -49,6 +49,10 @@ def test_ps_wire(tmp_path):
         ratios = figures(rf"ratio PS {kind} / echo {kind}: {NUM} \(medians {NUM}\)", out)
         assert len(ratios) == 2 and all(r > 0 for pair in ratios for r in pair), out
     one_positive(r"parallel halves: .* both / sum of alone " + NUM, out)
+    # The 1-server exchange's own work, without the transport.
+    one_positive(r"the exchange's own work in this process, no transport: " + NUM, out)
+    one_positive(r"with these copies and nothing overlapped the best ratio PS / echo "
+                 r"is " + NUM, out)
     # One CPU-per-MB line per server count (the smoke's 1 MB model is too
     # small for /proc's ticks: either the figures or the reason).
     lines = re.findall(r"server CPU per MB moved: (PS \d|too little CPU)", out)

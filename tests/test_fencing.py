@@ -228,7 +228,10 @@ class Server:
         print("stopped", flush=True)
 
 def send():  # a thread of the process signals it, as a fenced master does
-    time.sleep(1.0)
+    # once serve_until_signal has installed its handler (a condition, not a
+    # time: before it, SIGTERM's default action would end the process)
+    while signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=send, daemon=True).start()

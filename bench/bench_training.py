@@ -51,6 +51,12 @@ Configurations, each a fresh model trained for one epoch over the same files:
              first `fit` of `--warmup_batches` steps and the timed window a
              second `fit` of the rest. Prints keras-elastic (processes) / TF
              PSS samples/s (target >= 1.0); skipped without tf-keras;
+- tf_keras:  tf-keras's own plain `fit` of the same model, optimizer and
+             `dataset_fn`, no strategy, in a process of its own as tf_pss:
+             with tf_pss it splits TF PSS's lead into the two frameworks'
+             train steps (tf-keras plain / Keras 3 plain) and the
+             parameter-server runtimes' own costs (TF PSS / tf-keras plain
+             against keras-elastic / Keras 3 plain), all in the same run;
 - local_backend: the same roles as local processes, started through the
              launcher's LocalBackend by the same code (`run_with_backend`):
              like Ray, a separate worker process, which "processes" is not.
@@ -76,7 +82,7 @@ PYTHONPATH=. python bench/bench_training.py --smoke  # tiny sizes, 4 configurati
 
 `--smoke`: 256 records, batch 32, 2 minibatches per task, 2 warm-up batches,
 one round, and of the configurations plain, processes, liveness, legacy,
-embedded and tf_pss
+embedded, tf_pss and tf_keras
 (flags given on the command line are kept): checks that they run and that the
 report prints its ratios, the seed's table included; the figures mean nothing.
 The others are left out because each costs tens of seconds even at this size
@@ -87,6 +93,7 @@ runs them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -126,11 +133,13 @@ flags.DEFINE_string("data_dir", os.path.join(tempfile.gettempdir(),
                                              "keras_elastic_bench", "cifar10"),
                     "Where the synthetic TFRecords are written (kept for reuse).")
 flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "liveness", "legacy",
-                              "embedded", "local_backend", "ray", "tf_pss"],
+                              "embedded", "local_backend", "ray", "tf_pss",
+                              "tf_keras"],
                   "Configurations to measure, among plain, processes, pipelined, "
-                  "liveness, legacy, embedded, local_backend, ray, tf_pss; "
-                  "plain is always measured (it is the baseline); ray is skipped "
-                  "when Ray is not installed, tf_pss without tf-keras.")
+                  "liveness, legacy, embedded, local_backend, ray, tf_pss, "
+                  "tf_keras; plain is always measured (it is the baseline); ray "
+                  "is skipped when Ray is not installed, tf_pss and tf_keras "
+                  "without tf-keras.")
 flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
 flags.DEFINE_integer("rounds", 3, "Rounds of keras-elastic runs, each bracketed by "
                      "baseline runs; the ratio reported is the median.")
@@ -142,21 +151,24 @@ flags.DEFINE_list("worker_files", [], "Internal: the data files of --worker_outp
 flags.DEFINE_string("tf_pss_output", None, "Internal (tf_pss): run TensorFlow's "
                     "parameter-server training on --worker_files, write the "
                     "measurement here.")
+flags.DEFINE_bool("tf_keras_plain", False, "Internal (tf_keras): with "
+                  "--tf_pss_output, tf-keras's plain fit instead, no strategy.")
 flags.DEFINE_list("service_pids", [], "Internal: the master and PS pids of "
                   "--worker_output (for their CPU seconds).")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (256 records, batch 32, one round; "
                   "configurations plain, processes, liveness, legacy, embedded, "
-                  "tf_pss unless "
+                  "tf_pss, tf_keras unless "
                   "--configs; a test runs it: tests/test_bench_smoke*.py); the "
                   "figures mean nothing.")
 
 # --smoke: the values of the flags not given on the command line.
 SMOKE = {"num_records": 256, "batch_size": 32, "minibatches_per_task": 2,
          "warmup_batches": 2, "rounds": 1,
-         "configs": ["plain", "processes", "liveness", "legacy", "embedded", "tf_pss"]}
+         "configs": ["plain", "processes", "liveness", "legacy", "embedded", "tf_pss",
+                     "tf_keras"]}
 
 CONFIGS = ("plain", "processes", "pipelined", "liveness", "legacy", "embedded",
-           "local_backend", "ray", "tf_pss")
+           "local_backend", "ray", "tf_pss", "tf_keras")
 
 
 class WindowTimer:
@@ -429,9 +441,10 @@ def _tf_keras_available() -> bool:
     return importlib.util.find_spec("tf_keras") is not None
 
 
-def run_tf_pss(files: list[str]) -> Measurement:
+def run_tf_pss(files: list[str], plain: bool = False) -> Measurement:
     """TensorFlow's ParameterServerStrategy (tf-keras), in a process of its
-    own (`tf_pss_main`): its in-process servers' CPU is that process's."""
+    own (`tf_pss_main`): its in-process servers' CPU is that process's.
+    `plain`: tf-keras's plain fit there instead, no strategy."""
     import json
     import subprocess
 
@@ -439,10 +452,12 @@ def run_tf_pss(files: list[str]) -> Measurement:
     argv = [sys.executable, os.path.abspath(__file__), f"--tf_pss_output={out}",
             f"--worker_files={','.join(files)}", f"--batch_size={FLAGS.batch_size}",
             f"--num_records={FLAGS.num_records}",
-            f"--warmup_batches={FLAGS.warmup_batches}"]
+            f"--warmup_batches={FLAGS.warmup_batches}",
+            f"--{'' if plain else 'no'}tf_keras_plain"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
     if result.returncode != 0 or not os.path.exists(out):
-        raise RuntimeError(f"the tf_pss run failed ({result.returncode}):\n"
+        raise RuntimeError(f"the {'tf_keras' if plain else 'tf_pss'} run failed "
+                           f"({result.returncode}):\n"
                            f"{result.stderr[-3000:]}")
     with open(out) as f:
         measured = json.load(f)
@@ -453,7 +468,8 @@ def run_tf_pss(files: list[str]) -> Measurement:
 def tf_pss_main() -> None:
     """--tf_pss_output mode: one worker and one PS as in-process
     `tf.distribute.Server`s (TensorFlow's parameter-server tutorial), this
-    process the coordinator; the CIFAR-10 example's model built by tf-keras."""
+    process the coordinator; the CIFAR-10 example's model built by tf-keras.
+    With --tf_keras_plain, tf-keras's plain fit of the same model instead."""
     import json
     import socket
 
@@ -478,14 +494,18 @@ def tf_pss_main() -> None:
     finally:
         if saved is not None:
             sys.modules["keras"] = saved
-    cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{free_port()}"],
-                                    "ps": [f"127.0.0.1:{free_port()}"]})
-    servers = [tf.distribute.Server(cluster, job_name=job, task_index=0,
-                                    protocol="grpc", start=True)
-               for job in ("worker", "ps")]
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc"))
-    with strategy.scope():
+    servers = []
+    scope = contextlib.nullcontext()
+    if not FLAGS.tf_keras_plain:
+        cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{free_port()}"],
+                                        "ps": [f"127.0.0.1:{free_port()}"]})
+        servers = [tf.distribute.Server(cluster, job_name=job, task_index=0,
+                                        protocol="grpc", start=True)
+                   for job in ("worker", "ps")]
+        scope = tf.distribute.experimental.ParameterServerStrategy(
+            tf.distribute.cluster_resolver.SimpleClusterResolver(
+                cluster, rpc_layer="grpc")).scope()
+    with scope:
         net = cifar10.custom_model()
         net.compile(optimizer=cifar10.optimizer(), loss=cifar10.loss(),
                     metrics=["accuracy"])
@@ -495,7 +515,8 @@ def tf_pss_main() -> None:
         return cifar10.dataset_fn(tf.data.TFRecordDataset(files), "training").batch(
             FLAGS.batch_size).repeat().prefetch(tf.data.AUTOTUNE)
 
-    data = tf_keras.utils.experimental.DatasetCreator(dataset_fn)
+    data = (dataset_fn(None) if FLAGS.tf_keras_plain
+            else tf_keras.utils.experimental.DatasetCreator(dataset_fn))
     steps = FLAGS.num_records // FLAGS.batch_size
     net.fit(data, epochs=1, steps_per_epoch=FLAGS.warmup_batches, verbose=0)
     start, cpu = time.perf_counter(), cpu_seconds([os.getpid()])
@@ -615,16 +636,18 @@ def main(argv: list[str]) -> None:
                "liveness": lambda f: run_with_processes(f, liveness=True),
                "legacy": lambda f: run_with_processes(f, worker=run_legacy),
                "embedded": run_embedded, "local_backend": run_with_local_backend,
-               "ray": run_with_ray, "tf_pss": run_tf_pss}
+               "ray": run_with_ray, "tf_pss": run_tf_pss,
+               "tf_keras": lambda f: run_tf_pss(f, plain=True)}
     elastic = [c for c in FLAGS.configs if c != "plain"]
     if "ray" in elastic and not _ray_available():
         print("ray is not installed: skipping the ray configuration (pip install -e "
               "\".[ray]\")", flush=True)
         elastic.remove("ray")
-    if "tf_pss" in elastic and not _tf_keras_available():
-        print("tf-keras is not installed: skipping the tf_pss configuration (pip "
-              "install -e \".[bench]\")", flush=True)
-        elastic.remove("tf_pss")
+    for config in ("tf_pss", "tf_keras"):
+        if config in elastic and not _tf_keras_available():
+            print(f"tf-keras is not installed: skipping the {config} configuration "
+                  "(pip install -e \".[bench]\")", flush=True)
+            elastic.remove(config)
     # The baseline runs first, last and between rounds: on a shared machine the
     # load drifts, and the two baseline runs around each keras-elastic run
     # bracket it. Each round gives one ratio per configuration; the median
@@ -664,7 +687,8 @@ def main(argv: list[str]) -> None:
               "embedded": "keras-elastic, embedded cluster",
               "local_backend": "keras-elastic, local backend processes",
               "ray": "keras-elastic, Ray actors (1 node)",
-              "tf_pss": "TF ParameterServerStrategy (tf-keras)"}
+              "tf_pss": "TF ParameterServerStrategy (tf-keras)",
+              "tf_keras": "tf-keras plain fit (no strategy)"}
     lines = ["", f"CIFAR-10 (synthetic) {FLAGS.num_records} records, batch "
              f"{FLAGS.batch_size}, {FLAGS.minibatches_per_task} minibatches per task, "
              f"1 worker, 1 PS; {n} samples timed after {FLAGS.warmup_batches} warm-up "
@@ -736,6 +760,24 @@ def main(argv: list[str]) -> None:
                      "samples/s per round: " + " ".join(f"{p:.3f}" for p in paired)
                      + f"   median {median:.3f} (target >= 1.0: "
                      f"{'met' if median >= 1.0 else 'NOT met'})")
+    if "tf_keras" in ratios and "tf_pss" in ratios:
+        # Which part of TF PSS's lead is the framework's train step and which
+        # the parameter-server runtime: each PS configuration against its own
+        # framework's plain fit, per round.
+        def paired(a: list[float], b: list[float]) -> float:
+            return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+        step = statistics.median(ratios["tf_keras"])
+        theirs = paired(ratios["tf_pss"], ratios["tf_keras"])
+        lines.append(f"\nthe frameworks' train steps, tf-keras plain fit / Keras 3 "
+                     f"plain fit: {step:.3f}")
+        lines.append(f"the parameter-server runtimes, each / its own framework's plain "
+                     f"fit: TF PSS {theirs:.3f}")
+        for name in ("processes", "pipelined"):
+            if name in ratios:
+                ours = statistics.median(ratios[name])
+                lines.append(f"  keras-elastic ({name}) {ours:.3f}: against TF PSS's "
+                             f"{ours / theirs:.3f}")
     if "liveness" in ratios and "processes" in ratios:
         # Run one after the other in each round: their quotient drifts less
         # with the machine's load than either ratio to plain.

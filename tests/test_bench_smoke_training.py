@@ -24,13 +24,15 @@ pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 def test_training(tmp_path):
     out = run_smoke("bench_training", str(tmp_path))
     # --smoke's configurations: plain, processes, liveness, legacy, embedded,
-    # tf_pss (TensorFlow's own parameter servers, tf-keras). A row:
+    # tf_pss (TensorFlow's own parameter servers, tf-keras), tf_keras (its
+    # plain fit). A row:
     # label, samples/s, wall s, ratio, samples/CPU-s, CPU s (...), CPU ratio.
     for label in ("keras-elastic, master + PS processes",
                   "keras-elastic, processes, liveness + fencing",
                   "seed 000's 2019 loop, processes",
                   "keras-elastic, embedded cluster",
-                  "TF ParameterServerStrategy (tf-keras)"):
+                  "TF ParameterServerStrategy (tf-keras)",
+                  "tf-keras plain fit (no strategy)"):
         found = figures(rf"^  {re.escape(label)}\s+{NUM}\s+[\d.]+\s+{NUM}\s+{NUM}\s+"
                         rf"[\d.]+ \([\d.]+\+[\d.]+\)\s+{NUM}$", out)
         assert len(found) == 1, (label, out)
@@ -40,6 +42,11 @@ def test_training(tmp_path):
     one_positive(rf"keras-elastic / legacy: {NUM}x faster", out)
     one_positive(r"^keras-elastic \(processes\) / TF ParameterServerStrategy, "
                  rf"samples/s per round: [\d.]+   median {NUM} ", out)
+    one_positive(rf"^the frameworks' train steps, tf-keras plain fit / Keras 3 plain "
+                 rf"fit: {NUM}$", out)
+    one_positive(rf"^the parameter-server runtimes, each / its own framework's plain "
+                 rf"fit: TF PSS {NUM}$", out)
+    one_positive(rf"^  keras-elastic \(processes\) {NUM}: against TF PSS's ", out)
     one_positive(rf"^liveness \+ fencing / processes per round: [\d.]+   median {NUM}$",
                  out)
     one_positive(rf"^processes exchange: samples/s ratio to plain {NUM} ", out)

@@ -175,7 +175,7 @@ def measure(size: int, addresses: list[str], pids: list[int],
             runs["ps exchange, server 0 only"] = (lambda: ps_exchange([0]), pids)
             runs["ps exchange, server 1 only"] = (lambda: ps_exchange([1]), pids)
         results = {k: Measured() for k in runs}
-        work = Work(grads, FLAGS.rounds) if num_ps == 1 else None
+        work = Work(grads) if num_ps == 1 else None
         for fn, _ in runs.values():  # warm-up (first calls, tracing, buffers)
             fn()
         for r in range(FLAGS.rounds):
@@ -206,10 +206,13 @@ class Work:
     What the exchange costs beyond the echo's transport is this work unless
     it overlaps the transfer, so `echo + work` is the time a PS exchange
     takes when nothing overlaps, and the best ratio PS / echo this machine
-    allows with these copies is `echo / (echo + work)`.
+    allows with these copies is `echo / (echo + work)`. Best of the rounds
+    (one after each round of the exchanges), in this process: its C
+    allocator is a worker's, not a server's (`common/allocator.py`), so the
+    server's phases may count page faults a server does not take.
     """
 
-    def __init__(self, grads: dict[str, np.ndarray], rounds: int) -> None:
+    def __init__(self, grads: dict[str, np.ndarray]) -> None:
         from keras_elastic.ps.store import ParameterStore
 
         self.grads = grads

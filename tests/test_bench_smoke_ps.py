@@ -50,9 +50,11 @@ def test_ps_wire(tmp_path):
         assert len(ratios) == 2 and all(r > 0 for pair in ratios for r in pair), out
     one_positive(r"parallel halves: .* both / sum of alone " + NUM, out)
     # The 1-server exchange's own work, without the transport.
-    one_positive(r"the exchange's own work in this process, no transport: " + NUM, out)
-    one_positive(r"with these copies and nothing overlapped the best ratio PS / echo "
-                 r"is " + NUM, out)
+    one_positive(r"the exchange's own work in this process, no transport \(ms\): "
+                 r"copy pass [\d.]+, .*server update " + NUM, out)
+    one_positive(r"the work no exchange can drop, 4 copies and the update: " + NUM, out)
+    one_positive(r"bounds on PS / echo exchange: [\d.]+ with none of it overlapping the "
+                 r"transfer, " + NUM, out)
     # One CPU-per-MB line per server count (the smoke's 1 MB model is too
     # small for /proc's ticks: either the figures or the reason).
     lines = re.findall(r"server CPU per MB moved: (PS \d|too little CPU)", out)

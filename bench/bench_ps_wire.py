@@ -252,7 +252,8 @@ class Work:
             return read_stream([parse(f) for f in frames])[1]
 
         def update(pushed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            self.store.push(pushed, {}, -1)
+            result = self.store.push(pushed, {}, -1)
+            assert result.status == "applied", result.status  # not buffered, refused
             return self.store.values_since(-1)
 
         self._timed("copy pass", np.copyto, self.target, self.source)

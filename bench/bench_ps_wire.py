@@ -302,13 +302,14 @@ def report(size: int, num_ps: int, results: dict[str, Measured]) -> list[str]:
                      f"{phases}")
         serial = echo_s / (echo_s + work.floor)
         overlapped = echo_s / (echo_s + update)
-        hidden = 1 - (ps_s - echo_s) / work.floor
+        hidden = (f"{1 - (ps_s - echo_s) / work.floor:.0%} of that work hidden"
+                  if ps_s > echo_s else "no slower than the echo")
         lines.append(
             f"    the work no exchange can drop, 4 copies and the update: "
             f"{work.floor * 1e3:.1f} ms; bounds on PS / echo exchange: "
             f"{serial:.3f} with none of it overlapping the transfer, {overlapped:.3f} "
             f"with all but the update overlapping; measured "
-            f"{echo_s / ps_s:.3f}: {hidden:.0%} of that work hidden")
+            f"{echo_s / ps_s:.3f}: {hidden}")
     # Server CPU per MB moved (both directions), over every round (/proc
     # counts CPU in 10 ms ticks): what a server process costs per byte,
     # against the echo's (the floor gRPC itself sets).

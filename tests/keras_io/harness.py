@@ -244,6 +244,13 @@ def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
                              f"{num_workers} expected; logs: {sorted(texts)}")
     print(f"job of {os.path.basename(script)}: {time.time() - started:.1f} s, "
           f"RESULT per worker {json.dumps(results)}")
+    # Each worker's epoch lines (Keras' verbose=2 summaries), shown with a
+    # failed comparison: whether the job's last figures are a late dip of an
+    # otherwise close run or a run that never got there.
+    for worker, text in texts.items():
+        epochs = [line for line in text.splitlines() if "val_loss" in line]
+        if epochs:
+            print(f"{worker} epochs:\n  " + "\n  ".join(epochs))
     return results
 
 

@@ -28,9 +28,10 @@ halves travel with 2 servers (the exchange to both against the exchange to
 each alone), CPU seconds per exchange of this process and of the servers,
 and the device TensorFlow uses. With 1 server it also times the exchange's
 own work without the transport in this process (the encodes and decodes, a
-real `ParameterStore`'s update: see `Work`), in copy passes over the model's
-bytes, and the best ratio PS / echo that work allows when nothing of it
-overlaps the transfer: what is left to gain on this machine.
+real `ParameterStore`'s update: see `Work`) and the bounds the work no
+exchange can drop (4 copies and the update) sets on PS / echo, with none of
+it and with all but the update overlapping the transfer, beside the share
+the exchange hides: what is left to gain on this machine.
 
 ```
 PYTHONPATH=. python bench/bench_ps_wire.py

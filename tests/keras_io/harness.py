@@ -5,7 +5,9 @@ Every example is two scripts in this folder: `<name>.py` (plain Keras) and
 right after `import keras`, and the model construction wrapped,
 `model = ke.wrap(make_model())`. Nothing else differs
 (`check_readme_diff`). Each script ends by printing one line
-`RESULT {json}` with its final metrics; the runners return that dict.
+`RESULT {json}` with its final metrics; the runners return that dict, with
+`best_<m>` added for every validation accuracy `m` its epoch lines show (the
+best epoch's value, `best_epoch_values`).
 
 - `run_plain(name, tmp_dir)`: `python <name>.py`, working directory `tmp_dir`;
 - `run_embedded(name, tmp_dir)`: `python <name>_elastic.py` (an embedded master
@@ -156,6 +158,35 @@ def parse_result(output: str, where: str) -> dict:
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*")
 
 
+# A Keras epoch summary (`fit(verbose=2)`, or the end of an epoch's progress
+# bar): "10/10 - 1s - 95ms/step - loss: 0.4370 - val_accuracy: 0.9111".
+_EPOCH_VALUE = re.compile(r" - (\w+): (-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)\b")
+
+
+def epoch_lines(output: str) -> list[str]:
+    """The epoch summaries in `output` (lines with a validation loss)."""
+    return [line.strip() for line in output.splitlines() if " - val_loss: " in line]
+
+
+def best_epoch_values(output: str) -> dict[str, float]:
+    """{"best_<m>": the highest value over the epochs} of every validation
+    accuracy `m` the epoch summaries in `output` show (`val_accuracy`,
+    `val_sparse_categorical_accuracy`, ...): what `ModelCheckpoint(
+    save_best_only=True)` or `EarlyStopping(restore_best_weights=True)` keeps.
+
+    >>> best_epoch_values("1/1 - 0s - val_loss: 0.5 - val_accuracy: 0.8\n"
+    ...                   "1/1 - 0s - val_loss: 0.6 - val_accuracy: 0.9")
+    {'best_val_accuracy': 0.9}
+    """
+    best: dict[str, float] = {}
+    for line in epoch_lines(output):
+        for name, value in _EPOCH_VALUE.findall(line):
+            if name.startswith("val_") and name.endswith("accuracy"):
+                key = "best_" + name
+                best[key] = max(best.get(key, -math.inf), float(value))
+    return best
+
+
 def error_line(output: str) -> str:
     """The last exception line of a traceback in `output` (else its last line)."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
@@ -176,6 +207,8 @@ def _run_script(script: str, cwd: str, timeout: float) -> tuple[dict, str]:
         raise AssertionError(f"{where} exited with {proc.returncode}: "
                              f"{error_line(output)}\noutput ends with:\n{output[-TAIL:]}")
     result = parse_result(proc.stdout, where)
+    for key, value in best_epoch_values(proc.stdout).items():
+        result.setdefault(key, value)
     print(f"{where}: {time.time() - started:.1f} s, RESULT {json.dumps(result)}")
     return result, output
 
@@ -239,6 +272,8 @@ def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
         _check_trained_on_cluster(text, f"{worker} of the job of {name}")
         if any(line.startswith(RESULT_PREFIX) for line in text.splitlines()):
             results[worker] = parse_result(text, f"{worker}.log")
+            for key, value in best_epoch_values(text).items():
+                results[worker].setdefault(key, value)
     if len(results) < num_workers:
         raise AssertionError(f"{len(results)} of the job's workers printed RESULT, "
                              f"{num_workers} expected; logs: {sorted(texts)}")
@@ -248,7 +283,7 @@ def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
     # failed comparison: whether the job's last figures are a late dip of an
     # otherwise close run or a run that never got there.
     for worker, text in texts.items():
-        epochs = [line for line in text.splitlines() if "val_loss" in line]
+        epochs = epoch_lines(text)
         if epochs:
             print(f"{worker} epochs:\n  " + "\n  ".join(epochs))
     return results

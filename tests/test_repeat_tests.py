@@ -64,13 +64,41 @@ def test_the_record_counts_only_clean_runs_of_enough_repetitions(tmp_path, monke
         sys.path.pop(0)
     record = tmp_path / "stability.md"
     record.write_text(
-        "| date | commit | files | runs | failed runs | tests a run | wall |\n"
-        "| --- | --- | --- | --- | --- | --- | --- |\n"
-        "| 2026-11-27 | abc | `tests/a.py` `tests/b.py` | 20 | 0 | 9 | 5 min |\n"
-        "| 2026-11-27 | abc | `tests/c.py` | 20 | 1 | 3 | 2 min |\n"
-        "| 2026-11-27 | abc | `tests/d.py` | 5 | 0 | 3 | 1 min |\n")
+        "| date | commit | files | runs | failed runs | tests a run | wall "
+        "| failed tests |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| 2026-11-27 | abc | `tests/a.py` `tests/b.py` | 20 | 0 | 9 | 5 min | none |\n"
+        "| 2026-11-27 | abc | `tests/c.py` `tests/f.py` | 20 | 1 | 3 | 2 min "
+        "| `tests/c.py::test_x` (run 7) |\n"
+        "| 2026-11-27 | abc | `tests/d.py` | 5 | 0 | 3 | 1 min | none |\n")
     monkeypatch.setattr(repeat_tests, "RECORD", str(record))
-    assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py"}
-    assert repeat_tests.recorded_files(5) == {"tests/a.py", "tests/b.py", "tests/d.py"}
-    repeat_tests.append_record(["tests/e.py"], 20, [], 4, 120.0)
-    assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py", "tests/e.py"}
+    # c.py failed a run; f.py, in the same row, passed every one of its runs.
+    assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py", "tests/f.py"}
+    assert repeat_tests.recorded_files(5) == {"tests/a.py", "tests/b.py", "tests/d.py",
+                                              "tests/f.py"}
+    repeat_tests.append_record(["tests/e.py"], 20, [], 4, 120.0, {})
+    repeat_tests.append_record(["tests/g.py", "tests/h.py"], 20, ["run-03.txt"], 4,
+                               120.0, {"tests/g.py::test_y": [3]})
+    assert record.read_text().splitlines()[-1].endswith(
+        "| `tests/g.py::test_y` (run 3) |")
+    assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py", "tests/f.py",
+                                               "tests/e.py", "tests/h.py"}
+
+
+def test_a_failed_run_names_its_failed_tests(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import repeat_tests
+    finally:
+        sys.path.pop(0)
+    ok = tmp_path / "test_ok.py"
+    ok.write_text("def test_ok():\n    assert True\n")
+    bad = tmp_path / "test_bad.py"
+    bad.write_text("def test_bad():\n    assert False\n")
+    if not repeat_tests.FLAGS.is_parsed():
+        repeat_tests.FLAGS.mark_as_parsed()  # the defaults, as the tool has them
+    monkeypatch.setattr(repeat_tests.FLAGS, "marker", "")
+    passed, count, failed = repeat_tests.run_once([str(ok), str(bad)],
+                                                  str(tmp_path / "run.txt"))
+    assert not passed and count == 1
+    assert [t.split("/")[-1] for t in failed] == ["test_bad.py::test_bad"], failed

@@ -29,7 +29,9 @@ from absl import app, flags, logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD = os.path.join(ROOT, "docs", "stability.md")
-TABLE_HEAD = "| date | commit | files | runs | failed runs | tests a run | wall |"
+TABLE_HEAD = ("| date | commit | files | runs | failed runs | tests a run | wall "
+              "| failed tests |")
+_FAILED_TEST = re.compile(r"^FAILED (\S+?\.py::\S+)")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("runs", 20, "Runs in a row.")
@@ -52,7 +54,9 @@ def multiprocess_files() -> list[str]:
 
 
 def recorded_files(runs: int = 20) -> set[str]:
-    """The files of the record's rows of at least `runs` runs, none failed."""
+    """The files of the record's rows of at least `runs` runs that had no
+    failed test in them (a row's failed tests name their files: the row's
+    other files passed every run)."""
     try:
         with open(RECORD) as f:
             lines = f.read().splitlines()
@@ -61,14 +65,17 @@ def recorded_files(runs: int = 20) -> set[str]:
     done: set[str] = set()
     for line in lines:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[3].isdigit() and int(cells[3]) >= runs \
-                and cells[4] == "0":
-            done.update(cells[2].replace("`", "").split())
+        if len(cells) != 8 or not cells[3].isdigit() or int(cells[3]) < runs:
+            continue
+        failed = {test.split("::")[0] for test in cells[7].replace("`", "").split()
+                  if "::" in test}
+        done.update(f for f in cells[2].replace("`", "").split() if f not in failed)
     return done
 
 
-def run_once(files: list[str], log: str) -> tuple[bool, int]:
-    """One run of README's command on `files`: (passed, tests that passed)."""
+def run_once(files: list[str], log: str) -> tuple[bool, int, list[str]]:
+    """One run of README's command on `files`: (passed, tests that passed,
+    the ids of the tests that failed)."""
     with open(log, "w") as out:
         code = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-n", str(FLAGS.workers), "--dist",
@@ -76,18 +83,25 @@ def run_once(files: list[str], log: str) -> tuple[bool, int]:
              *(["-m", FLAGS.marker] if FLAGS.marker else []), *files],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
     with open(log) as f:
-        last = f.read().strip().splitlines()[-1:] or [""]
+        lines = f.read().strip().splitlines()
+    last = lines[-1:] or [""]
     passed = re.search(r"(\d+) passed", last[0])
-    return code == 0, int(passed.group(1)) if passed else 0
+    failed = [m.group(1) for m in map(_FAILED_TEST.match, lines) if m]
+    if code != 0 and not failed:  # no test to blame (a crash, a collection error)
+        failed = [f"{path}::?" for path in files]
+    return code == 0, int(passed.group(1)) if passed else 0, failed
 
 
 def append_record(files: list[str], runs: int, failed: list[str], tests: int,
-                  seconds: float) -> None:
+                  seconds: float, failed_tests: dict[str, list[int]]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()
     row = (f"| {datetime.date.today()} | {commit or '?'} | "
            f"{' '.join(f'`{f}`' for f in files)} | {runs} | {len(failed)} | {tests} | "
-           f"{seconds / 60:.0f} min |")
+           f"{seconds / 60:.0f} min | "
+           + (" ".join(f"`{test}` (run {', '.join(map(str, numbers))})"
+                       for test, numbers in failed_tests.items()) or "none")
+           + " |")
     with open(RECORD, "a") as f:
         f.write(row + "\n")
 
@@ -107,13 +121,16 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"no such test file: {', '.join(missing)}")
     logs = tempfile.mkdtemp(prefix="keras-elastic-repeat-")
     started, failed, tests = time.time(), [], set()
+    failed_tests: dict[str, list[int]] = {}
     for i in range(1, FLAGS.runs + 1):
         log = os.path.join(logs, f"run-{i:02d}.txt")
         t0 = time.time()
-        ok, passed = run_once(files, log)
+        ok, passed, failures = run_once(files, log)
         tests.add(passed)
         if not ok:
             failed.append(log)
+        for test in failures:
+            failed_tests.setdefault(test, []).append(i)
         logging.info("run %d/%d: %s, %d passed, %.0f s%s", i, FLAGS.runs,
                      "ok" if ok else "FAILED", passed, time.time() - t0,
                      "" if ok else f" (output: {log})")
@@ -122,7 +139,7 @@ def main(argv: list[str]) -> None:
           f"{FLAGS.runs - len(failed)} passed, {len(failed)} failed"
           + "".join(f"\n  failed: {log}" for log in failed))
     if FLAGS.record:
-        append_record(files, FLAGS.runs, failed, max(tests), seconds)
+        append_record(files, FLAGS.runs, failed, max(tests), seconds, failed_tests)
     sys.exit(1 if failed else 0)
 
 

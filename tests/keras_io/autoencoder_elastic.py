@@ -104,6 +104,7 @@ result = {
     "reconstruction_mse": reconstruction_mse,
     "denoise_loss": float(denoise_history.history["loss"][-1]),
     "denoise_val_loss": float(denoise_history.history["val_loss"][-1]),
+    "denoise_best_val_loss": float(min(denoise_history.history["val_loss"])),
     "denoised_mse": denoised_mse,
     "noisy_mse": noisy_mse,
     "epochs_run": len(history.history["loss"]) + len(denoise_history.history["loss"]),

@@ -83,6 +83,12 @@ def test_the_record_counts_only_clean_runs_of_enough_repetitions(tmp_path, monke
         "| `tests/g.py::test_y` (run 3) |")
     assert repeat_tests.recorded_files(20) == {"tests/a.py", "tests/b.py", "tests/f.py",
                                                "tests/e.py", "tests/h.py"}
+    # A later failure takes a file's record back, until a later clean row.
+    repeat_tests.append_record(["tests/a.py"], 20, ["run-01.txt"], 4, 60.0,
+                               {"tests/a.py::test_z": [1]})
+    assert "tests/a.py" not in repeat_tests.recorded_files(20)
+    repeat_tests.append_record(["tests/a.py"], 20, [], 4, 60.0, {})
+    assert "tests/a.py" in repeat_tests.recorded_files(20)
 
 
 def test_a_failed_run_names_its_failed_tests(tmp_path, monkeypatch):

@@ -54,9 +54,10 @@ def multiprocess_files() -> list[str]:
 
 
 def recorded_files(runs: int = 20) -> set[str]:
-    """The files of the record's rows of at least `runs` runs that had no
-    failed test in them (a row's failed tests name their files: the row's
-    other files passed every run)."""
+    """The files whose latest row of at least `runs` runs (rows in order)
+    had no failed test in them (a row's failed tests name their files: the
+    row's other files passed every run). A file that failed in a row is not
+    recorded until a later row passes it."""
     try:
         with open(RECORD) as f:
             lines = f.read().splitlines()
@@ -70,6 +71,7 @@ def recorded_files(runs: int = 20) -> set[str]:
         failed = {test.split("::")[0] for test in cells[7].replace("`", "").split()
                   if "::" in test}
         done.update(f for f in cells[2].replace("`", "").split() if f not in failed)
+        done.difference_update(failed)
     return done
 
 

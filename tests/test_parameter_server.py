@@ -347,3 +347,18 @@ def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
     assert waiting["ps-0"] >= unreachable["ps-0"] >= 0.5
     puller.join(timeout=60)
     assert failed and client.waits(at_least=0.0) == ({}, {})  # the call ended
+
+
+@pytest.mark.parametrize("servers", [2], indirect=True)
+def test_pull_changed_only_takes_what_others_changed_since_our_last_exchange(servers):
+    a = PSClient([s.address for s in servers], worker_id=0)
+    b = PSClient([s.address for s in servers], worker_id=1)
+    variables = {f"v{i}": (np.ones(3, np.float32), True) for i in range(6)}
+    a.init(variables, SGD)
+    b.init(variables, SGD)
+    assert a.pull(changed_only=True) == {}  # nothing changed since a's init
+    b.push({"v0": np.ones(3, np.float32)}, {})
+    changed = a.pull(changed_only=True)
+    assert set(changed) == {"v0"}
+    np.testing.assert_allclose(changed["v0"], [0.5, 0.5, 0.5])
+    assert a.pull(changed_only=True) == {}  # taken: a is up to date

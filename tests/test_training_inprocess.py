@@ -267,3 +267,47 @@ def test_job_metrics_with_keras_own_validation_keep_the_training_states(
         epochs=2, validation_data=(x[64:], y[64:]), verbose=0).history
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         np.testing.assert_allclose(history[key], expected[key], atol=1e-6, err_msg=key)
+
+
+def test_an_epochs_first_step_takes_what_another_worker_changed_meanwhile(
+        start_cluster, monkeypatch):
+    # While a worker ends an epoch (validation, checkpoints, callbacks) or
+    # traces its step, the others train on. Its next epoch's first gradient
+    # must be of the servers' newest values, not of the model as the last
+    # epoch left it (2-worker jobs measured 5-11 updates late there before).
+    _, servers = start_cluster(2)  # two servers: over gRPC, not a shared store
+    late = []  # per push of this worker's tasks: updates applied since its base
+
+    def observe(store):
+        push = store.push
+
+        def observed(grads, assigns, base_version, ranges=(), *args, **kwargs):
+            if ranges:
+                late.append(store.version - base_version)
+            return push(grads, assigns, base_version, ranges, *args, **kwargs)
+
+        monkeypatch.setattr(store, "push", observed)
+
+    for server in servers:
+        observe(server.store)
+
+    class AnotherWorkerTrains(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            for store in (server.store for server in servers):
+                grads = {name: np.full(tuple(v.shape), 0.01, np.float32)
+                         for name, v in store.variables.items()
+                         if store.trainable[name]}
+                if grads:
+                    assert store.push(grads, {}, store.version).status == "applied"
+
+    x, y = make_arrays(256)
+    keras.utils.set_random_seed(7)
+    model = ke.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="tanh"),
+                           keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss="sparse_categorical_crossentropy")
+    model.fit(ke.ElasticDataset((x, y), batch_size=32, minibatches_per_task=2),
+              epochs=3, verbose=0, callbacks=[AnotherWorkerTrains()])
+    assert all(server.store.variables for server in servers)
+    assert len(late) >= 3 * 8, late  # every step pushed to a server
+    assert max(late) == 0, late  # each epoch's first push included

@@ -442,18 +442,22 @@ class PSClient:
         self._map(send, range(self.num_ps))
         return self.pull()
 
-    def pull(self, since_version: int | None = None) -> dict[str, np.ndarray]:
-        """Values changed on each server since our last exchange (None: all)."""
+    def pull(self, since_version: int | None = None, changed_only: bool = False
+             ) -> dict[str, np.ndarray]:
+        """Every value (`since_version` None), those changed after version
+        `since_version`, or (`changed_only`) those each server changed since
+        this client's last exchange with it (nothing is sent when none did)."""
 
         def pull_one(i: int) -> dict[str, np.ndarray]:
-            since = -1 if since_version is None else since_version
+            since = (self.versions[i] if changed_only else
+                     -1 if since_version is None else since_version)
             header, values = self._call(i, "Pull", lambda: read_stream(
                 self._streams[i].Pull(ps_pb2.PullRequest(
                     since_version=since, incarnation=self.incarnations[i]),
                     timeout=600)))
             self._took(i, header)
             self.server_hyperparameters[i] = dict(header.hyperparameters)
-            if since_version is None:
+            if since_version is None and not changed_only:
                 self._owned_bytes[i] = sum(v.nbytes for v in values.values())
             return values
 

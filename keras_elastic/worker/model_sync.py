@@ -94,6 +94,9 @@ class ModelSync:
         # Each optimizer group's learning rate to the servers: "" is made by
         # initialize, the others at their first push.
         self.hyperparameter_syncs: dict[str, HyperparameterSync] = {}
+        # The next step first takes what the servers changed (`refresh`): set
+        # at the start of each epoch.
+        self.refresh_due = False
 
     @property
     def hyperparameters(self) -> HyperparameterSync | None:
@@ -412,6 +415,24 @@ class ModelSync:
         self._finish_push()
         self._values.update(self.ps.pull())
         self.assign_all()
+
+    def refresh(self) -> None:
+        """Takes the values the servers changed since this worker's last
+        exchange (nothing is sent when none did). Before the first step of an
+        epoch: while this worker ended the last one (validation, checkpoints,
+        callbacks) or traced its step, the others may have trained on, and a
+        gradient of the model as the last epoch left it would be that many
+        updates late."""
+        self.refresh_due = False
+        if self.shared:
+            return
+        self._finish_push()
+        changed = self.ps.pull(changed_only=True)
+        if changed:
+            self._values.update(changed)
+            for key, variable in zip(self.keys, self.variables):
+                if key in changed:
+                    variable.assign(changed[key])
 
     @property
     def pipelined(self) -> bool:

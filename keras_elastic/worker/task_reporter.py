@@ -51,6 +51,8 @@ class TaskReporter(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.stream.set_epoch(epoch)
         self.job_metrics.start_epoch()
+        if self._sync is not None:
+            self._sync.refresh_due = True
 
     def on_train_batch_begin(self, batch, logs=None):
         self._batch_start = time.perf_counter()

@@ -237,8 +237,14 @@ class TrainFunction:
                 where = np.flatnonzero(keep)
                 tags, data = take_rows(tags, where), take_rows(data, where)
                 tags_np, seqs = tags_np[where], seqs[where]
+        allowed = self._allowed(tags_np)
+        if self.sync.refresh_due:
+            # Traced first (seconds, the first time), so that the gradient is
+            # of the servers' values as they are when the step runs.
+            self._compiled.get_concrete_function(tags, data, allowed)
+            self.sync.refresh()
         self.sync.begin_step()
-        logs = self._compiled(tags, data, self._allowed(tags_np))
+        logs = self._compiled(tags, data, allowed)
         if not self.sync.pipelined and len(seqs):
             self.trained_seq = max(self.trained_seq, int(seqs.max()))
         self.last_logs = logs

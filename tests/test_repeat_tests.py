@@ -5,9 +5,21 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, subprocess_env
 
 TOOL = os.path.join(REPO, "tools", "repeat_tests.py")
+
+
+@pytest.fixture
+def repeat_tests():
+    """tools/repeat_tests.py, imported as a module."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import repeat_tests as module
+    finally:
+        sys.path.pop(0)
+    return module
 
 
 def _repeat(*args: str) -> subprocess.CompletedProcess:
@@ -56,12 +68,8 @@ def test_a_missing_file_is_refused_naming_it():
     assert "no such test file: tests/no_such_test.py" in result.stderr
 
 
-def test_the_record_counts_only_clean_runs_of_enough_repetitions(tmp_path, monkeypatch):
-    sys.path.insert(0, os.path.join(REPO, "tools"))
-    try:
-        import repeat_tests
-    finally:
-        sys.path.pop(0)
+def test_the_record_counts_only_clean_runs_of_enough_repetitions(tmp_path, monkeypatch,
+                                                                 repeat_tests):
     record = tmp_path / "stability.md"
     record.write_text(
         "| date | commit | files | runs | failed runs | tests a run | wall "
@@ -91,12 +99,7 @@ def test_the_record_counts_only_clean_runs_of_enough_repetitions(tmp_path, monke
     assert "tests/a.py" in repeat_tests.recorded_files(20)
 
 
-def test_a_failed_run_names_its_failed_tests(tmp_path, monkeypatch):
-    sys.path.insert(0, os.path.join(REPO, "tools"))
-    try:
-        import repeat_tests
-    finally:
-        sys.path.pop(0)
+def test_a_failed_run_names_its_failed_tests(tmp_path, monkeypatch, repeat_tests):
     ok = tmp_path / "test_ok.py"
     ok.write_text("def test_ok():\n    assert True\n")
     bad = tmp_path / "test_bad.py"

@@ -430,9 +430,7 @@ class ModelSync:
         changed = self.ps.pull(changed_only=True)
         if changed:
             self._values.update(changed)
-            for key, variable in zip(self.keys, self.variables):
-                if key in changed:
-                    variable.assign(changed[key])
+            self.assign_all(changed)
 
     @property
     def pipelined(self) -> bool:
@@ -513,9 +511,11 @@ class ModelSync:
         """Claims a task on every server (see `PSClient.claim`)."""
         return self.ps.claim(self.stream.dataset, task.epoch, task.task_id, task.lease)
 
-    def assign_all(self) -> None:
+    def assign_all(self, only=None) -> None:
+        """Assigns the values held for the model's variables (`only`: those
+        whose keys it holds)."""
         for key, variable in zip(self.keys, self.variables):
-            if key in self._values:
+            if key in self._values and (only is None or key in only):
                 variable.assign(self._values[key])
 
     # -- the step -----------------------------------------------------------

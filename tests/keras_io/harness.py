@@ -187,6 +187,11 @@ def best_epoch_values(output: str) -> dict[str, float]:
     return best
 
 
+def _with_best_epochs(result: dict, output: str) -> dict:
+    """`result` with `best_epoch_values(output)` added (its own keys kept)."""
+    return {**best_epoch_values(output), **result}
+
+
 def error_line(output: str) -> str:
     """The last exception line of a traceback in `output` (else its last line)."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
@@ -206,9 +211,7 @@ def _run_script(script: str, cwd: str, timeout: float) -> tuple[dict, str]:
     if proc.returncode != 0:
         raise AssertionError(f"{where} exited with {proc.returncode}: "
                              f"{error_line(output)}\noutput ends with:\n{output[-TAIL:]}")
-    result = parse_result(proc.stdout, where)
-    for key, value in best_epoch_values(proc.stdout).items():
-        result.setdefault(key, value)
+    result = _with_best_epochs(parse_result(proc.stdout, where), proc.stdout)
     print(f"{where}: {time.time() - started:.1f} s, RESULT {json.dumps(result)}")
     return result, output
 
@@ -271,9 +274,8 @@ def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
     for worker, text in texts.items():
         _check_trained_on_cluster(text, f"{worker} of the job of {name}")
         if any(line.startswith(RESULT_PREFIX) for line in text.splitlines()):
-            results[worker] = parse_result(text, f"{worker}.log")
-            for key, value in best_epoch_values(text).items():
-                results[worker].setdefault(key, value)
+            results[worker] = _with_best_epochs(parse_result(text, f"{worker}.log"),
+                                                text)
     if len(results) < num_workers:
         raise AssertionError(f"{len(results)} of the job's workers printed RESULT, "
                              f"{num_workers} expected; logs: {sorted(texts)}")

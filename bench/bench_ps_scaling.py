@@ -36,7 +36,15 @@ per variable on both ends).
 PYTHONPATH=. python bench/bench_ps_scaling.py
 PYTHONPATH=. python bench/bench_ps_scaling.py --model_mb=16 --seconds=10
 PYTHONPATH=. python bench/bench_ps_scaling.py --smoke  # tiny sizes: 1 and 2 servers
+PYTHONPATH=. python bench/bench_ps_scaling.py --server_cores=1  # a core per server
 ```
+
+`--server_cores=N`: each server process gets N cores of its own (every thread
+bound with `sched_setaffinity`), and the clients the cores left, so that servers
+and clients do not compete: the scaling efficiency is then the servers' own,
+and a server's busy figure shows how many cores one server process can use.
+The bench says so in its first line; with too few cores it stops and says how
+many there are.
 
 `--smoke`: 1 and 2 servers (not 4: starting each server process costs
 seconds, and 4 run the same code as 2), a 0.1 MB model of 4 tensors, 2 and 4
@@ -57,7 +65,7 @@ import time
 
 import numpy as np
 from absl import app, flags, logging
-from proc_stats import cpu_seconds
+from proc_stats import core_plan, cpu_seconds, pin
 from ps_bench_common import variable_names
 
 FLAGS = flags.FLAGS
@@ -84,6 +92,12 @@ flags.DEFINE_integer("fixed_cost_workers", 4, "Simulated workers of the fixed-co
 flags.DEFINE_integer("per_tensor_tensors", 64, "Also measure the cost of each tensor "
                      "of a push: the fixed-cost model in this many tensors against "
                      "--fixed_cost_tensors (0: not measured).")
+flags.DEFINE_integer("server_cores", 0, "Cores of its own for each server process "
+                     "(bound with sched_setaffinity; the echo server gets the first "
+                     "server's), the simulated workers bound to the cores left: servers "
+                     "and clients do not share cores, so a server's busy figure and the "
+                     "scaling efficiency are the servers' own. 0: all processes share "
+                     "every core.")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (1 and 2 servers, a 0.1 MB model, 2 and "
                   "4 workers, 1 s per configuration; a test runs it: "
                   "tests/test_bench_smoke*.py); the figures mean nothing.")
@@ -93,6 +107,8 @@ SMOKE = {"num_ps": ["1", "2"], "workers": ["2", "4"], "model_mb": 0.1, "tensors"
          "client_processes": 2, "seconds": 1.0, "warmup": 0.3}
 
 _MB = 1_000_000
+# --server_cores: {"servers": [the cores of server i], "clients": [cores]}.
+CORES: dict[str, list] = {}
 
 
 def model_shapes(num_ps: int, model_mb: float, tensors: int) -> dict[str, int]:
@@ -185,6 +201,8 @@ class Clients:
         for _ in self.procs:
             if self.results.get(timeout=300) != "ready":
                 raise RuntimeError("a client process did not start")
+        if FLAGS.server_cores:
+            pin(self.pids, CORES["clients"])
 
     @property
     def pids(self) -> list[int]:
@@ -228,6 +246,12 @@ def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str,
     try:
         addresses = [info["address"] for _, info in started]
         ps_pids = [info["pid"] for _, info in started]
+        if FLAGS.server_cores:
+            for pid, cores in zip(ps_pids, CORES["servers"]):
+                pin([pid], cores)
+                if os.sched_getaffinity(pid) != set(cores):
+                    raise RuntimeError(f"server {pid} was not bound to cores {cores}: "
+                                       f"it runs on {sorted(os.sched_getaffinity(pid))}")
         shapes = model_shapes(num_ps, model_mb, tensors)
         rng = np.random.default_rng(0)
         init = PSClient(addresses, worker_id=10_000, resolver=None)
@@ -251,6 +275,8 @@ def measure_echo(worker_counts: list[int], job_dir: str, model_mb: float,
     started = start_echo_servers(1, job_dir)
     try:
         info = started[0][1]
+        if FLAGS.server_cores:
+            pin([info["pid"]], CORES["servers"][0])
         return _phases(Clients([info["address"]], model_shapes(1, model_mb, tensors),
                                max(worker_counts), "echo"),
                        [info["pid"]], worker_counts, 1, "echo")
@@ -412,6 +438,18 @@ def main(argv: list[str]) -> None:
     worker_counts = [int(w) for w in FLAGS.workers]
     if any(FLAGS.tensors % n for n in counts):
         raise app.UsageError("--tensors must be a multiple of every --num_ps")
+    if FLAGS.server_cores:
+        try:
+            servers, clients = core_plan(FLAGS.server_cores, max(counts))
+        except ValueError as e:
+            raise app.UsageError(f"--server_cores={FLAGS.server_cores} with "
+                                 f"--num_ps={','.join(FLAGS.num_ps)}: {e}") from None
+        CORES.update(servers=servers, clients=clients)
+        pin([os.getpid()], clients)  # this process and what it starts: the clients'
+        sharing = (f"each server on {FLAGS.server_cores} core(s) of its own, the "
+                   f"clients on the {len(clients)} others")
+    else:
+        sharing = f"{os.cpu_count()} CPU cores shared by servers and clients"
     started = time.time()
     import tensorflow as tf  # (only to say which device the servers' optimizer uses)
 
@@ -421,7 +459,7 @@ def main(argv: list[str]) -> None:
           f"in {FLAGS.client_processes} processes pushing gradients and taking the "
           f"new values back as fast as they can; {FLAGS.seconds:g} s per "
           f"configuration; TensorFlow device of the servers: {device}; "
-          f"{os.cpu_count()} CPU cores shared by servers and clients", flush=True)
+          f"{sharing}", flush=True)
     job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-scaling-")
     rows = []
     for num_ps in counts:

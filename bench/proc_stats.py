@@ -19,6 +19,38 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def pin(pids: list[int], cores: list[int]) -> None:
+    """Bind every thread of the processes `pids` to the CPU cores `cores`
+    (`sched_setaffinity` of each task in /proc/<pid>/task: a running process's
+    threads keep their own masks; threads they start later inherit them)."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+
+
+def core_plan(server_cores: int, servers: int) -> tuple[list[list[int]], list[int]]:
+    """`server_cores` cores of this process's own for each of `servers` servers,
+    and the cores left for everything else (the clients): disjoint, from
+    `os.sched_getaffinity(0)`. Raises ValueError when fewer than one core would be
+    left for the clients.
+
+    >>> servers, clients = core_plan(1, 1)  # on a machine of 2 cores or more
+    >>> len(servers[0]), servers[0][0] in clients
+    (1, False)
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    needed = server_cores * servers
+    if needed >= len(cores):
+        raise ValueError(f"{servers} server(s) x {server_cores} core(s) leave no core "
+                         f"for the clients: this process may use {len(cores)} cores "
+                         f"({cores})")
+    return ([cores[i * server_cores:(i + 1) * server_cores] for i in range(servers)],
+            cores[needed:])
+
+
 def rss_bytes(pid: int | str = "self") -> int:
     """Resident memory of process `pid` (VmRSS of /proc/<pid>/status)."""
     with open(f"/proc/{pid}/status") as f:

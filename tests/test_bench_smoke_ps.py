@@ -3,10 +3,14 @@ print their ratio lines: bench/bench_ps_scaling.py, bench/bench_ps_wire.py,
 bench/bench_master.py, bench/bench_partitioning.py, bench/bench_id_index.py,
 bench/bench_table_checkpoint.py. No timing is checked."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
-from bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
+from bench_smoke import BENCH_DIR, NUM, figures, one_positive, run_smoke, skip_without_bench
+from conftest import REPO, subprocess_env
 
 pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 
@@ -40,6 +44,31 @@ def test_ps_scaling(tmp_path):
     found = figures(r"cost of each tensor of a push \(4 KB model in 64 tensors "
                     rf"against 4\): {NUM} us of server CPU, {NUM} us of client CPU", out)
     assert len(found) == 1, out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_ps_scaling_with_cores_of_their_own(tmp_path):
+    # --server_cores: the server bound to a core, the clients to the others (the
+    # bench checks the server's affinity after binding it).
+    out = run_smoke("bench_ps_scaling", str(tmp_path), "--server_cores=1", "--num_ps=1",
+                    "--workers=2", "--echo=false", "--fixed_cost_kb=0")
+    assert re.search(r"each server on 1 core\(s\) of its own, the clients on the "
+                     rf"{len(os.sched_getaffinity(0)) - 1} others", out), out
+    rows = figures(r"^\s+1\s+2\s+" + r"\s+".join([NUM] * 8) + r"$", out)
+    assert len(rows) == 1 and rows[0][0] > 0, out
+
+
+def test_ps_scaling_refuses_more_server_cores_than_the_machine_has():
+    cores = len(os.sched_getaffinity(0))
+    result = subprocess.run(
+        [sys.executable, os.path.join(BENCH_DIR, "bench_ps_scaling.py"),
+         f"--server_cores={cores}", "--num_ps=1"], cwd=REPO, env=subprocess_env(),
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert (f"--server_cores={cores} with --num_ps=1: 1 server(s) x {cores} core(s) "
+            f"leave no core for the clients: this process may use {cores} cores"
+            in result.stderr), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 def test_ps_wire(tmp_path):

@@ -97,7 +97,7 @@ flags.DEFINE_integer("server_cores", 0, "Cores of its own for each server proces
                      "server's), the simulated workers bound to the cores left: servers "
                      "and clients do not share cores, so a server's busy figure and the "
                      "scaling efficiency are the servers' own. 0: all processes share "
-                     "every core.")
+                     "every core.", lower_bound=0)
 flags.DEFINE_bool("smoke", False, "Tiny sizes (1 and 2 servers, a 0.1 MB model, 2 and "
                   "4 workers, 1 s per configuration; a test runs it: "
                   "tests/test_bench_smoke*.py); the figures mean nothing.")

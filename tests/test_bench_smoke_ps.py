@@ -58,17 +58,23 @@ def test_ps_scaling_with_cores_of_their_own(tmp_path):
     assert len(rows) == 1 and rows[0][0] > 0, out
 
 
+def _ps_scaling_refused(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, os.path.join(BENCH_DIR, "bench_ps_scaling.py"), *args],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
 def test_ps_scaling_refuses_more_server_cores_than_the_machine_has():
     cores = len(os.sched_getaffinity(0))
-    result = subprocess.run(
-        [sys.executable, os.path.join(BENCH_DIR, "bench_ps_scaling.py"),
-         f"--server_cores={cores}", "--num_ps=1"], cwd=REPO, env=subprocess_env(),
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0
+    err = _ps_scaling_refused(f"--server_cores={cores}", "--num_ps=1")
     assert (f"--server_cores={cores} with --num_ps=1: 1 server(s) x {cores} core(s) "
             f"leave no core for the clients: this process may use {cores} cores"
-            in result.stderr), result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
+            in err), err
+    err = _ps_scaling_refused("--server_cores=-1")
+    assert "flag --server_cores=-1: -1 is not a non-negative integer" in err, err
 
 
 def test_ps_wire(tmp_path):

@@ -22,13 +22,17 @@ def cpu_seconds(pids: list[int]) -> float:
 def pin(pids: list[int], cores: list[int]) -> None:
     """Bind every thread of the processes `pids` to the CPU cores `cores`
     (`sched_setaffinity` of each task in /proc/<pid>/task: a running process's
-    threads keep their own masks; threads they start later inherit them)."""
+    threads keep their own masks; threads they start later inherit them).
+    Raises RuntimeError when a process's main thread did not take the binding."""
     for pid in pids:
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 os.sched_setaffinity(int(tid), cores)
             except ProcessLookupError:  # a thread that ended meanwhile
                 pass
+        if os.sched_getaffinity(pid) != set(cores):
+            raise RuntimeError(f"process {pid} was not bound to cores {cores}: it "
+                               f"runs on {sorted(os.sched_getaffinity(pid))}")
 
 
 def core_plan(server_cores: int, servers: int) -> tuple[list[list[int]], list[int]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Collection
 
 import keras
 import numpy as np
@@ -511,7 +512,7 @@ class ModelSync:
         """Claims a task on every server (see `PSClient.claim`)."""
         return self.ps.claim(self.stream.dataset, task.epoch, task.task_id, task.lease)
 
-    def assign_all(self, only=None) -> None:
+    def assign_all(self, only: Collection[str] | None = None) -> None:
         """Assigns the values held for the model's variables (`only`: those
         whose keys it holds)."""
         for key, variable in zip(self.keys, self.variables):

@@ -71,3 +71,42 @@ def test_a_job_on_a_full_disk_finishes_exact_or_stops_with_one_line(
         assert counts == [RECORDS] * len(counts)
     else:
         assert result.returncode == 1 and final.startswith("[launcher] job FAILED: ")
+
+
+
+def test_the_master_says_its_journal_is_on_a_full_disk_whoever_notices_first(
+        small_disk, monkeypatch):
+    """The order the CI run met: an RPC waiting for its record notices the
+    journal's failure before the journal's own thread reports it. The job's
+    error still names the journal, the full disk and the space left there."""
+    import threading
+
+    from keras_elastic.master.servicer import MasterServicer
+    from keras_elastic.proto import master_pb2
+
+    # Holds the journal thread's report back until the RPC below has noticed.
+    release = threading.Event()
+    reported = threading.Event()
+    report = MasterServicer._journal_failed
+
+    def held_report(self, error):
+        release.wait(60)
+        report(self, error)
+        reported.set()
+
+    monkeypatch.setattr(MasterServicer, "_journal_failed", held_report)
+    fill(small_disk, 0)
+    path = small_disk / "master.journal"
+    servicer = MasterServicer(journal_path=str(path))
+    try:
+        servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=0), None)
+        noticed = servicer._error
+        release.set()
+        assert reported.wait(60)
+        assert servicer._error == noticed
+        assert noticed.startswith(f"cannot write {path}: No space left on device ("), (
+            noticed)
+        assert f"free on {small_disk})" in noticed, noticed
+    finally:
+        release.set()
+        servicer.stop()

@@ -104,6 +104,11 @@ class Journal:
         return self._appended
 
     @property
+    def error(self) -> BaseException | None:
+        """The write error that stopped the journal (None while it works)."""
+        return self._error
+
+    @property
     def durable(self) -> int:
         """Sequence number of the last record on disk."""
         return self._durable

@@ -141,14 +141,25 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         from keras_elastic.master.journal import JournalFencedError
 
         if not isinstance(error, JournalFencedError):
-            path = self._journal.path if self._journal else "the master journal"
-            why = (disk.describe_write_error(path, error) if disk.is_disk_condition(error)
-                   else f"the master journal {path} cannot be written: {error}")
             with self._cond:
-                self._error = self._error or why
+                self._error = self._error or self._journal_error_text(error)
                 self._cond.notify_all()
         if self._on_journal_error is not None:
             self._on_journal_error(error)
+
+    def _journal_error_text(self, error: BaseException) -> str:
+        """One line for the journal's failure: the path, what went wrong, the
+        space left (a full disk). Whichever caller notices first (the journal's
+        thread, an append, a wait) says it the same way, from the journal's own
+        error rather than the wrapper an append or a wait raises."""
+        journal = self._journal
+        if journal is None or (journal.error is None and error is not None
+                               and not disk.is_disk_condition(error)):
+            return str(error)  # e.g. a sync that timed out: its own words
+        error = journal.error if journal.error is not None else error
+        if disk.is_disk_condition(error):
+            return disk.describe_write_error(journal.path, error)
+        return f"the master journal {journal.path} cannot be written: {error}"
 
     def _log(self, record: dict) -> int:
         """Appends `record` (under the lock); returns what `_durable` waits for."""
@@ -159,7 +170,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except OSError as e:
             # The journal stopped (a full disk; `_journal_failed` fails the
             # job): answers go on, saying the job failed, without a traceback.
-            self._error = self._error or str(e)
+            self._error = self._error or self._journal_error_text(e)
             return 0
 
     def _durable(self, seq: int) -> None:
@@ -168,7 +179,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             try:
                 self._journal.wait(seq)
             except OSError as e:  # the journal stopped: the job has failed
-                self._error = self._error or str(e)
+                self._error = self._error or self._journal_error_text(e)
 
     def _milestone(self, response):
         """`response`, once the end of the last epoch or round is on disk."""

@@ -382,16 +382,18 @@ def report_per_tensor(few: dict, many: dict, few_tensors: int, many_tensors: int
             f"server CPU, {1e6 * client:.1f} us of client CPU"]
 
 
+def table_header() -> list[str]:
+    """The servers' table header; `_row` prints each row under it as measured."""
+    return [f"  {'PS':>4s} {'workers':>7s} {'pushes/s':>9s} {'MB/s':>7s} "
+            f"{'median ms':>9s} {'p90 ms':>7s} {'PS CPU ms/push':>14s} "
+            f"{'PS CPU ms/MB':>12s} {'PS busy':>8s} {'clients busy':>12s}"]
+
+
 def report(rows: list[dict]) -> list[str]:
+    """What the servers' table adds up to: scaling efficiency and the cost of a push."""
     model_mb = FLAGS.model_mb
-    lines = [
-        f"  {'PS':>4s} {'workers':>7s} {'pushes/s':>9s} {'MB/s':>7s} "
-        f"{'median ms':>9s} {'p90 ms':>7s} {'PS CPU ms/push':>14s} "
-        f"{'PS CPU ms/MB':>12s} {'PS busy':>8s} {'clients busy':>12s}"]
-    for r in rows:
-        lines.append(_row(str(r["num_ps"]), r, model_mb))
-    lines.append("  (MB/s: model bytes pushed and pulled back; busy: CPU seconds per "
-                 "second, all server or client processes together)")
+    lines = ["  (MB/s: model bytes pushed and pulled back; busy: CPU seconds per "
+             "second, all server or client processes together)"]
     by = {(r["num_ps"], r["workers"]): r for r in rows}
     counts = sorted({r["num_ps"] for r in rows})
     if 1 in counts and len(counts) > 1:
@@ -420,6 +422,11 @@ def report(rows: list[dict]) -> list[str]:
             f"workers that each push every T seconds: about {1 / mean:.0f} x T of "
             "them per core of parameter servers"]
     return lines
+
+
+def show(lines) -> None:
+    for line in lines:
+        print(line, flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -458,25 +465,28 @@ def main(argv: list[str]) -> None:
           f"configuration; TensorFlow device of the servers: {device}; "
           f"{sharing}", flush=True)
     job_dir = tempfile.mkdtemp(prefix="keras-elastic-bench-scaling-")
+    # Each part prints as soon as it is measured, so a run cut short (a
+    # timeout, a lease that ends) keeps what it measured.
+    show(table_header())
     rows = []
     for num_ps in counts:
-        rows += measure_servers(num_ps, worker_counts, job_dir, FLAGS.model_mb,
-                                FLAGS.tensors)
-    lines = report(rows)
+        measured = measure_servers(num_ps, worker_counts, job_dir, FLAGS.model_mb,
+                                   FLAGS.tensors)
+        show(_row(str(r["num_ps"]), r, FLAGS.model_mb) for r in measured)
+        rows += measured
+    show(report(rows))
     if FLAGS.echo:
-        lines += report_echo(rows, measure_echo(worker_counts, job_dir,
-                                                FLAGS.model_mb, FLAGS.tensors))
+        show(report_echo(rows, measure_echo(worker_counts, job_dir,
+                                            FLAGS.model_mb, FLAGS.tensors)))
     if FLAGS.fixed_cost_kb > 0:
         kb, tensors, workers = (FLAGS.fixed_cost_kb / 1000, FLAGS.fixed_cost_tensors,
                                 [FLAGS.fixed_cost_workers])
         fixed = measure_servers(1, workers, job_dir, kb, tensors)[0]
         echo = measure_echo(workers, job_dir, kb, tensors)[0] if FLAGS.echo else None
-        lines += report_fixed_cost(fixed, echo)
+        show(report_fixed_cost(fixed, echo))
         if FLAGS.per_tensor_tensors > tensors:
             many = measure_servers(1, workers, job_dir, kb, FLAGS.per_tensor_tensors)[0]
-            lines += report_per_tensor(fixed, many, tensors, FLAGS.per_tensor_tensors)
-    for line in lines:
-        print(line, flush=True)
+            show(report_per_tensor(fixed, many, tensors, FLAGS.per_tensor_tensors))
     print(f"  ({time.time() - started:.0f} s in all; service logs in {job_dir})",
           flush=True)
 

@@ -141,3 +141,20 @@ def test_table_checkpoint(tmp_path):
     # (20,000 rows are too few for a meaningful resident figure: printed only)
     found = figures(rf"resident bytes per row: {NUM}: {NUM}x the minimum", out)
     assert len(found) == 1, out
+
+
+def test_ps_scaling_prints_each_row_as_it_is_measured(tmp_path):
+    # A run cut short (a timeout, a device lease that ends) keeps the rows it
+    # measured: the 1-server row is out before the 2 servers are measured.
+    result = subprocess.run(
+        [sys.executable, os.path.join(BENCH_DIR, "bench_ps_scaling.py"), "--smoke",
+         "--num_ps=1,2", "--workers=2", "--echo=false", "--fixed_cost_kb=0"],
+        cwd=REPO, env=subprocess_env(TMPDIR=str(tmp_path)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=600)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout[-3000:]
+    row = re.compile(r"^\s+1\s+2\s+" + r"\s+".join([NUM] * 8) + r"$")
+    first_row = next(i for i, line in enumerate(lines) if row.search(line))
+    two_servers = next(i for i, line in enumerate(lines)
+                       if re.search(r"\] 2 PS, 2 workers: ", line))
+    assert first_row < two_servers, result.stdout[-3000:]

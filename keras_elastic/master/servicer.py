@@ -153,7 +153,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         thread, an append, a wait) says it the same way, from the journal's own
         error rather than the wrapper an append or a wait raises."""
         journal = self._journal
-        if journal is None or (journal.error is None and error is not None
+        if journal is None or (journal.error is None
                                and not disk.is_disk_condition(error)):
             return str(error)  # e.g. a sync that timed out: its own words
         error = journal.error if journal.error is not None else error

@@ -25,6 +25,8 @@ from typing import TextIO
 
 from absl import logging
 
+from keras_elastic.launcher import console
+
 FILE = "launcher.log"
 
 
@@ -56,7 +58,7 @@ class JobLog:
 
     def say(self, text: str, stream: TextIO | None = None) -> None:
         """Prints `text` (to stdout by default) and writes it to the file."""
-        print(text, file=stream or sys.stdout, flush=True)
+        console.write_line(text, stream or sys.stdout)
         handler = self._handler
         if handler is None or handler.broken:
             return

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import abc
 import os
-import sys
 import threading
 from collections.abc import Sequence
 
 from keras_elastic.common import errors
+from keras_elastic.launcher import console
 
 # TensorFlow's C++ start-up chatter (INFO lines, and the note that precedes
 # them): kept in the log files, not echoed.
@@ -62,8 +62,7 @@ def echo_line(prefix: bytes, line: bytes) -> None:
     Keras progress bars redraw with \\r: only their last state is shown."""
     text = line.rstrip(b"\n").split(b"\r")[-1]
     if text.strip() and not text.startswith(_NOISE):
-        sys.stdout.buffer.write(prefix + text + b"\n")
-        sys.stdout.buffer.flush()
+        console.write_line(prefix + text)
 
 
 def read_tail(log_path: str, lines: int = 20) -> str:

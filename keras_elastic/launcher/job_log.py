@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging as pylogging
 import os
-import sys
 from typing import TextIO
 
 from absl import logging
@@ -58,7 +57,7 @@ class JobLog:
 
     def say(self, text: str, stream: TextIO | None = None) -> None:
         """Prints `text` (to stdout by default) and writes it to the file."""
-        console.write_line(text, stream or sys.stdout)
+        console.write_line(text, stream)
         handler = self._handler
         if handler is None or handler.broken:
             return

@@ -153,13 +153,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         thread, an append, a wait) says it the same way, from the journal's own
         error rather than the wrapper an append or a wait raises."""
         journal = self._journal
-        if journal is None or (journal.error is None
-                               and not disk.is_disk_condition(error)):
-            return str(error)  # e.g. a sync that timed out: its own words
-        error = journal.error if journal.error is not None else error
-        if disk.is_disk_condition(error):
-            return disk.describe_write_error(journal.path, error)
-        return f"the master journal {journal.path} cannot be written: {error}"
+        cause = journal.error if journal is not None else None
+        if cause is None:
+            return str(error)  # not a failed write (a sync that timed out): its words
+        if disk.is_disk_condition(cause):
+            return disk.describe_write_error(journal.path, cause)
+        return f"the master journal {journal.path} cannot be written: {cause}"
 
     def _log(self, record: dict) -> int:
         """Appends `record` (under the lock); returns what `_durable` waits for."""

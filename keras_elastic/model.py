@@ -110,6 +110,7 @@ def _compile(self, *args, exchange: str | None = None, **kwargs) -> None:
     """
     _plain(self, "compile")(*args, **kwargs)
     session = session_of(self)
+    session.compiled()
     if exchange is not None:
         session.exchange = _check_exchange(exchange)
     session.jit_compile = bool(getattr(self, "jit_compile", False))
@@ -202,6 +203,11 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
     """Keras' `evaluate`; on an `ElasticDataset` or NumPy arrays, exact over
     the whole data, each worker evaluating some of its tasks."""
     session = session_of(self)
+    if kwargs.pop("_use_cached_eval_dataset", False) and session.training and (
+            isinstance(x, ElasticDataset)):
+        # The validation of an elastic fit, called by Keras' fit loop.
+        logs = session.validate(x, steps=steps, callbacks=callbacks)
+        return logs if return_dict else _logs_as_keras_returns(self, logs)
     if not _is_elastic_data(x, y, sample_weight) or session.training:
         # Keras' own validation inside an elastic fit, or other data.
         return _plain(self, "evaluate")(
@@ -219,10 +225,13 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
         dataset, callbacks=callbacks, verbose=1 if verbose == "auto" else verbose,
         call=describe_call("evaluate", x, y=y, batch_size=batch_size,
                            sample_weight=sample_weight, steps=steps))
-    if return_dict:
-        return logs
-    values = list(logs.values())
-    return values[0] if len(values) == 1 else values
+    return logs if return_dict else _logs_as_keras_returns(self, logs)
+
+
+def _logs_as_keras_returns(model, logs: dict[str, float]):
+    """`evaluate`'s return without `return_dict`, as Keras': the one value,
+    or the values in the order of the model's metrics."""
+    return keras_compat.flatten_metrics_in_order(model, logs)
 
 
 def _predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None,

@@ -59,7 +59,11 @@ def test_two_worker_job_writes_a_run_per_worker_and_validation_once(tmp_path):
     validation_files = event_files(os.path.join(log_dir, "validation"))
     assert len(validation_files) == 1
     validation = scalars(os.path.join(log_dir, "validation"))
-    assert sorted(validation) == ["epoch_accuracy", "epoch_loss"], validation
+    # (evaluation_*_vs_iterations: Keras' on_test_end, which fit's validation
+    # calls as in plain Keras.)
+    assert sorted(validation) == ["epoch_accuracy", "epoch_loss",
+                                  "evaluation_accuracy_vs_iterations",
+                                  "evaluation_loss_vs_iterations"], validation
     assert [s for s, _ in validation["epoch_accuracy"]] == [0, 1]
     # Keras prints an epoch's line only on a worker that trained a batch of it
     # (on a loaded machine one worker may take all 4 tasks of an epoch): the

@@ -51,7 +51,8 @@ __all__ = [
     "Functional", "KERAS_CHECKED", "SegmentedIterator", "Trainer", "all_layers",
     "auto_name", "build_from_input_spec", "call_has_training_arg",
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
-    "elastic_epochs", "file_utils", "flat_call", "functional_init_arguments",
+    "elastic_epochs", "file_utils", "flat_call", "flatten_metrics_in_order",
+    "functional_init_arguments",
     "reset_fit_state", "loss_tracker", "optimizer_learning_rate", "symbolic_build",
     "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
 ]
@@ -150,6 +151,12 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
     return model._loss_tracker
 
 
+def flatten_metrics_in_order(model: keras.Model, logs: dict) -> Any:
+    """`evaluate`'s return without `return_dict`: the one value, or the values
+    in the order of the model's metrics (Keras' own ordering)."""
+    return model._flatten_metrics_in_order(logs)
+
+
 def call_has_training_arg(model: keras.Model) -> bool:
     """Whether the model's `call` takes a `training` argument."""
     return bool(model._call_has_training_arg)
@@ -245,6 +252,17 @@ class _ElasticEpochIterator(_tf_trainer.TFEpochIterator):
 
     # {id(tf.data.Dataset): on_end} of the training pipelines made of segments.
     segmented: dict[int, Callable[[], bool]] = {}
+    # ids of the validation data that the model's own `evaluate` runs (an
+    # elastic validation): Keras' fit makes an epoch iterator of it to cache,
+    # which is never iterated.
+    evaluated_by_model: frozenset[int] = frozenset()
+
+    def __init__(self, *args, **kwargs):
+        if "x" in kwargs and id(kwargs["x"]) in self.evaluated_by_model:
+            self.data_adapter = None
+            self._current_iterator = None
+            return
+        super().__init__(*args, **kwargs)
 
     def _on_end(self) -> Callable[[], bool] | None:
         dataset = getattr(self.data_adapter, "_dataset", None)
@@ -275,17 +293,22 @@ class _ElasticEpochIterator(_tf_trainer.TFEpochIterator):
 
 
 @contextlib.contextmanager
-def elastic_epochs(segmented: dict[int, Callable[[], bool]] | None = None):
+def elastic_epochs(segmented: dict[int, Callable[[], bool]] | None = None,
+                   evaluated_by_model: Any = ()):
     """Within this context, Keras' fit/evaluate/predict iterate epochs whose
     length the master decides (see `_ElasticEpochIterator`).
 
     `segmented`: `{id(pipeline): on_end}` for training pipelines whose epochs
     may be made of segments (the model's train function must take batches
     with `next()`: see `worker/train_function.py`).
+    `evaluated_by_model`: validation data that `fit` hands to the model's own
+    `evaluate` (Keras makes no iterator of it).
     """
     original = _tf_trainer.TFEpochIterator
     iterator_class = type("ElasticEpochIterator", (_ElasticEpochIterator,),
-                          {"segmented": dict(segmented or {})})
+                          {"segmented": dict(segmented or {}),
+                           "evaluated_by_model": frozenset(
+                               id(v) for v in evaluated_by_model)})
     _tf_trainer.TFEpochIterator = iterator_class
     try:
         yield

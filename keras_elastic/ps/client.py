@@ -573,7 +573,8 @@ class PSClient:
                  hyperparameters: Mapping[str, float] | None = None,
                  optimizer: str = "",
                  optimizer_spec: tuple[str, Sequence[str]] | None = None,
-                 bases: Mapping[str, np.ndarray] | None = None
+                 bases: Mapping[str, np.ndarray] | None = None,
+                 assignment: bool = False
                  ) -> PushReply:
         """Pushes gradients that contain the elements `ranges`, and
         non-trainable values, to the servers `targets` (default: every server
@@ -590,7 +591,9 @@ class PSClient:
         {name: the value the non-trainable value `assigns[name]` was computed
         from}; a server whose value changed meanwhile (another worker's push)
         adds the change `assigns[name] - bases[name]` to it rather than
-        overwriting it (see `ParameterStore.push`)."""
+        overwriting it (see `ParameterStore.push`). `assignment`: `assigns`
+        are values the worker's script set, of any variable (the servers'
+        model version goes up)."""
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
@@ -631,7 +634,9 @@ class PSClient:
                                      num_tensors=len(grad_parts[i]) + len(
                                          assign_parts[i]),
                                      hyperparameters=changes[i],
-                                     optimizer=optimizer, optimizer_spec=spec)
+                                     optimizer=optimizer, optimizer_spec=spec,
+                                     assignment=assignment and bool(
+                                         assign_parts[i]))
 
         def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
             size = sum(g.nbytes for g in grad_parts[i].values()) + sum(

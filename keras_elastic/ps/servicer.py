@@ -320,7 +320,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 since = self._since(header.base_version, header.incarnation)
                 result = self.store.push(grads, assigns, since, ranges_of(header),
                                          sparse, dict(header.hyperparameters),
-                                         header.optimizer, bases=bases)
+                                         header.optimizer, bases=bases,
+                                         assignment=header.assignment)
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:

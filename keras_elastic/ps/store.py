@@ -303,18 +303,46 @@ class ParameterStore:
                 raise errors.ServerStateError(
                     f"model '{namespace}' cannot initialize the parameter server "
                     "before the job's first model")
-            names = sorted(k for k, v in variables.items() if v.trainable)
-            if not optimizer.built:
-                optimizer.build([variables[k] for k in names])
-            self._shared = True
-            self._fresh = None
-            for key, variable in variables.items():
-                self.variables[key] = variable
-                self.trainable[key] = bool(variable.trainable)
-                self.updated_at[key] = self.version
-            self.optimizers[group] = OptimizerGroup(group, optimizer, config, names,
-                                                    relative_names)
+            self._share(group, variables, optimizer, config, relative_names)
             return True
+
+    def reshare(self, variables: dict[str, keras.Variable],
+                optimizer: keras.optimizers.Optimizer, config: dict,
+                relative_names: dict[int, str], namespace: str = "") -> None:
+        """The in-process worker's model of `namespace` (shared by
+        `init_shared`) was compiled with another optimizer, or a layer's
+        `trainable` changed: the store holds its variables (under their keys
+        now) and its new optimizer instead, and forgets the namespace's
+        other optimizers (the worker shares them again at their next apply).
+        The values are the model's own: nothing is lost."""
+        with self._lock:
+            if not self._shared:
+                raise errors.ServerStateError(
+                    "reshare: the store does not hold a worker's own variables")
+            for key in [k for k in self.variables if namespace_of(k) == namespace]:
+                del self.variables[key]
+                self.trainable.pop(key, None)
+                self.updated_at.pop(key, None)
+                self._wanted.pop(key, None)
+            for name in [g for g in self.optimizers if namespace_of(g) == namespace]:
+                del self.optimizers[name]
+            self._share(namespace + "optimizer" if namespace else "", variables,
+                        optimizer, config, relative_names)
+
+    def _share(self, group: str, variables: dict[str, keras.Variable],
+               optimizer: keras.optimizers.Optimizer, config: dict,
+               relative_names: dict[int, str]) -> None:
+        names = sorted(k for k, v in variables.items() if v.trainable)
+        if not optimizer.built:
+            optimizer.build([variables[k] for k in names])
+        self._shared = True
+        self._fresh = None
+        for key, variable in variables.items():
+            self.variables[key] = variable
+            self.trainable[key] = bool(variable.trainable)
+            self.updated_at[key] = self.version
+        self.optimizers[group] = OptimizerGroup(group, optimizer, config, names,
+                                                relative_names)
 
     def share_optimizer(self, name: str, optimizer: keras.optimizers.Optimizer,
                         config: dict, variables: list[str],
@@ -322,7 +350,8 @@ class ParameterStore:
         """Holds a worker's own optimizer (in this process) as group `name`
         (its first apply, in the worker's traced step); see `init_shared`."""
         with self._lock:
-            if name not in self.optimizers:
+            known = self.optimizers.get(name)
+            if known is None or known.optimizer is not optimizer:
                 self.optimizers[name] = OptimizerGroup(
                     name, optimizer, config, sorted(set(variables)), relative_names)
 
@@ -638,8 +667,13 @@ class ParameterStore:
              sparse: SparseGrads | None = None,
              hyperparameters: Mapping[str, float] | None = None,
              optimizer: str = "",
-             bases: Mapping[str, np.ndarray] | None = None) -> PushResult:
+             bases: Mapping[str, np.ndarray] | None = None,
+             assignment: bool = False) -> PushResult:
         """Applies (or buffers) gradients, assigns non-trainable values.
+
+        `assignment`: the push only assigns values a worker's script set
+        (trainable variables too, no gradient): the model's version goes up
+        by one, so that every worker's next refresh takes them.
 
         `bases`: {name: the value the worker's `assigns[name]` was computed
         from (the variable at its step's start)}. Where the server's value is
@@ -727,6 +761,11 @@ class ParameterStore:
             hp.set_hyperparameters(hyperparameters, group.optimizer)
             if assigns:
                 self._fresh = None
+            if assignment and (grads or sparse or ranges):
+                raise ValueError("an assignment push carries values only (no "
+                                 "gradient, rows or task ranges)")
+            if assignment and assigns:
+                self.version += 1
             for name in assigns:
                 self.updated_at[name] = (self.version + 1 if grads or sparse
                                          else self.version)

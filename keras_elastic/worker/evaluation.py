@@ -39,12 +39,15 @@ def evaluate_elastic(model: keras.Model, eval_step, dataset: ElasticDataset,
     """Evaluates this worker's share of round `eval_round` with `eval_step`
     (the model's compiled `test_step`); returns global logs."""
     variables = metric_variables(model)
-    callback_list = keras.callbacks.CallbackList(
-        callbacks, add_history=False, add_progbar=verbose != 0, model=model,
-        verbose=verbose, epochs=1, steps=None)
+    if isinstance(callbacks, keras.callbacks.CallbackList):  # (as Keras' evaluate)
+        callback_list = callbacks
+    else:
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_history=False, add_progbar=verbose != 0, model=model,
+            verbose=verbose, epochs=1, steps=None)
     stream.set_epoch(eval_round)
+    callback_list.on_test_begin()  # (before the metrics' reset, as in Keras)
     model.reset_metrics()
-    callback_list.on_test_begin()
 
     def on_batch(step: int, batch) -> None:
         callback_list.on_test_batch_begin(step)

@@ -121,7 +121,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 
 import keras
 from absl import logging
@@ -384,29 +383,12 @@ class _ChiefTracker(keras.callbacks.Callback):
         are through: its files are written), or this worker became the chief
         (the chief died), or after `limit` seconds (default: the liveness
         timeout; a warning)."""
-        from keras_elastic.common import cluster_env
+        from keras_elastic.worker import chief
 
-        master, me = self.job.cluster.master, self.job.worker_id
-        if limit is None:
-            limit = cluster_env.call_deadline(60.0)
-        deadline = time.monotonic() + limit
-        while True:
-            try:
-                workers = master.job_status().workers
-            except ConnectionError:  # the master is restarting
-                workers = None
-            if workers is not None:
-                chief = workers.chief
-                # The chief finished the script (exited): its callbacks are through.
-                if chief in (None, me) or chief in workers.exited or workers.mark(
-                        chief, mark):
-                    return
-            if time.monotonic() > deadline:
-                logging.warning("keras_elastic: worker %d: the chief did not finish "
-                                "the callbacks of %s within %.0f s; going on without "
-                                "its files", me, self.job.fit_name, limit)
-                return
-            time.sleep(0.1)
+        chief.wait_for_chief(
+            self.job.cluster, mark, limit=limit,
+            what=f"finish the callbacks of {self.job.fit_name}",
+            then="going on without its files")
 
     def train_end(self) -> None:
         """After every callback's `on_train_end` (`_FitEnd`): a non-chief

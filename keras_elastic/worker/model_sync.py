@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from keras_elastic.common import faults, keras_compat
 from keras_elastic.common.timing import PhaseTimer
@@ -28,6 +29,7 @@ from keras_elastic.ps.client import PSClient
 from keras_elastic.ps.hyperparameters import learning_rate_variable
 from keras_elastic.ps.partition import elementwise, partition_bytes
 from keras_elastic.ps.task_log import Range
+from keras_elastic.worker.assignments import AssignmentWatch, assign_quietly
 from keras_elastic.worker.hyperparameters import HyperparameterSync
 from keras_elastic.worker.push_pipeline import PushPipeline
 
@@ -38,10 +40,18 @@ class ModelSync:
     """The link between one model and the parameter servers."""
 
     def __init__(self, model: keras.Model, ps: PSClient, timer: PhaseTimer,
-                 namespace: str = "", local_store=None) -> None:
+                 namespace: str = "", local_store=None,
+                 chief: Callable[[], bool] = lambda: True) -> None:
         self.model = model
         self.ps = ps
         self.timer = timer
+        # Whether this worker is the job's chief now (asked when the script
+        # assigned weights: `publish_assignments`).
+        self.chief = chief
+        # The script's assignments to the model's weights (set_weights, a
+        # callback restoring weights), noticed for the servers; None while
+        # the servers hold the model's own variables (`shared`).
+        self.watch: AssignmentWatch | None = None
         # The parameter server's store when it runs in this process (an
         # embedded cluster): it then holds this model's own variables and
         # optimizers (`ParameterStore.init_shared`), and the train step
@@ -54,13 +64,7 @@ class ModelSync:
         # name of its own optimizer's group there.
         self.namespace = namespace
         self.main_group = namespace + "optimizer" if namespace else ""
-        self.trainable = list(model.trainable_weights)
-        self.non_trainable = list(model.non_trainable_weights)
-        self.variables = model_variables(model)
-        self.keys = variable_keys(model, namespace)
-        self.trainable_keys = self.keys[:len(self.trainable)]
-        self.non_trainable_keys = self.keys[len(self.trainable):]
-        self._key_of = {id(v): k for k, v in zip(self.keys, self.variables)}
+        self._take_layout()
         self._values: dict[str, np.ndarray] = {}
         # update name -> the servers its pushes reach (noted when the step is
         # traced): who must hold each update's elements (worker/replay.py).
@@ -98,6 +102,55 @@ class ModelSync:
         # The next step first takes what the servers changed (`refresh`): set
         # at the start of each epoch.
         self.refresh_due = False
+
+    def _take_layout(self) -> None:
+        """The model's variables as the servers hold them: trainable first,
+        then non-trainable, keyed by position (common/variable_keys.py)."""
+        model = self.model
+        self.trainable = list(model.trainable_weights)
+        self.non_trainable = list(model.non_trainable_weights)
+        self.variables = model_variables(model)
+        self.keys = variable_keys(model, self.namespace)
+        self.trainable_keys = self.keys[:len(self.trainable)]
+        self.non_trainable_keys = self.keys[len(self.trainable):]
+        self._key_of = {id(v): k for k, v in zip(self.keys, self.variables)}
+        # What the servers were initialized with (`outdated`).
+        self._linked = self._identity()
+
+    def reshare(self) -> None:
+        """The model of a shared store (`shared`) changed what the store was
+        given (`outdated`): the store takes its variables, under their keys
+        now, and its optimizer anew (nothing to copy: they are the model's)."""
+        optimizer = self.model.optimizer
+        self._take_layout()
+        self.updates.clear()
+        self.update_keys.clear()
+        self.hyperparameter_syncs = {self.main_group: HyperparameterSync(
+            lambda: self.model.optimizer)}
+        self.local_store.reshare(
+            dict(zip(self.keys, self.variables)), optimizer,
+            _jsonable(keras.optimizers.serialize(optimizer)),
+            self.relative_names(optimizer), self.namespace)
+
+    def _identity(self) -> tuple:
+        """The variables, which of them are trainable, and the optimizers."""
+        return (tuple(id(v) for v in model_variables(self.model)),
+                tuple(v.trainable for v in model_variables(self.model)),
+                tuple(sorted((g, id(o)) for g, o in self.optimizers().items())))
+
+    def outdated(self) -> bool:
+        """Whether the model changed what the servers were initialized with:
+        a compile with another optimizer, a layer's `trainable` changed
+        (keras.io's fine-tuning), weights added. The servers then need the
+        model anew (`ElasticSession.connect` links it again)."""
+        return self._identity() != self._linked
+
+    def close(self) -> None:
+        """This link is replaced by another (the model was linked anew)."""
+        self.flush()
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
 
     @property
     def hyperparameters(self) -> HyperparameterSync | None:
@@ -168,6 +221,7 @@ class ModelSync:
                                     partition_bytes=(partition_bytes()
                                                      if split else None))
         self.assign_all()
+        self.watch = AssignmentWatch(self.variables, self.keys)
         self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
             lambda: self.model.optimizer)
         self.adopt_hyperparameters()
@@ -499,7 +553,28 @@ class ModelSync:
         self._values.update(values)
         for key, variable in zip(self.keys, self.variables):
             if key in values:
-                variable.assign(values[key])
+                assign_quietly(variable, values[key])
+
+    def publish_assignments(self, chief: bool | None = None) -> None:
+        """The values the script assigned to the model's weights since the
+        last publish (`watch`) go to the servers, if this worker is the chief
+        (`chief`; None: ask; its assignment is the job's: every worker runs
+        the same script, and the others' copies would be their own); the
+        others forget theirs (their next pull or step takes the servers'
+        values)."""
+        if self.watch is None or not self.watch.pending:
+            return
+        if not (self.chief() if chief is None else chief):
+            logging.info("keras_elastic: this worker is not the chief: its assignment "
+                         "of %d weight(s) stays local (the chief's is the job's)",
+                         len(self.watch.pending))
+            self.watch.discard()
+            return
+        values = self.watch.take()
+        self.flush()  # the push in flight first (pipelined exchange)
+        reply = self.ps.exchange({}, values, assignment=True)
+        self._values.update(values)
+        self.take(reply.values)
 
     def begin_training(self, stream) -> None:
         """A `fit` starts on the training stream `stream`: the tasks of its
@@ -517,12 +592,14 @@ class ModelSync:
         whose keys it holds)."""
         for key, variable in zip(self.keys, self.variables):
             if key in self._values and (only is None or key in only):
-                variable.assign(self._values[key])
+                assign_quietly(variable, self._values[key])
 
     # -- the step -----------------------------------------------------------
     def begin_step(self) -> None:
         """A batch is ready and its step begins (for the compute/input-wait
         split, and what the pipelined exchange knows was given back)."""
+        if self.watch is not None and self.watch.pending:
+            self.publish_assignments()  # (a callback's, since the last step)
         self.t_data = self._t_mark = time.perf_counter()
         if self.shared:
             for sync in list(self.hyperparameter_syncs.values()):

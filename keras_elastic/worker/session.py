@@ -31,6 +31,7 @@ print(session.model_version())   # the servers' version of the model
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 from collections.abc import Callable
@@ -46,8 +47,8 @@ from keras_elastic.common.variable_keys import namespace
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers import embedding as embedding_module
 from keras_elastic.layers.embedding import Embedding
-from keras_elastic.worker import remote_optimizer
-from keras_elastic.worker.cluster import get_cluster
+from keras_elastic.worker import chief, remote_optimizer
+from keras_elastic.worker.cluster import get_cluster, is_chief
 from keras_elastic.worker.model_sync import ModelSync
 from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import JobMetrics, TaskReporter
@@ -123,6 +124,7 @@ class ElasticSession:
         self.exchange = "sync"       # see compile(exchange=...)
         self._eval_step = None       # compiled test_step / predict_step
         self._predict_step = None
+        self._fit: _Fit | None = None  # the running elastic fit
         self._rounds: dict[str, int] = {}  # dataset -> next standalone round
         # A parameter-server checkpoint the servers load when the model first
         # connects to them (set by ke.checkpoint.restore_model).
@@ -156,6 +158,8 @@ class ElasticSession:
         else:
             self.sync.ps.restore_all(path)
             self.sync.pull()
+            if self.sync.watch is not None:
+                self.sync.watch.discard()  # (the values just restored, not new ones)
 
     def pull(self) -> None:
         """The model takes the servers' newest values (if connected)."""
@@ -167,6 +171,11 @@ class ElasticSession:
         outside the cluster, in this process: an embedded cluster only)."""
         if self.sync is not None and self.sync.ps is get_cluster().ps:
             self.sync.push_values()
+
+    def compiled(self) -> None:
+        """The model was compiled (again): its steps are traced anew, with the
+        new loss and metrics (Keras' compile drops its own functions too)."""
+        self._eval_step = self._predict_step = None
 
     def eval_step(self) -> Callable:
         """The model's `test_step`, compiled once."""
@@ -223,25 +232,86 @@ class ElasticSession:
             from keras_elastic.checkpoint import restore_model
 
             restore_model(model, local_restore.path)
+        reached = self._sync_point(cluster, "start a fit, evaluate or predict call "
+                                   "as this worker did")
         if self.sync is None or self.sync.ps is not cluster.ps:
             self._link(cluster, restore_from)
+        elif self.sync.outdated():
+            self._relink(cluster)
         else:
             self.sync.pull()
             if adopt:
                 self.sync.adopt_hyperparameters()
+        reached()
         remote_optimizer.attach(model, self.sync)
         self.sync.exchange_mode = self.exchange
         return self.sync
+
+    def _sync_point(self, cluster, what: str) -> Callable[[], None]:
+        """A point where every worker takes the job's weights: the start of a
+        phase (a fit, an evaluation round, a predict) and the end of a fit.
+        What the script assigned to the weights since the last one reaches
+        the servers first, the chief's (worker/assignments.py: its
+        assignment is the job's); every other worker forgets its own and
+        waits until the chief has passed the point, so that it takes the
+        same values. The chief sends an assignment only once every other
+        worker has passed the previous point (took its values). Returns what
+        to call once this worker has taken the point's values.
+
+        Every worker passes the same points in the same order (it runs the
+        same script): the n-th point is the mark `("sync", n)`.
+        """
+        point = cluster.__dict__.get("_ke_sync_points", 0) + 1
+        cluster.__dict__["_ke_sync_points"] = point
+        sync = self.sync
+        if cluster.embedded:
+            if sync is not None:
+                sync.publish_assignments(chief=True)
+            return lambda: None
+        if is_chief(cluster) or chief.wait_for_chief(
+                cluster, "sync", point, what=what):
+            if sync is not None and sync.watch is not None and sync.watch.pending:
+                chief.wait_for_workers(cluster, "sync", point - 1,
+                                       what="take the weights of the last phase")
+                sync.publish_assignments(chief=True)
+        elif sync is not None and sync.watch is not None:
+            sync.watch.discard()
+        return lambda: chief.reach(cluster, "sync", point)
 
     def _link(self, cluster, restore_from: str = "") -> None:
         """A `ModelSync` of the (built) model with the cluster's servers,
         which it initializes (first worker wins) and takes its values from."""
         self.sync = ModelSync(self.model, cluster.ps, cluster.timer,
                               namespace=_next_namespace(cluster),
-                              local_store=cluster.local_store())
+                              local_store=cluster.local_store(),
+                              chief=lambda: is_chief(cluster))
         self.sync.exchange_mode = self.exchange
         self.sync.initialize(restore_from or self._restore_from)
         self._restore_from = ""
+
+    def _relink(self, cluster) -> None:
+        """The model changed what its servers were given (`ModelSync.outdated`:
+        compiled with another optimizer, a layer's `trainable` changed): the
+        servers take it anew, as Keras' compile starts a new optimizer. A
+        store in this process holds the model's own variables again; remote
+        servers get the model in a new namespace, initialized from its
+        values now (the last phase's, with the chief's assignments: the
+        first worker to link wins, and every other worker waited for the
+        chief)."""
+        old = self.sync
+        if old.tables:
+            raise ValueError(
+                f"{type(self.model).__name__} has ke.layers.Embedding tables on the "
+                "parameter servers and was compiled again with another optimizer, or "
+                "a layer's trainable flag changed, after it trained: keras_elastic "
+                "cannot move its tables' rows to a new optimizer. Compile it (and set "
+                "trainable) once, before its first fit.")
+        if old.shared:
+            old.flush()
+            old.reshare()
+            return
+        old.close()
+        self._link(cluster)
 
     def connect_for_tables(self, x=None) -> None:
         """Connects a model with `ke.layers.Embedding` tables (their rows live
@@ -334,34 +404,26 @@ class ElasticSession:
         tf_dataset = dataset.build(stream.generator)
         runtime = TrainFunction(model, sync, stream, tf_dataset.element_spec)
         sync.begin_training(stream)
-        validate = None
-        keras_validation = None
-        if isinstance(validation, ElasticDataset):
-            # Keras evaluates the first `validation_steps` batches each time.
-            rounds = validation.take(validation_steps) if validation_steps else validation
-
-            def validate(epoch: int) -> dict[str, float] | None:
-                if not _should_eval(epoch, validation_freq):
-                    return None
-                logs = self.evaluate_round(rounds, eval_round=epoch,
-                                           after=dataset.name, call=call)
-                return {f"val_{k}": v for k, v in logs.items()}
-        else:
-            keras_validation = validation
-        callbacks = per_worker_tensorboard(callbacks, cluster, validate is not None)
-        reporter = TaskReporter(stream, lambda: runtime.trained_seq, sync, validate,
-                                job_metrics)
+        # An ElasticDataset as validation_data goes to Keras' own loop as it
+        # is: Keras calls the model's evaluate with the fit's callbacks at each
+        # epoch's end (its hooks, validation_freq, validation_steps, the val_
+        # logs), and the model's evaluate runs the round (`validate`).
+        elastic_validation = isinstance(validation, ElasticDataset)
+        callbacks = per_worker_tensorboard(callbacks, cluster, elastic_validation)
+        reporter = TaskReporter(stream, lambda: runtime.trained_seq, sync, job_metrics)
         if start_epoch >= epochs:
             logging.info("keras_elastic: the job is already past epoch %d", epochs)
         self.runtime = runtime
+        self._fit = _Fit(dataset.name, call, reporter)
         keras_compat.reset_fit_state(model)
         try:
             with keras_compat.elastic_epochs(
-                    segmented={id(tf_dataset): stream.end_segment}):
+                    segmented={id(tf_dataset): stream.end_segment},
+                    evaluated_by_model=[validation] if elastic_validation else ()):
                 history = keras_fit(
                     tf_dataset, epochs=epochs, verbose=verbose,
-                    callbacks=[reporter] + list(callbacks or []),
-                    validation_data=keras_validation, validation_freq=validation_freq,
+                    callbacks=[reporter] + _callback_items(callbacks),
+                    validation_data=validation, validation_freq=validation_freq,
                     validation_steps=validation_steps, initial_epoch=start_epoch,
                     shuffle=False, **kwargs)
         except tf.errors.OpError as e:
@@ -381,6 +443,7 @@ class ElasticSession:
             raise
         finally:
             self.runtime = None
+            self._fit = None
             model.train_function = None
             stream.stop()
             job_callbacks.close()  # this worker's temporary files, also on failure
@@ -394,7 +457,13 @@ class ElasticSession:
             # Other workers may still be training their last tasks: wait for
             # the job's last epoch to complete, then take the final model.
             cluster.master.wait_for_epoch(dataset.name, epochs)
+        # What the script assigned to the weights during the fit (a callback
+        # restoring the best epoch's: EarlyStopping(restore_best_weights=True))
+        # reaches the servers, the chief's: every worker returns from fit with
+        # the same final weights.
+        reached = self._sync_point(cluster, "end the fit as this worker did")
         sync.pull()
+        reached()
         sync.pull_optimizer_state()  # what Keras saves of the model next
         if sync.pipelined and sync.table_steps:
             logging.info("keras_elastic: the rows of %d of %d steps were looked up "
@@ -403,6 +472,23 @@ class ElasticSession:
         return history
 
     # -- evaluate and predict -----------------------------------------------
+    def validate(self, dataset: ElasticDataset, steps: int | None = None,
+                 callbacks=None) -> dict[str, float]:
+        """The validation of the running `fit` at the end of its current
+        epoch, as Keras' loop asks for it (the model's `evaluate`, given the
+        fit's callbacks): round `epoch` of `dataset` once the job's epoch is
+        over (this worker's tasks of it are reported first), the first
+        `steps` batches if set."""
+        fit = self._fit
+        if fit is None:
+            raise RuntimeError("validate() is called by Keras' fit loop only")
+        fit.reporter.end_training_epoch()
+        if steps:  # as Keras: the first `steps` batches, each time
+            dataset = dataset.take(int(steps))
+        return self.evaluate_round(dataset, eval_round=fit.reporter.epoch,
+                                   after=fit.dataset, callbacks=callbacks,
+                                   call=fit.call)
+
     def evaluate_round(self, dataset: ElasticDataset, eval_round: int | None = None,
                        after: str = "", callbacks=None, verbose=0,
                        call: str = "") -> dict[str, float]:
@@ -571,7 +657,18 @@ def _resume_request(request, resume) -> str:
     return resume.path
 
 
-def _should_eval(epoch: int, validation_freq) -> bool:
-    if isinstance(validation_freq, int):
-        return (epoch + 1) % validation_freq == 0
-    return epoch + 1 in validation_freq
+@dataclasses.dataclass
+class _Fit:
+    """The running elastic `fit` of a session: what its validation needs."""
+
+    dataset: str         # the training dataset's registered name
+    call: str            # the user's call, quoted if workers differ
+    reporter: TaskReporter
+
+
+def _callback_items(callbacks) -> list:
+    """The callbacks given to `fit` as a list (a `keras.callbacks.CallbackList`
+    gives its own)."""
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return list(callbacks.callbacks)
+    return list(callbacks or [])

@@ -30,14 +30,15 @@ from keras_elastic.worker.task_stream import TaskStream
 
 class TaskReporter(keras.callbacks.Callback):
     def __init__(self, stream: TaskStream, trained_seq, sync=None,
-                 validate=None, job_metrics: JobMetrics | None = None) -> None:
+                 job_metrics: JobMetrics | None = None) -> None:
         super().__init__()
         self.stream = stream
         self._sync = sync
-        self._validate = validate  # epoch -> val_* logs (elastic validation)
         self._trained_seq = trained_seq  # () -> largest task seq trained
         self._batch_start = 0.0
         self._last_seq = -1
+        self.epoch = 0  # the epoch running (or last run)
+        self._epoch_ended = False  # its tasks all reported (`end_training_epoch`)
         # The stream's training hooks send its states with each report.
         self.job_metrics = job_metrics if job_metrics is not None else JobMetrics()
 
@@ -49,6 +50,7 @@ class TaskReporter(keras.callbacks.Callback):
         self.job_metrics.active = True
 
     def on_epoch_begin(self, epoch, logs=None):
+        self.epoch, self._epoch_ended = epoch, False
         self.stream.set_epoch(epoch)
         self.job_metrics.start_epoch()
         if self._sync is not None:
@@ -77,13 +79,17 @@ class TaskReporter(keras.callbacks.Callback):
         # keep the epoch's training states for the last report.
         self.job_metrics.freeze()
 
-    def finish_epoch(self) -> None:
-        """The epoch's data ran out (not a stop mid-epoch): all tasks trained."""
-        if not self.model.stop_training:
+    def end_training_epoch(self) -> None:
+        """The epoch's training is over on this worker: unless it stopped
+        mid-epoch, its data ran out and every task is reported (once per
+        epoch: before the epoch's validation, which waits for the job's epoch
+        to end, or else at the epoch's end)."""
+        if not self._epoch_ended and not self.model.stop_training:
+            self._epoch_ended = True
             self.stream.finish_epoch()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.finish_epoch()
+        self.end_training_epoch()
         if not self.model.stop_training and logs is not None:
             # First callback of the list: later ones (History, EarlyStopping,
             # ModelCheckpoint, the progress bar) see the job's numbers.
@@ -95,10 +101,6 @@ class TaskReporter(keras.callbacks.Callback):
             # BackupAndRestore) save.
             self._sync.pull()
             self._sync.pull_optimizer_state()
-        if self._validate is not None and not self.model.stop_training:
-            val_logs = self._validate(epoch)
-            if val_logs and logs is not None:
-                logs.update(val_logs)
 
     def on_train_end(self, logs=None):
         self.job_metrics.active = False

@@ -46,8 +46,7 @@ VALIDATION_RUN = "validation"
 _HOOKS = ("on_batch_begin", "on_batch_end", "on_epoch_begin", "on_train_batch_begin",
           "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end",
           "on_predict_batch_begin", "on_predict_batch_end", "on_train_begin",
-          "on_train_end", "on_test_begin", "on_test_end", "on_predict_begin",
-          "on_predict_end")
+          "on_train_end", "on_predict_begin", "on_predict_end")
 
 
 def per_worker(callbacks, cluster, elastic_validation: bool):
@@ -104,6 +103,17 @@ class PerWorkerTensorBoard(keras.callbacks.Callback):
             tensorboard.log_dir = log_dir
         if self.elastic_validation:
             tensorboard._val_dir = os.path.join(self.root, VALIDATION_RUN)
+
+    def on_test_begin(self, logs=None):
+        # The job's validation (the same on every worker) goes to the
+        # `validation` run once: only the chief opens it.
+        self._writes_validation = not self.elastic_validation or self._chief()
+        if self._writes_validation:
+            self.tensorboard.on_test_begin(logs)
+
+    def on_test_end(self, logs=None):
+        if getattr(self, "_writes_validation", True):
+            self.tensorboard.on_test_end(logs)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs and self.elastic_validation and any(

@@ -1,0 +1,46 @@
+"""Keras' meaning of compile and of assigned weights in a 2-worker job
+(issue 40): tests/keras_semantics_script.py, as every worker runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import REPO, launch
+
+SCRIPT = os.path.join(REPO, "tests", "keras_semantics_script.py")
+
+
+def results(job_dir: str) -> dict[str, dict]:
+    out = {}
+    for name in sorted(os.listdir(job_dir)):
+        if name.startswith("worker-") and name.endswith(".log"):
+            with open(os.path.join(job_dir, name)) as f:
+                lines = [line for line in f if line.startswith("RESULT ")]
+            if lines:
+                out[name] = json.loads(lines[-1][len("RESULT "):])
+    return out
+
+
+@pytest.mark.multiprocess
+def test_fine_tuning_restored_weights_and_set_weights_in_a_job(tmp_path):
+    job = str(tmp_path / "job")
+    result = launch(job, SCRIPT, "--num_workers=2", "--num_ps=1", timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    found = results(job)
+    assert len(found) == 2, found
+    first, second = found.values()
+    # Fine-tuning: the unfrozen base trained in the second fit (it failed, the
+    # servers refusing the base's gradients as those of frozen weights).
+    assert first["base_moved"] > 1e-3 and second["base_moved"] > 1e-3, found
+    # EarlyStopping's restore: every worker ends fit with the same weights,
+    # the chief's best epoch's.
+    assert first["epochs_run"] == second["epochs_run"] == 2, found
+    assert first["after_fit"] == second["after_fit"], found
+    chief = [r for r in found.values() if r["chief"]]
+    assert len(chief) == 1 and chief[0]["best_distance"] == 0.0, found
+    # set_weights between calls: evaluate uses them, and they stay.
+    for r in found.values():
+        assert r["evaluate_loss"] == pytest.approx(r["plain_loss"], rel=1e-5), r
+        assert r["after_evaluate"] == pytest.approx(r["chosen"], rel=1e-6), r

@@ -76,8 +76,9 @@ setup(
         # bench/bench_training.py's tf_pss: TensorFlow's own parameter servers.
         "bench": ["tf-keras>=2.21,<2.22"],
         # pytest-xdist: the README's test command runs two test files at once.
+        # pandas: fit on DataFrames, as Keras takes them (tests/test_keras_semantics.py).
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "scikit-learn>=1.2",
-                 "ruff>=0.4", "ray>=2.9", "tf-keras>=2.21,<2.22"],
+                 "ruff>=0.4", "ray>=2.9", "tf-keras>=2.21,<2.22", "pandas>=2"],
     },
     entry_points={"console_scripts": ["keras-elastic=keras_elastic.cli:run_main"]},
     cmdclass={"build_py": BuildWithProtos},

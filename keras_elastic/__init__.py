@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os as _os
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,13 @@ __version__ = "0.1.0"
 from keras_elastic.common.launcher_tie import tie_to_launcher as _tie  # noqa: E402
 
 _tie()
+
+# A launched worker's random generators start from the job's seed, so that
+# every worker builds the same data (see worker/seeding.py).
+if _os.environ.get("KERAS_ELASTIC_SEED"):
+    from keras_elastic.worker.seeding import seed_from_job as _seed  # noqa: E402
+
+    _seed()
 
 # Imported on first use, so that the launcher and the master start without
 # TensorFlow.

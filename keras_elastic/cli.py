@@ -96,6 +96,12 @@ def _define_run() -> None:
     flags.DEFINE_integer("max_master_restarts", 3,
                          "Restarts of a dead master (from its journal) before the job "
                          "fails.")
+    flags.DEFINE_integer("seed", None,
+                         "The job's seed: every worker's global random generators "
+                         "(Python's random, NumPy's, TensorFlow's, Keras') start from "
+                         "it when keras_elastic is imported, so that unseeded code "
+                         "builds the same data on every worker. Default: chosen at "
+                         "random (kept by relaunched, joining and resumed workers).")
     flags.DEFINE_bool("resume", False,
                       "Continue the job of --job_dir (after the launcher died): from "
                       "its master journal and latest parameter-server checkpoint; "
@@ -176,6 +182,7 @@ def _main_run(command: list[str]) -> int:
         progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
         max_ps_restarts=FLAGS.max_ps_restarts,
         max_master_restarts=FLAGS.max_master_restarts, resume=FLAGS.resume,
+        seed=FLAGS.seed,
         ps_checkpoint_secs=FLAGS.ps_checkpoint_secs,
         ps_checkpoint_versions=FLAGS.ps_checkpoint_versions,
         ps_checkpoint_full_every=FLAGS.ps_checkpoint_full_every,
@@ -319,7 +326,8 @@ def _main_join(command: list[str]) -> int:
     cluster = _read_cluster(FLAGS.job_dir)
     env = dict(os.environ)
     _use_client_env(env, _client_env(FLAGS.job_dir, cluster))
-    env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, FLAGS.job_dir))
+    env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, FLAGS.job_dir,
+                                  cluster.get("seed")))
     return subprocess.call(command, env=env)
 
 

@@ -55,7 +55,6 @@ import types
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -132,9 +131,10 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
          **kwargs):
     """Keras' `fit` on the elastic cluster (see the module doc)."""
     keras_fit = _plain(self, "fit")
-    if not _is_elastic_data(x, y, sample_weight):
+    arrays, why_not = _arrays(x, y, sample_weight)
+    if arrays is None and not isinstance(x, ElasticDataset):
         return _fit_not_elastic(
-            self, keras_fit, x, y, batch_size=batch_size, epochs=epochs,
+            self, keras_fit, x, y, why_not, batch_size=batch_size, epochs=epochs,
             verbose=verbose, callbacks=callbacks, validation_split=validation_split,
             validation_data=validation_data, shuffle=shuffle,
             class_weight=class_weight, sample_weight=sample_weight,
@@ -158,7 +158,7 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
         if class_weight is not None:
             dataset = dataset.with_class_weight(class_weight)
     else:
-        arrays = (x, y, sample_weight)
+        x, y, sample_weight = arrays
         if validation_split and validation_data is None:
             arrays, validation_data = keras_arguments.split_validation(
                 arrays, validation_split)
@@ -208,7 +208,8 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
         # The validation of an elastic fit, called by Keras' fit loop.
         logs = session.validate(x, steps=steps, callbacks=callbacks)
         return logs if return_dict else _logs_as_keras_returns(self, logs)
-    if not _is_elastic_data(x, y, sample_weight) or session.training:
+    arrays, _ = _arrays(x, y, sample_weight)
+    if (arrays is None and not isinstance(x, ElasticDataset)) or session.training:
         # Keras' own validation inside an elastic fit, or other data.
         return _plain(self, "evaluate")(
             x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
@@ -216,6 +217,7 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
     if isinstance(x, ElasticDataset):
         dataset = x
     else:
+        x, y, sample_weight = arrays
         dataset = ElasticDataset(_pack(x, y, sample_weight), batch_size=batch_size or 32,
                                  mode="evaluation", name="evaluate_arrays")
         dataset = _renamed(dataset, dataset.name + _phase(get_cluster(), dataset.name))
@@ -282,12 +284,28 @@ def _no_jit_with_server_tables(model) -> None:
 
 
 # -- fit's parts ------------------------------------------------------------
-def _is_elastic_data(x, y, sample_weight) -> bool:
-    """An `ElasticDataset`, or NumPy arrays (a nest of them)."""
+def _arrays(x, y, sample_weight) -> tuple[tuple | None, str]:
+    """`((x, y, sample_weight) as NumPy arrays, "")` for data Keras reads as
+    arrays (lists as tuples; tensors, pandas: see
+    `keras_arguments.as_arrays`), else `(None, why not)` (an `ElasticDataset`:
+    `(None, "")`)."""
     if isinstance(x, ElasticDataset):
-        return True
-    leaves = tf.nest.flatten((x, y, sample_weight))
-    return x is not None and all(a is None or isinstance(a, np.ndarray) for a in leaves)
+        return None, ""
+    try:
+        arrays = keras_arguments.as_arrays(x, y, sample_weight)
+    except keras_arguments.NotArrays as e:
+        return None, str(e)
+    return arrays, "" if arrays is not None else f"x is a {_kind(x)}"
+
+
+def _kind(value) -> str:
+    """`tf.data.Dataset`, `generator`, `keras.utils.PyDataset`, ...: what a
+    user would call the type of `value`."""
+    if isinstance(value, tf.data.Dataset):
+        return "tf.data.Dataset"
+    if isinstance(value, keras.utils.PyDataset):
+        return "keras.utils.PyDataset"
+    return type(value).__name__
 
 
 def _pack(x, y, sample_weight) -> tuple:
@@ -298,23 +316,24 @@ def _pack(x, y, sample_weight) -> tuple:
     return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
-def _fit_not_elastic(model, keras_fit, x, y, **kwargs):
+def _fit_not_elastic(model, keras_fit, x, y, why_not: str, **kwargs):
     """`fit` on data keras_elastic cannot hand out in tasks (a `tf.data.Dataset`,
-    a generator, a `keras.utils.PyDataset`, tensors): Keras' own `fit` on an
-    embedded cluster; an error in a launched job."""
+    a generator, a `keras.utils.PyDataset`, a sparse tensor; `why_not` says
+    which): Keras' own `fit` on an embedded cluster; an error in a launched
+    job."""
     cluster = get_cluster()
     if not cluster.embedded:
         raise TypeError(
-            f"fit() got {type(x).__name__} in a multi-worker job: every worker would "
-            "train on all of it. Give fit NumPy arrays (each worker builds the same "
-            "ones) or a ke.ElasticDataset (files, arrays or a prepared TFDS split; "
-            "its dataset_fn maps each task's records to elements, e.g. "
+            f"fit() in a multi-worker job: {why_not}, which every worker would train "
+            "on all of. Give fit arrays (NumPy, tensors, pandas: each worker builds "
+            "the same ones) or a ke.ElasticDataset (files, arrays or a prepared "
+            "TFDS split; its dataset_fn maps each task's records to elements, e.g. "
             "ke.ElasticDataset((x, y), dataset_fn=lambda ds: ds.map(...), "
             "batch_size=64)): the master then hands out its records in tasks.")
     logging.warning(
-        "keras_elastic: fit() got %s, not an ElasticDataset or NumPy arrays: training "
+        "keras_elastic: fit() got data it cannot hand out in tasks (%s): training "
         "with Keras' own loop in this process (an embedded cluster; in a launched "
-        "job this is an error).", type(x).__name__)
+        "job this is an error).", why_not)
     session = session_of(model)
     session.pull()
     history = keras_fit(x, y, **kwargs)
@@ -328,12 +347,12 @@ def _validation_dataset(validation_data, batch_size) -> Any:
     own validation)."""
     if validation_data is None or isinstance(validation_data, ElasticDataset):
         return validation_data
-    if isinstance(validation_data, (tuple, list)) and all(
-            a is None or isinstance(a, np.ndarray)
-            for a in tf.nest.flatten(tuple(validation_data))):
-        x, y, sw = keras_compat.unpack_x_y_sample_weight(tuple(validation_data))
-        return ElasticDataset(_pack(x, y, sw), batch_size=batch_size or 32,
-                              mode="evaluation", name="fit_validation")
+    if isinstance(validation_data, (tuple, list)):
+        arrays, _ = _arrays(*keras_compat.unpack_x_y_sample_weight(
+            tuple(validation_data)))
+        if arrays is not None:
+            return ElasticDataset(_pack(*arrays), batch_size=batch_size or 32,
+                                  mode="evaluation", name="fit_validation")
     return validation_data
 
 

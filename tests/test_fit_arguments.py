@@ -222,7 +222,7 @@ def test_a_tf_data_dataset_in_a_job_is_a_clear_error(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     logs = "".join(p.read_text() for p in (tmp_path / "job").glob("worker-*.log"))
-    assert "fit() got _BatchDataset in a multi-worker job" in logs + output, (
+    assert "fit() in a multi-worker job: x is a tf.data.Dataset" in logs + output, (
         output[-3000:])
     assert "ke.ElasticDataset" in logs + output
 

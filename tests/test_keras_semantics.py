@@ -214,3 +214,93 @@ def test_fit_validation_calls_the_test_hooks_as_keras_does(embedded_cluster, fit
     assert got[-1][0] == "on_train_end"
     if "validation_freq" not in fit_args:  # (else the last epoch validates not)
         assert "val_loss" in got[-1][1]
+
+
+def two_in_two_out(seed: int = 7) -> keras.Model:
+    """The built-in-training guide's model: image and time-series inputs, a
+    score and a class output."""
+    keras.utils.set_random_seed(seed)
+    image = keras.Input((8, 8, 3), name="img_input")
+    series = keras.Input((5, 4), name="ts_input")
+    a = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(3, 3)(image))
+    b = keras.layers.GlobalAveragePooling1D()(keras.layers.Conv1D(3, 3)(series))
+    merged = keras.layers.concatenate([a, b])
+    score = keras.layers.Dense(1, name="score_output")(merged)
+    classes = keras.layers.Dense(5, name="class_output")(merged)
+    model = keras.Model([image, series], [score, classes])
+    model.compile(optimizer="rmsprop",
+                  loss=[keras.losses.MeanSquaredError(),
+                        keras.losses.CategoricalCrossentropy(from_logits=True)])
+    return model
+
+
+def guide_arrays(n: int = 96):
+    rng = np.random.default_rng(11)
+    img = rng.random((n, 8, 8, 3)).astype("float32")
+    ts = rng.random((n, 5, 4)).astype("float32")
+    score = rng.random((n, 1)).astype("float32")
+    classes = rng.integers(0, 2, (n, 5)).astype("float32")
+    return img, ts, score, classes
+
+
+def test_python_lists_are_nests_as_in_keras(embedded_cluster):
+    """`fit([img, ts], [score, classes])` as keras.io's guide writes it (lists
+    were stacked into one tensor: `Shapes of all inputs must match`)."""
+    img, ts, score, classes = guide_arrays()
+    model = ke.wrap(two_in_two_out())
+    plain = two_in_two_out()
+    assert model.evaluate([img, ts], [score, classes], verbose=0) == pytest.approx(
+        plain.evaluate([img, ts], [score, classes], verbose=0), rel=1e-5)
+    history = model.fit([img, ts], [score, classes], batch_size=32, epochs=1, verbose=0,
+                        validation_split=0.25)
+    assert ke.model.session_of(model).connected  # trained on the cluster
+    assert {"loss", "val_loss"} <= set(history.history)
+    # A dict by input names is the same data.
+    by_name = model.evaluate({"img_input": img, "ts_input": ts}, [score, classes],
+                             verbose=0)
+    assert by_name == pytest.approx(model.evaluate([img, ts], (score, classes),
+                                                   verbose=0), rel=1e-6)
+
+
+def test_tensors_and_dataframes_are_arrays(embedded_cluster):
+    """A tf.Tensor label (`keras.ops.one_hot(...)`, the guide's) and pandas
+    columns train on the cluster as NumPy arrays would (they fell back to
+    Keras' own loop, silently)."""
+    import pandas as pd
+
+    x, y = data()
+    labels = y.astype("int64")
+    model = ke.wrap(keras.Sequential([keras.Input((6,)), keras.layers.Dense(2)]))
+    model.compile("sgd", keras.losses.CategoricalCrossentropy(from_logits=True))
+    want = model.evaluate(x, keras.utils.to_categorical(labels, 2), verbose=0)
+    one_hot = keras.ops.one_hot(labels, 2)
+    assert model.evaluate(tf_constant(x), one_hot, verbose=0) == pytest.approx(want)
+    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(6)])
+    assert model.evaluate(frame, one_hot, verbose=0) == pytest.approx(want)
+    model.fit(frame, one_hot, batch_size=32, epochs=1, verbose=0)
+    # Each call ran on the cluster: its data registered as tasks.
+    registered = embedded_cluster.master.job_status().datasets
+    assert {"evaluate_arrays", "evaluate_arrays@2", "evaluate_arrays@3",
+            "fit_arrays"} <= set(registered), sorted(registered)
+
+
+def tf_constant(x):
+    import tensorflow as tf
+
+    return tf.constant(x)
+
+
+def test_a_sparse_leaf_trains_with_keras_loop_embedded_and_is_named(
+        embedded_cluster, caplog):
+    import logging
+
+    import tensorflow as tf
+
+    x, y = data(64)
+    model = ke.wrap(keras.Sequential([keras.Input((6,), sparse=True),
+                                      keras.layers.Dense(1)]))
+    model.compile("sgd", "mse")
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        model.fit(tf.sparse.from_dense(x), y, batch_size=16, epochs=1, verbose=0)
+    assert "x is a tensorflow.SparseTensor" in caplog.text, caplog.text
+    assert "training with Keras' own loop" in caplog.text

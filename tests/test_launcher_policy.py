@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import pytest
 
+from keras_elastic.launcher.exit_cause import ExitCause, exit_cause
 from keras_elastic.launcher.policy import (
     FAIL_BUDGET,
     FAIL_SAME_FAILURE,
+    FAIL_UNFIXABLE,
     IGNORE,
     RELAUNCH,
     WAIT_FOR_ROOM,
+    Decision,
     FailurePolicy,
     JobView,
     ScaleSteps,
@@ -254,3 +257,62 @@ def test_a_worker_waiting_for_a_server_in_trouble_is_not_to_blame():
     # A worker that reports waiting on a server is not to blame either.
     assert blame_overdue(overdue, services_fine_for=1e9, waiting={3: {"ps-0": 40.0}}
                          ) == [0, 5]
+
+
+# -- errors a relaunch cannot fix (issue 40) --------------------------------------
+def test_a_worker_whose_script_differs_from_the_jobs_fails_the_job_at_once():
+    policy = FailurePolicy(max_worker_restarts=3, num_workers=2)
+    death = WorkerDeath(1, "JobMismatchError: dataset 'fit_arrays' differs", 5,
+                        exception="JobMismatchError", where="/x/client.py:70")
+    assert policy.on_worker_death(JobView(deaths=[death])) == Decision(FAIL_UNFIXABLE, 1)
+
+
+def script_death(worker_id: int, done: int, exception: str = "ValueError",
+                 where: str = "/job/train.py:12", cause: str = "ValueError: bad"):
+    return WorkerDeath(worker_id, cause, done, exception=exception, where=where)
+
+
+@pytest.mark.parametrize("history, action", [
+    # The same exception at the same place, twice: whatever was trained between.
+    ([script_death(0, 4), script_death(1, 9)], FAIL_SAME_FAILURE),
+    # Another place, or another message: maybe not the script's bug.
+    ([script_death(0, 4), script_death(1, 9, where="/job/train.py:30")], RELAUNCH),
+    ([script_death(0, 4), script_death(1, 9, cause="ValueError: other")], RELAUNCH),
+    # The machine or the cluster, not the script: relaunched.
+    ([script_death(0, 4, "ConnectionError"), script_death(1, 4, "ConnectionError")],
+     RELAUNCH),
+    ([script_death(0, 4, "ResourceExhaustedError"),
+      script_death(1, 4, "ResourceExhaustedError")], RELAUNCH),
+    # Once is no pattern.
+    ([script_death(0, 4)], RELAUNCH),
+])
+def test_the_same_script_error_twice_fails_the_job(history, action):
+    policy = FailurePolicy(max_worker_restarts=10, num_workers=4)
+    assert policy.on_worker_death(JobView(deaths=history, restarts_used=1)).action == (
+        action)
+
+
+def test_the_cause_of_a_death_is_read_from_its_log():
+    tail = "\n".join([
+        "[worker-3] Epoch 1/2",
+        "[worker-3] Traceback (most recent call last):",
+        '[worker-3]   File "/job/train.py", line 4, in <module>',
+        "[worker-3]     load()",
+        "[worker-3] KeyError: 'x'",
+        "[worker-3] ",
+        "[worker-3] During handling of the above exception, another exception occurred:",
+        "[worker-3] Traceback (most recent call last):",
+        '[worker-3]   File "/job/train.py", line 6, in <module>',
+        "[worker-3]     model.fit(x, y)",
+        '[worker-3]   File "/lib/keras/trainer.py", line 99, in fit',
+        "[worker-3]     raise e",
+        "[worker-3] tensorflow.python.framework.errors_impl.InvalidArgumentError: "
+        "Incompatible shapes: [3] vs. [5]"])
+    cause = exit_cause(tail)
+    assert cause.exception == ("tensorflow.python.framework.errors_impl."
+                               "InvalidArgumentError")
+    assert cause.exception_name == "InvalidArgumentError"
+    assert cause.where == "/lib/keras/trainer.py:99"
+    assert cause.text.endswith("Incompatible shapes: [3] vs. [5]")
+    assert exit_cause("[worker-1] Killed") == ExitCause("Killed")
+    assert exit_cause("") == ExitCause("(no output)")

@@ -18,6 +18,9 @@ WORKER_ID = "KERAS_ELASTIC_WORKER_ID"
 JOB_DIR = "KERAS_ELASTIC_JOB_DIR"
 CONNECT_TIMEOUT = "KERAS_ELASTIC_CONNECT_TIMEOUT"
 LIVENESS_TIMEOUT = "KERAS_ELASTIC_LIVENESS_TIMEOUT"
+# The job's seed: every worker's global random generators start from it
+# (worker/seeding.py), so that unseeded code builds the same data everywhere.
+SEED = "KERAS_ELASTIC_SEED"
 
 
 DEFAULT_CONNECT_TIMEOUT = 300.0
@@ -81,8 +84,22 @@ def read() -> ClusterEnv | None:
 
 
 def to_env(master: str, ps: list[str], worker_id: int,
-           job_dir: str | None = None) -> dict[str, str]:
+           job_dir: str | None = None, seed: int | None = None) -> dict[str, str]:
     env = {MASTER: master, PS: ",".join(ps), WORKER_ID: str(worker_id)}
     if job_dir:
         env[JOB_DIR] = job_dir
+    if seed is not None:
+        env[SEED] = str(seed)
     return env
+
+
+def seed() -> int | None:
+    """The job's seed (None outside a launched job, or when the launcher
+    gave none)."""
+    raw = os.environ.get(SEED)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{SEED}={raw!r} is not an integer") from None

@@ -49,7 +49,7 @@ UNCHECKED_ENV = "KERAS_ELASTIC_ALLOW_UNCHECKED_KERAS"
 
 __all__ = [
     "Functional", "KERAS_CHECKED", "SegmentedIterator", "Trainer", "all_layers",
-    "auto_name", "build_from_input_spec", "call_has_training_arg",
+    "auto_name", "build_from_input_spec", "call_has_training_arg", "can_convert_arrays",
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
     "elastic_epochs", "file_utils", "flat_call", "flatten_metrics_in_order",
     "functional_init_arguments",
@@ -103,6 +103,15 @@ check_keras_version()
 def unpack_x_y_sample_weight(data: Any) -> tuple[Any, Any, Any]:
     """Keras' reading of a batch: `x`, `(x,)`, `(x, y)` or `(x, y, sw)`."""
     return _adapter_utils.unpack_x_y_sample_weight(data)
+
+
+def can_convert_arrays(arrays: Any) -> bool:
+    """Whether Keras reads `arrays` (a nest) as arrays (its `ArrayDataAdapter`:
+    NumPy, tensors, pandas, anything with `__array__`; lists are nests), not
+    as a dataset, generator or `PyDataset`."""
+    from keras.src.trainers.data_adapters import array_data_adapter
+
+    return array_data_adapter.can_convert_arrays(arrays)
 
 
 # -- models and layers ----------------------------------------------------

@@ -25,6 +25,61 @@ import numpy as np
 import tensorflow as tf
 
 
+class NotArrays(TypeError):
+    """Data Keras reads as arrays, with a leaf keras-elastic cannot hand out
+    in tasks (a sparse or ragged tensor)."""
+
+
+def as_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> tuple | None:
+    """`(x, y, sample_weight)` as NumPy arrays when Keras reads them as arrays
+    (its array adapter: NumPy, tf.Tensor, pandas, whatever `np.asarray`
+    converts; a Python list is a nest, as a tuple), else None (a dataset, a
+    generator, a `PyDataset`: Keras' own loop). `NotArrays` names a leaf that
+    has no dense NumPy form (a `tf.SparseTensor`, `tf.RaggedTensor`, a SciPy
+    sparse matrix).
+
+    >>> x, y, sw = as_arrays([np.zeros((4, 2)), tf.ones((4, 3))], tf.zeros(4))
+    >>> type(x).__name__, x[1].dtype.name, type(y).__name__, sw
+    ('tuple', 'float32', 'ndarray', None)
+    """
+    import keras
+
+    from keras_elastic.common import keras_compat
+
+    if x is None or not keras_compat.can_convert_arrays((x, y, sample_weight)):
+        return None
+    nest = keras.tree.lists_to_tuples((x, y, sample_weight))
+    leaves = [_as_array(leaf, _place(path))
+              for path, leaf in keras.tree.flatten_with_path(nest)]
+    return tuple(keras.tree.pack_sequence_as(nest, leaves))
+
+
+def _place(path: tuple) -> str:
+    """`x`, `y[1]`, `x['age']`: a leaf's place in `(x, y, sample_weight)`."""
+    name = ("x", "y", "sample_weight")[path[0]]
+    return name + "".join(f"[{p!r}]" for p in path[1:])
+
+
+def _as_array(leaf: Any, path: str) -> np.ndarray | None:
+    if leaf is None or isinstance(leaf, np.ndarray):
+        return leaf
+    kind = f"{type(leaf).__module__.split('.')[0]}.{type(leaf).__name__}"
+    if isinstance(leaf, (tf.SparseTensor, tf.RaggedTensor)) or (
+            type(leaf).__module__.startswith("scipy.sparse")):
+        raise NotArrays(f"{path} is a {kind}, which keras_elastic cannot hand out in "
+                        "tasks: give a dense array (e.g. .toarray() or .to_tensor()), "
+                        "or an ElasticDataset whose dataset_fn makes it")
+    if hasattr(leaf, "to_numpy"):  # pandas
+        leaf = leaf.to_numpy()
+    elif isinstance(leaf, tf.Tensor) or hasattr(leaf, "numpy"):
+        leaf = leaf.numpy()
+    array = np.asarray(leaf)
+    if array.dtype == object:
+        raise NotArrays(f"{path} is a {kind} of Python objects (NumPy reads it as "
+                        "dtype object): give numbers or strings of one type")
+    return array
+
+
 def split_validation(arrays: Any, validation_split: float) -> tuple[Any, Any]:
     """`(training, validation)`: the validation arrays are the last
     `validation_split` of every array (`None` leaves stay `None`), as Keras'

@@ -65,6 +65,9 @@ class LaunchConfig:
     ps_checkpoints_to_keep: int = 2
     max_master_restarts: int = 3
     resume: bool = False          # continue the job of job_dir from its journal
+    # The workers' random generators start from it (worker/seeding.py); None:
+    # chosen at random (a resumed job keeps its own).
+    seed: int | None = None
     connect_timeout: float = cluster_env.DEFAULT_CONNECT_TIMEOUT
     # Where the master and parameter servers listen, and the host the job's
     # processes reach them at (None: `bind`); see docs/security.md.
@@ -105,6 +108,8 @@ class LaunchConfig:
         if self.min_workers > self.num_workers:
             raise ValueError(f"--min_workers={self.min_workers} is more than "
                              f"--num_workers={self.num_workers}")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"--seed must be in [0, 2**32), got {self.seed}")
         if self.max_worker_restarts < 0:
             raise ValueError("--max_worker_restarts must be >= 0, got "
                              f"{self.max_worker_restarts}")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -60,11 +61,13 @@ from keras_elastic.launcher.backends import (
     start_services,
 )
 from keras_elastic.launcher.config import LaunchConfig
+from keras_elastic.launcher.exit_cause import exit_cause
 from keras_elastic.launcher.job_log import JobLog
 from keras_elastic.launcher.liveness import HealthProber
 from keras_elastic.launcher.policy import (
     FAIL_BUDGET,
     FAIL_SAME_FAILURE,
+    FAIL_UNFIXABLE,
     IGNORE,
     WAIT_FOR_ROOM,
     FailurePolicy,
@@ -123,6 +126,7 @@ class Launcher:
         # The job's generation (common/fencing.py): one more at each recovery
         # of a service; a resumed job goes on from its last.
         self.generation = _last_generation(self.job_dir) + 1 if config.resume else 0
+        self.seed = _job_seed(config, self.job_dir)
         self.restarts = 0
         self.lost = 0
         self.ps_restarts = 0
@@ -335,6 +339,7 @@ class Launcher:
         self.artifacts.write("cluster.json", {
             "master": self.master_address, "ps": self.ps_addresses,
             "generation": self.generation,
+            "seed": self.seed,
             # Lost workers whose replacement waits for room on the backend.
             "worker_slots_pending": self.pending_slots,
             "ps_pids": [p.pid for p in self.ps_procs],
@@ -413,7 +418,7 @@ class Launcher:
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
         env.update(cluster_env.to_env(self.master_address, self.ps_addresses, worker_id,
-                                      self.job_dir))
+                                      self.job_dir, self.seed))
         env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
         env[cluster_env.LIVENESS_TIMEOUT] = str(self.config.liveness_timeout)
         env[fencing.GENERATION_ENV] = str(self.generation)
@@ -464,8 +469,11 @@ class Launcher:
             tail = proc.tail()
             done = self._last_status.tasks_done if self._last_status else 0
             # A role lost with its node is not the script failing the same way.
+            cause = exit_cause(tail) if not proc.lost_reason else None
             self.failures.append(WorkerDeath(
-                worker_id, proc.lost_reason or _last_line(tail), done))
+                worker_id, proc.lost_reason or cause.text, done,
+                exception=cause.exception_name if cause else "",
+                where=cause.where if cause else ""))
             logging.warning("worker %d %s; log: %s", worker_id, reason, proc.log_path)
             self._report_dead(worker_id, reason)
             decision = self.policy.on_worker_death(JobView(
@@ -484,12 +492,22 @@ class Launcher:
                     f"(--max_worker_restarts).{same} Its log ({proc.log_path}) ends "
                     f"with:\n{tail}")
                 return
+            if decision.action == FAIL_UNFIXABLE:
+                self.error = (
+                    f"worker {worker_id} {reason}: {self.failures[-1].cause} "
+                    f"Relaunching the same script cannot fix that, so the job stops "
+                    f"(restart {self.restarts} of {self.config.max_worker_restarts} "
+                    f"used). Its log ({proc.log_path}) ends with:\n{tail}")
+                return
             if decision.action == FAIL_SAME_FAILURE:
+                death = self.failures[-1]
+                how = (f"raised {death.exception} at {death.where}" if decision.streak
+                       == 2 and death.script_error else "failed the same way with no "
+                       "task done in between")
                 self.error = (
                     f"worker {worker_id} {reason}: the last {decision.streak} workers "
-                    f"all failed the same way with no task done in between, so "
-                    f"relaunching cannot help (restart {self.restarts} of "
-                    f"{self.config.max_worker_restarts} used). Its log "
+                    f"all {how}, so relaunching cannot help (restart {self.restarts} "
+                    f"of {self.config.max_worker_restarts} used). Its log "
                     f"({proc.log_path}) ends with:\n{tail}")
                 return
             if decision.action == WAIT_FOR_ROOM:
@@ -719,6 +737,27 @@ class Launcher:
             self.master_proc.terminate()
         self.backend.shutdown()
         self.log.close()
+
+
+def _job_seed(config: LaunchConfig, job_dir: str) -> int:
+    """The job's seed (worker/seeding.py): `--seed`, else a resumed job's own
+    (its last cluster.json), else a random one."""
+    last = None
+    if config.resume:
+        try:
+            with open(os.path.join(job_dir, "cluster.json")) as f:
+                last = json.load(f).get("seed")
+        except (OSError, ValueError, AttributeError):
+            last = None
+    if config.seed is not None:
+        if last is not None and int(last) != config.seed:
+            logging.warning("--seed=%d: the job resumed used seed %s; workers whose "
+                            "data depends on it build other data than before",
+                            config.seed, last)
+        return config.seed
+    if last is not None:
+        return int(last)
+    return secrets.randbelow(2 ** 31)
 
 
 def _last_generation(job_dir: str) -> int:

@@ -41,6 +41,20 @@ WAIT_FOR_ROOM = "wait_for_room"
 IGNORE = "ignore"
 FAIL_BUDGET = "fail_budget"
 FAIL_SAME_FAILURE = "fail_same_failure"
+FAIL_UNFIXABLE = "fail_unfixable"
+
+# Exceptions a relaunch cannot fix: the worker's script differs from the
+# job's (other arrays, another call or compile: master/client.py).
+UNFIXABLE = frozenset({"JobMismatchError"})
+# Exceptions of the machine or the cluster, not of the script: two workers
+# dying of one of them in a row may well live when relaunched.
+TRANSIENT = frozenset({
+    "ConnectionError", "ConnectionResetError", "ConnectionRefusedError",
+    "BrokenPipeError", "TimeoutError", "MemoryError", "KeyboardInterrupt",
+    "SystemExit", "OSError", "RpcError", "_InactiveRpcError", "UnavailableError",
+    "DeadlineExceededError", "AbortedError", "CancelledError",
+    "ResourceExhaustedError", "JobFailedError", "JobRolledBackError",
+    "WorkerLostError", "TaskNotHeldError"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +63,21 @@ class WorkerDeath:
 
     `cause`: the last line of its log, or why its node lost it (two deaths
     with the same cause failed the same way); `tasks_done`: the job's tasks
-    done when it died."""
+    done when it died; `exception` and `where`: the exception its log's
+    traceback ends with (class name) and where it was raised, "" without one
+    (`launcher/exit_cause.py`)."""
 
     worker_id: int
     cause: str
     tasks_done: int
+    exception: str = ""
+    where: str = ""
+
+    @property
+    def script_error(self) -> bool:
+        """The script raised (an exception of its own or of a library it
+        calls), not the machine or the cluster."""
+        return bool(self.exception) and self.exception not in TRANSIENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +115,8 @@ class FailurePolicy:
     def on_worker_death(self, view: JobView) -> Decision:
         if view.job_over:
             return Decision(IGNORE)
+        if view.deaths and view.deaths[-1].exception in UNFIXABLE:
+            return Decision(FAIL_UNFIXABLE, 1)
         if view.restarts_used + view.pending_slots >= self.max_worker_restarts:
             # The budget is a hard bound: one more death fails the job.
             return Decision(FAIL_BUDGET)
@@ -102,9 +128,15 @@ class FailurePolicy:
         return Decision(RELAUNCH)
 
     def same_failure_streak(self, deaths: list[WorkerDeath]) -> int:
-        """N if the last N = num_workers + 1 worker deaths had the same cause
-        and no task was done from the first to the last (a script that
-        crashes deterministically: relaunching cannot help); else 0."""
+        """2 if the last two worker deaths were the script raising the same
+        exception at the same place (a bug every worker runs into: the
+        relaunch would too, whatever the others trained meanwhile); N if the
+        last N = num_workers + 1 worker deaths had the same cause and no
+        task was done from the first to the last (a script that crashes
+        deterministically: relaunching cannot help); else 0."""
+        if len(deaths) >= 2 and deaths[-1].script_error and len({
+                (d.cause, d.exception, d.where) for d in deaths[-2:]}) == 1:
+            return 2
         n = self.num_workers + 1
         last = deaths[-n:]
         if len(last) < n or len({d.cause for d in last}) != 1:

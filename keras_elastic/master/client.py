@@ -30,6 +30,13 @@ class JobFailedError(errors.ClusterError, RuntimeError):
     """The master failed the job (for example a task failed too often)."""
 
 
+class JobMismatchError(errors.JobError, ValueError):
+    """This worker's script differs from the job's: its arrays, its call of
+    fit/evaluate/predict, or the model compiled (the master quotes both).
+    Running the same script again cannot fix it (the launcher fails the job
+    at once: launcher/policy.py)."""
+
+
 class TaskNotHeldError(errors.ClusterError, ValueError):
     """The master refused a task report: the worker no longer holds the task
     (it was handed out again, e.g. after the master restarted)."""
@@ -68,6 +75,9 @@ class MasterClient:
             if code == grpc.StatusCode.FAILED_PRECONDITION and (
                     method == "ReportTask" or getattr(request, "done_task_ids", None)):
                 raise TaskNotHeldError(e.details()) from None
+            if code == grpc.StatusCode.FAILED_PRECONDITION and (
+                    method == "RegisterDataset"):
+                raise JobMismatchError(e.details()) from None
             if code in (grpc.StatusCode.INVALID_ARGUMENT,
                         grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                 raise ValueError(e.details()) from None

@@ -230,7 +230,8 @@ class ElasticDataset:
         return auto_records_per_task(tuple(self.source.shards()), self.batch_size, 1)
 
     def registration(self, num_epochs: int, records_per_epoch: int = 0,
-                     call: str = "") -> master_pb2.RegisterDatasetRequest:
+                     call: str = "", model: str = ""
+                     ) -> master_pb2.RegisterDatasetRequest:
         """What the master needs to cut this dataset into tasks.
 
         Args:
@@ -242,6 +243,8 @@ class ElasticDataset:
             call: the user's call, quoted by the master's error when this
                 worker's dataset differs from the job's
                 (`keras_elastic.data.describe.describe_call`).
+            model: the model as compiled (`describe_compile`), which every
+                worker's registration must match.
 
         Example:
 
@@ -264,7 +267,7 @@ class ElasticDataset:
             shuffle=self.shuffle, seed=self.seed, records_per_epoch=records_per_epoch,
             fingerprints=[master_pb2.ArrayFingerprint(path=p, hash=h)
                           for p, h in self.source.content_fingerprints()],
-            call=call)
+            call=call, model=model)
 
     def registered(self, response: master_pb2.RegisterDatasetResponse) -> None:
         """Takes the job's answer to `registration` (from

@@ -1,7 +1,8 @@
 """An error a relaunch cannot fix fails the job at once with that error
-instead of spending the restart budget (issue 40): arrays that differ between
-workers (the master refuses them: `JobMismatchError`), and the same exception
-raised by the script at the same place on two workers."""
+instead of spending the restart budget (issue 40): arrays, or a compile,
+that differ between workers (the master refuses them: `JobMismatchError`),
+and the same exception raised by the script at the same place on two
+workers."""
 
 from __future__ import annotations
 
@@ -41,3 +42,15 @@ def test_the_same_script_error_on_two_workers_fails_the_job(tmp_path):
     assert "raised ValueError at" in failed and "failing_script.py" in failed, failed
     # The second death ends it: at most the first one was relaunched.
     assert output.count("relaunched worker") <= 1, output[-3000:]
+
+
+@pytest.mark.multiprocess
+def test_workers_compiling_another_loss_fail_the_job_quoting_both(tmp_path):
+    result = launch(str(tmp_path / "job"), SCRIPT, "--num_workers=2", "--num_ps=1",
+                    "--max_worker_restarts=3", script_args=("compile",), timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    failed = job_failed_line(output)
+    assert "the model is compile(" in failed, failed
+    assert "loss='mse'" in failed and "loss='mae'" in failed, failed
+    assert "Every worker must compile the model the same way" in failed

@@ -60,6 +60,40 @@ def describe_call(method: str, x: Any = None, /, **kwargs: Any) -> str:
     return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 4] + "...)"
 
 
+def describe_compile(model: Any, optimizers: dict[str, Any]) -> str:
+    """The model as compiled, for the check that every worker of a job
+    compiled it the same way: each optimizer (`optimizers`: {group: optimizer},
+    "" the model's own) with its settings but not its learning rate (the
+    servers' rate is the job's, taken by every worker), the loss, metrics
+    and loss weights given to `compile`, and which weights are trainable
+    (a count and a short hash of which).
+
+    >>> import keras
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(keras.optimizers.SGD(0.1, momentum=0.5), loss="mse",
+    ...               metrics=["mae"])
+    >>> print(describe_compile(model, {"": model.optimizer}))
+    compile(optimizer=SGD(ema_momentum=0.99, momentum=0.5, nesterov=False, \
+use_ema=False), loss='mse', metrics=['mae']); trainable 2 of 2 weights (#...)
+    """
+    import zlib
+
+    parts = []
+    for group, optimizer in sorted(optimizers.items()):
+        config = optimizer.get_config()
+        settings = ", ".join(f"{k}={summarize(v)}" for k, v in sorted(config.items())
+                             if k not in ("name", "learning_rate") and v is not None)
+        parts.append(f"{group or 'optimizer'}={type(optimizer).__name__}({settings})")
+    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    for name in ("loss", "loss_weights", "metrics", "weighted_metrics"):
+        if compiled.get(name) is not None:
+            parts.append(f"{name}={summarize(compiled[name])}")
+    weights = list(model.weights)
+    trainable = "".join("1" if w.trainable and model.trainable else "0" for w in weights)
+    return (f"compile({', '.join(parts)}); trainable {trainable.count('1')} of "
+            f"{len(weights)} weights (#{zlib.crc32(trainable.encode()):08x})")
+
+
 def summarize(value: Any) -> str:
     """A short text for one argument: `float32[60000, 784]` for an array, a
     nest of those for a nest of arrays, `repr` for a plain value.

@@ -468,7 +468,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             batch_size=request.batch_size, auto=auto,
             records_per_epoch=records_per_epoch,
             fingerprints=tuple((f.path, f.hash) for f in request.fingerprints),
-            call=request.call)
+            call=request.call, model=request.model)
         seq = 0
         with self._cond:
             existing = self._datasets.get(spec.name)

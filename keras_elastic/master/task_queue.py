@@ -97,6 +97,7 @@ class DatasetSpec:
     records_per_epoch: int = 0  # 0: the whole dataset
     fingerprints: tuple[tuple[str, int], ...] = ()
     call: str = ""
+    model: str = ""  # the model as compiled ("" : not said, never compared)
 
     @classmethod
     def from_json(cls, record: dict) -> DatasetSpec:
@@ -138,6 +139,10 @@ class DatasetSpec:
             text += (f" The job's dataset was registered by "
                      f"{self.call or '(a call not described)'}; worker {worker_id} "
                      f"called {other.call or '(a call not described)'}.")
+        if field == "model":
+            return text + (
+                " Every worker must compile the model the same way (optimizer, loss, "
+                "metrics) and set the same layers trainable before each call.")
         if field == "fingerprints":
             return text + (
                 " The arrays must be built the same way on every worker: seed the "
@@ -163,6 +168,9 @@ class DatasetSpec:
                         else "")
                 return field, (f"{field} is {theirs!r} on this worker but {mine!r} in "
                                f"the job{hint}")
+        if self.model and other.model and self.model != other.model:
+            return "model", (f"the model is {other.model} on this worker but "
+                             f"{self.model} in the job")
         if self.shards != other.shards:
             mine = dict(self.shards)
             for shard, n in other.shards:

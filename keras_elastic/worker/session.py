@@ -44,6 +44,7 @@ from absl import logging
 from keras_elastic.checkpoint import ps_layout
 from keras_elastic.common import keras_compat
 from keras_elastic.common.variable_keys import namespace
+from keras_elastic.data.describe import describe_compile
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers import embedding as embedding_module
 from keras_elastic.layers.embedding import Embedding
@@ -171,6 +172,11 @@ class ElasticSession:
         outside the cluster, in this process: an embedded cluster only)."""
         if self.sync is not None and self.sync.ps is get_cluster().ps:
             self.sync.push_values()
+
+    def compile_description(self) -> str:
+        """The model as compiled (`describe_compile`): every worker's must be
+        the job's."""
+        return describe_compile(self.model, remote_optimizer.optimizers_of(self.model))
 
     def compiled(self) -> None:
         """The model was compiled (again): its steps are traced anew, with the
@@ -367,7 +373,7 @@ class ElasticSession:
         checkpoint_callback, resume = resume_info(callbacks)
         request = dataset.registration(
             epochs, records_per_epoch=(steps_per_epoch or 0) * dataset.batch_size,
-            call=call)
+            call=call, model=self.compile_description())
         restore_from = _resume_request(request, resume)
         if job_callbacks.resume_epoch and not request.resume:  # a BackupAndRestore
             request.resume, request.resume_epoch = True, job_callbacks.resume_epoch

@@ -67,9 +67,11 @@ from keras_elastic.layers.embedding import Embedding, convert_embeddings
 from keras_elastic.worker.cluster import get_cluster
 from keras_elastic.worker.file_callbacks import JobCallbacks
 from keras_elastic.worker.model_sync import EXCHANGES
+from keras_elastic.worker.saving import route_saving
 from keras_elastic.worker.session import session_of, start_session
 
 check_tensorflow_backend()
+route_saving()  # a launched job's saves: the chief writes the file
 
 
 def is_elastic(model: Any) -> bool:

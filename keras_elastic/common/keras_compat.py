@@ -53,7 +53,8 @@ __all__ = [
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
     "elastic_epochs", "file_utils", "flat_call", "flatten_metrics_in_order",
     "functional_init_arguments",
-    "reset_fit_state", "loss_tracker", "optimizer_learning_rate", "symbolic_build",
+    "reset_fit_state", "loss_tracker", "optimizer_learning_rate", "route_saving",
+    "symbolic_build",
     "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
 ]
 
@@ -214,6 +215,37 @@ def _unflatten(function: Any, tensors: list) -> list:
 
     return tf.nest.pack_sequence_as(function.structured_input_signature[0],
                                     list(tensors))
+
+
+# -- saving ---------------------------------------------------------------
+_SAVING_NAMES = ("save_model", "save_weights")
+
+
+def route_saving(route: Callable) -> None:
+    """Routes Keras' saving of a model to a file (`Model.save`,
+    `Model.save_weights`, `keras.saving.save_model`, `keras.models.save_model`,
+    `keras.saving.save_weights`) through `route(save, model, filepath, *args,
+    **kwargs)`, where `save` is Keras' own function (`saving_api.save_model`
+    or `save_weights`). Once per process; later calls change nothing."""
+    import keras.models
+    import keras.saving
+    from keras.src.saving import saving_api
+
+    if getattr(saving_api, "_ke_routed", False):
+        return
+    for name in _SAVING_NAMES:
+        original = getattr(saving_api, name)
+
+        def routed(model, filepath, *args, _original=original, **kwargs):
+            return route(_original, model, filepath, *args, **kwargs)
+
+        routed.__name__ = routed.__qualname__ = name
+        routed.__doc__ = original.__doc__
+        routed.__wrapped__ = original
+        for module in (saving_api, keras.saving, keras.models):
+            if getattr(module, name, None) is original:
+                setattr(module, name, routed)
+    saving_api._ke_routed = True
 
 
 # -- the epoch iterator ---------------------------------------------------

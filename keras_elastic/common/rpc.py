@@ -188,6 +188,24 @@ def bind(server: grpc.Server, host: str = "127.0.0.1", port: int = 0) -> str:
     return f"{host}:{bound}"
 
 
+# Seconds a stopped server may take to close its port beyond its grace: a
+# stop gRPC cannot finish (its thread pools gone at interpreter exit) must not
+# keep the process alive.
+STOP_WAIT_SECONDS = 5.0
+
+
+def await_stop(server: grpc.Server, grace: float | None, what: str) -> bool:
+    """Stops `server` (calls in flight get `grace` seconds, None: none) and
+    waits for it to finish, at most `grace` plus `STOP_WAIT_SECONDS`; False
+    (and a warning) if it did not. (gRPC's own `stop(None)` waits without a
+    bound.)"""
+    if server.stop(grace or 0.0).wait((grace or 0.0) + STOP_WAIT_SECONDS):
+        return True
+    logging.warning("%s did not finish stopping within %.0f s; going on", what,
+                    (grace or 0.0) + STOP_WAIT_SECONDS)
+    return False
+
+
 def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
                  resolver: resolver_mod.ClusterResolver | str | None = AUTO
                  ) -> grpc.Channel:

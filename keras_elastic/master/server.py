@@ -54,7 +54,7 @@ class MasterServer:
         and returns once the port is closed: a call made after this finds
         the server unreachable, not shutting down."""
         self.servicer.stop()
-        self._server.stop(grace).wait()
+        rpc.await_stop(self._server, grace, f"master {self.address}")
 
     def wait(self) -> None:
         self._server.wait_for_termination()

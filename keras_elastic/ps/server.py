@@ -53,7 +53,7 @@ class ParameterServer:
         """Stops serving (calls in flight get `grace` seconds, None: none)
         and returns once the port is closed: a call made after this finds
         the server unreachable, not shutting down."""
-        self._server.stop(grace).wait()
+        rpc.await_stop(self._server, grace, f"parameter server {self.address}")
 
 
 FLAGS = flags.FLAGS

@@ -255,7 +255,7 @@ class ParameterStore:
                                        tables, optimizer_state or {})
             if self.initialized:
                 self._check_same(values, trainable, {""})
-                self._check_same_tables(tables)
+                self._check_same_tables(tables, "")
                 return False
             optimizer = build_optimizer(optimizer_config)
             variables = {
@@ -471,15 +471,18 @@ class ParameterStore:
         if group in self.optimizers or any(
                 namespace_of(n) == namespace for n in self.variables):
             self._check_same(values, trainable, {namespace})
+            self._check_same_tables(tables, namespace)
             return False
-        outside = sorted(n for n in values if namespace_of(n) != namespace)
-        if outside or tables:
+        outside = sorted(n for n in [*values, *tables] if namespace_of(n) != namespace)
+        if outside:
             raise ValueError(
-                f"the model of namespace '{namespace}' has variables outside it "
-                f"({outside[:3]})" if outside else
-                "a second model with ke.layers.Embedding tables is not supported "
-                "(one model with server tables per job)")
+                f"the model of namespace '{namespace}' has variables or tables "
+                f"outside it ({outside[:3]})")
         optimizer = build_optimizer(optimizer_config)
+        sparse = sparse_optimizer_from_config(optimizer_config) if tables else None
+        for name, spec in tables.items():
+            self.tables[name] = self._make_table(name, spec, sparse)
+            self.table_specs[name] = spec
         self._fresh = None
         for other in self.optimizers.values():
             other.apply_fns.clear()  # (they return every variable: one more now)
@@ -511,8 +514,10 @@ class ParameterStore:
                     f"{theirs.get(name, 'absent')} in this worker's model "
                     "(dtype, shape, trainable). Every worker must build the same model.")
 
-    def _check_same_tables(self, tables: dict[str, dict]) -> None:
-        for name in sorted(set(self.table_specs) | set(tables)):
+    def _check_same_tables(self, tables: dict[str, dict], namespace: str) -> None:
+        """The tables of the model of `namespace` are `tables`."""
+        mine = {n for n in self.table_specs if namespace_of(n) == namespace}
+        for name in sorted(mine | set(tables)):
             mine, theirs = self.table_specs.get(name), tables.get(name)
             if mine != theirs:
                 raise ValueError(
@@ -726,9 +731,16 @@ class ParameterStore:
                     raise ValueError(f"optimizer '{optimizer}' does not update "
                                      f"{outside} on this server (it updates "
                                      f"{group.names})")
-                if sparse:
-                    raise ValueError("embedding-table rows are updated by the model's "
-                                     f"own optimizer, not by optimizer '{optimizer}'")
+            if sparse:
+                # A model's tables are updated by its own optimizer ("" for the
+                # job's first model, "m<k>/optimizer" for model k).
+                space = namespace_of(optimizer)
+                if optimizer != (space + "optimizer" if space else "") or any(
+                        namespace_of(t) != space for t in sparse):
+                    raise ValueError(
+                        "embedding-table rows are updated by their model's own "
+                        f"optimizer: tables {sorted(sparse)} were pushed with "
+                        f"optimizer '{optimizer or 'optimizer'}'")
             for name, value in grads.items():
                 self.check_tensor(name, value.dtype, np.shape(value), gradient=True)
             for name, value in assigns.items():

@@ -108,8 +108,26 @@ def get_cluster() -> Cluster:
                 _cluster = Cluster(env.master_address, env.ps_addresses, env.worker_id)
                 _exit_on_sigterm()
                 stacks.enable_stack_dumps()  # kill -USR1: every thread's stack
-            atexit.register(_cluster.close)
+            _close_at_exit(_cluster)
         return _cluster
+
+
+def _close_at_exit(cluster: Cluster) -> None:
+    """Closes `cluster` when the script ends, while the process can still run
+    threads: as the main thread ends, before Python stops its thread pools
+    (gRPC's server shuts down through them; closed later, from `atexit`, its
+    stop waited for good on a pool that refused work: "cannot schedule new
+    futures after interpreter shutdown"). `threading._register_atexit` is
+    where `concurrent.futures` registers its own end; callbacks run last
+    registered first. `atexit` where it is missing."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        atexit.register(cluster.close)
+        return
+    try:
+        register(cluster.close)
+    except RuntimeError:  # (already shutting down)
+        atexit.register(cluster.close)
 
 
 def _exit_on_sigterm() -> None:

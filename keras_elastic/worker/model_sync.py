@@ -71,7 +71,7 @@ class ModelSync:
         self.updates: dict[str, frozenset[int]] = {}
         # update name -> the keys of its gradients; in the step's order.
         self.update_keys: dict[str, tuple[str, ...]] = {}
-        self.tables = embedding_tables(model)
+        self.tables = embedding_tables(model, namespace)
         self._ids_model = None  # (model -> ids of each table, layers), or False
         self._ids_fn = None  # the unique ids of each such table, compiled
         # The lookup ahead of the batch whose step runs now (`look_ahead`),
@@ -201,11 +201,6 @@ class ModelSync:
                   for k, v in zip(self.keys, self.variables)}
         tables = {name: _jsonable(layer.table_spec())
                   for name, layer in self.tables.items()}
-        if self.namespace and tables:
-            raise ValueError(
-                "this process already trained another model on the cluster: a "
-                "second model with ke.layers.Embedding tables is not supported (one "
-                "model with server tables per job)")
         if (self.local_store is not None and not tables
                 and self.exchange_mode != "pipelined"):
             self._initialize_shared(optimizer, config, restore_from)
@@ -746,15 +741,15 @@ def server_name(variable, by_prefix: dict[str, str], with_owner: bool = False):
     return (relative, owner) if with_owner else relative
 
 
-def embedding_tables(model: keras.Model) -> dict[str, Embedding]:
+def embedding_tables(model: keras.Model, namespace: str = "") -> dict[str, Embedding]:
     """The model's `ke.layers.Embedding` layers by table name: their position
     among them, stable across processes that build the same model (like the
-    variable keys)."""
+    variable keys), in the model's namespace (`common/variable_keys.py`)."""
     tables = {}
     layers = [layer for layer in keras_compat.all_layers(model, include_self=False)
               if isinstance(layer, Embedding)]
     for k, layer in enumerate(layers):
-        tables[f"{k}/{layer.output_dim}"] = layer
+        tables[f"{namespace}{k}/{layer.output_dim}"] = layer
     return tables
 
 

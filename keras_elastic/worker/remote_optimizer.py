@@ -146,6 +146,8 @@ class RemoteOptimizer:
             inputs.append(tf.convert_to_tensor(rate.value))
         values = tf.py_function(functools.partial(sync.exchange, push), inputs,
                                 Tout=[v.dtype for v in sync.variables])
+        if not sync.variables:  # (only server tables: the call is an Operation)
+            values = []
         for variable, value in zip(sync.variables, values):
             value.set_shape(variable.shape)
             variable.assign(value)

@@ -304,3 +304,45 @@ def test_a_sparse_leaf_trains_with_keras_loop_embedded_and_is_named(
         model.fit(tf.sparse.from_dense(x), y, batch_size=16, epochs=1, verbose=0)
     assert "x is a tensorflow.SparseTensor" in caplog.text, caplog.text
     assert "training with Keras' own loop" in caplog.text
+
+
+def table_model() -> keras.Model:
+    """A model whose only trained weights are a server table's rows."""
+    inputs = keras.Input((3,), dtype="int64")
+    rows = ke.layers.Embedding(1000, 1)(inputs)
+    outputs = keras.layers.Activation("sigmoid")(
+        keras.ops.sum(rows, axis=(1, 2))[:, None])
+    model = ke.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adagrad(0.5), "binary_crossentropy")
+    return model
+
+
+def table_data():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, (512, 3))
+    return ids, (ids.sum(axis=1) % 2).astype("float32")
+
+
+def test_a_model_trains_whose_only_weights_are_server_tables(embedded_cluster):
+    """(It failed at trace: the step's exchange returned no value.)"""
+    ids, y = table_data()
+    model = table_model()
+    history = model.fit(ids, y, epochs=3, batch_size=32, verbose=0)
+    loss = history.history["loss"]
+    assert loss[-1] < loss[0] - 0.05, loss  # the rows learn the ids' parity
+
+
+def test_a_second_model_with_server_tables_in_one_process(embedded_cluster):
+    """A notebook's second model gets tables of its own (they were refused:
+    "one model with server tables per job"), starting from the initializer
+    as the first model's did, not from the first model's trained rows."""
+    ids, y = table_data()
+    first = table_model()
+    untrained = first.evaluate(ids, y, verbose=0)
+    first.fit(ids, y, epochs=3, batch_size=32, verbose=0)
+    trained = first.evaluate(ids, y, verbose=0)
+    second = table_model()
+    assert second.evaluate(ids, y, verbose=0) == pytest.approx(untrained, rel=1e-6)
+    second.fit(ids, y, epochs=3, batch_size=32, verbose=0)
+    assert second.evaluate(ids, y, verbose=0) < untrained - 0.05
+    assert first.evaluate(ids, y, verbose=0) == pytest.approx(trained, rel=1e-6)

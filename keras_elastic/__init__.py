@@ -31,9 +31,9 @@ from keras_elastic.common.launcher_tie import tie_to_launcher as _tie  # noqa: E
 _tie()
 
 # A launched worker's random generators start from the job's seed, so that
-# every worker builds the same data (see worker/seeding.py).
+# every worker builds the same data (see common/seeding.py).
 if _os.environ.get("KERAS_ELASTIC_SEED"):
-    from keras_elastic.worker.seeding import seed_from_job as _seed  # noqa: E402
+    from keras_elastic.common.seeding import seed_from_job as _seed  # noqa: E402
 
     _seed()
 

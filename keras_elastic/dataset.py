@@ -192,6 +192,22 @@ class ElasticDataset:
                             decoders=decoders)
         return cls(source, **kwargs)
 
+    def renamed(self, name: str) -> ElasticDataset:
+        """The same dataset under another name (another dataset of the job:
+        its own registration, tasks and rounds).
+
+        >>> import numpy as np
+        >>> ElasticDataset(np.zeros((8, 2)), batch_size=4).renamed("val@2").name
+        'val@2'
+        """
+        import copy
+
+        if name == self.name:
+            return self
+        out = copy.copy(self)
+        out.name = name
+        return out
+
     def take(self, count: int) -> ElasticDataset:
         """The same dataset over its first `count` batches' records (`count *
         batch_size` records in shard order), like `tf.data.Dataset.take` on

@@ -49,7 +49,6 @@ model.fit(x, y, batch_size=32, epochs=3, validation_split=0.1)
 
 from __future__ import annotations
 
-import copy
 import functools
 import types
 from typing import Any
@@ -81,6 +80,19 @@ def is_elastic(model: Any) -> bool:
     False
     """
     return session_of(model) is not None
+
+
+def is_trainer(model: Any) -> bool:
+    """Whether `model` is something Keras trains: a `keras.Model`, or a layer
+    with Keras' `Trainer` (the way Keras' own tests build small models,
+    `class ExampleModel(Trainer, layers.Dense)`).
+
+    >>> is_trainer(keras.Sequential()), is_trainer(keras.layers.Dense(1))
+    (True, False)
+    """
+    return isinstance(model, keras.Model) or (
+        isinstance(model, keras_compat.Trainer)
+        and isinstance(model, keras.layers.Layer))
 
 
 def _plain(model, method: str):
@@ -133,6 +145,13 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
          **kwargs):
     """Keras' `fit` on the elastic cluster (see the module doc)."""
     keras_fit = _plain(self, "fit")
+    # Keras' debugging caps (keras.config.set_max_epochs, ...), as its fit
+    # applies them: the job's epochs and steps are what Keras' loop runs.
+    epochs = _capped(epochs, keras.config.max_epochs())
+    max_steps = keras.config.max_steps_per_epoch()
+    if max_steps:
+        steps_per_epoch = _capped(steps_per_epoch, max_steps)
+        validation_steps = _capped(validation_steps, max_steps)
     arrays, why_not = _arrays(x, y, sample_weight)
     if arrays is None and not isinstance(x, ElasticDataset):
         return _fit_not_elastic(
@@ -147,6 +166,14 @@ def _fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
     if getattr(self, "optimizer", None) is None:
         raise ValueError("compile the model (with an optimizer) before fit: "
                          "model.compile(optimizer=..., loss=...)")
+    strategy = keras_compat.distribution_strategy(self)
+    if strategy is not None:
+        raise ValueError(
+            f"{type(self).__name__} was built in a {type(strategy).__name__} scope: "
+            "keras_elastic distributes training over its workers and parameter "
+            "servers itself, so it cannot train a model whose variables a "
+            "tf.distribute strategy holds. Build the model outside the strategy's "
+            "scope (one device per worker process; run more workers instead).")
     cluster = get_cluster()
     if isinstance(x, ElasticDataset):
         if x.mode != "training":
@@ -223,6 +250,7 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
         dataset = ElasticDataset(_pack(x, y, sample_weight), batch_size=batch_size or 32,
                                  mode="evaluation", name="evaluate_arrays")
         dataset = _renamed(dataset, dataset.name + _phase(get_cluster(), dataset.name))
+    steps = _capped(steps, keras.config.max_steps_per_epoch())
     if steps is not None:  # as Keras: the first `steps` batches
         dataset = _renamed(dataset.take(int(steps)), f"{dataset.name}.take{int(steps)}")
     logs = session.evaluate_round(
@@ -230,6 +258,17 @@ def _evaluate(self, x=None, y=None, batch_size=None, verbose="auto",
         call=describe_call("evaluate", x, y=y, batch_size=batch_size,
                            sample_weight=sample_weight, steps=steps))
     return logs if return_dict else _logs_as_keras_returns(self, logs)
+
+
+def _capped(value: int | None, cap: int | None) -> int | None:
+    """`value` at most `cap` (None: no cap; a None value is capped to it).
+
+    >>> _capped(None, 3), _capped(5, 3), _capped(2, 3), _capped(2, None)
+    (3, 3, 2, 2)
+    """
+    if not cap:
+        return value
+    return cap if value is None else min(value, cap)
 
 
 def _logs_as_keras_returns(model, logs: dict[str, float]):
@@ -368,11 +407,7 @@ def _phase(cluster, name: str) -> str:
 
 
 def _renamed(dataset: ElasticDataset, name: str) -> ElasticDataset:
-    if dataset.name == name:
-        return dataset
-    out = copy.copy(dataset)
-    out.name = name
-    return out
+    return dataset.renamed(name)
 
 
 def _check_exchange(exchange: str) -> str:
@@ -416,8 +451,9 @@ def wrap(model: keras.Model, ps_embeddings_above: int | None = None,
     model.save("model.keras")    # a plain MobileNetV3Small file
     ```
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"ke.wrap expects a keras.Model, got {type(model).__name__}")
+    if not is_trainer(model):
+        raise TypeError(f"ke.wrap expects a keras.Model (or a Keras layer with "
+                        f"Keras' Trainer), got {type(model).__name__}")
     if ps_embeddings_above is not None:
         convert_embeddings(model, ps_embeddings_above, ps_embedding_options)
     elif ps_embedding_options:

@@ -346,3 +346,49 @@ def test_a_second_model_with_server_tables_in_one_process(embedded_cluster):
     second.fit(ids, y, epochs=3, batch_size=32, verbose=0)
     assert second.evaluate(ids, y, verbose=0) < untrained - 0.05
     assert first.evaluate(ids, y, verbose=0) == pytest.approx(trained, rel=1e-6)
+
+
+class BatchPairs(keras.callbacks.Callback):
+    """The train batch hooks in order: ("begin"|"end", batch index)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.calls.append(("begin", batch))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.calls.append(("end", batch))
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+def test_every_train_batch_begin_has_its_end(embedded_cluster, exchange):
+    """As Keras on data of known size: a batch's on_train_batch_begin is
+    called only for a batch that exists (it was called once more at each
+    epoch's end, with no on_train_batch_end)."""
+    x, y = data(200)
+    model = ke.wrap(make_model())
+    model.compile("sgd", "binary_crossentropy", exchange=exchange)
+    pairs = BatchPairs()
+    model.fit(x, y, epochs=2, batch_size=32, verbose=0, callbacks=[pairs])
+    calls = pairs.calls
+    assert calls[0::2] == [("begin", b) for _, b in calls[1::2]], calls
+    assert [kind for kind, _ in calls[1::2]] == ["end"] * (len(calls) // 2), calls
+    assert len(calls) % 2 == 0 and calls.count(("begin", 0)) == 2, calls
+
+
+def test_a_model_built_in_a_distribution_strategy_is_refused_clearly(embedded_cluster):
+    """keras-elastic's workers and servers are the distribution: a model whose
+    variables a tf.distribute strategy holds gets an error saying so (its
+    step was called on the strategy's per-replica batch: a TensorFlow
+    ValueError about positional arguments)."""
+    import tensorflow as tf
+
+    x, y = data(64)
+    with tf.distribute.MirroredStrategy(["CPU:0"]).scope():
+        model = ke.wrap(make_model())
+        model.compile("sgd", "binary_crossentropy")
+    with pytest.raises(ValueError, match="built in a MirroredStrategy scope.*outside "
+                                         "the strategy's scope"):
+        model.fit(x, y, batch_size=16, verbose=0)

@@ -19,7 +19,7 @@ JOB_DIR = "KERAS_ELASTIC_JOB_DIR"
 CONNECT_TIMEOUT = "KERAS_ELASTIC_CONNECT_TIMEOUT"
 LIVENESS_TIMEOUT = "KERAS_ELASTIC_LIVENESS_TIMEOUT"
 # The job's seed: every worker's global random generators start from it
-# (worker/seeding.py), so that unseeded code builds the same data everywhere.
+# (common/seeding.py), so that unseeded code builds the same data everywhere.
 SEED = "KERAS_ELASTIC_SEED"
 
 

@@ -51,8 +51,9 @@ __all__ = [
     "Functional", "KERAS_CHECKED", "SegmentedIterator", "Trainer", "all_layers",
     "auto_name", "build_from_input_spec", "call_has_training_arg", "can_convert_arrays",
     "check_keras_version", "compiled_loss", "compiled_metrics", "compute_loss",
+    "distribution_strategy",
     "elastic_epochs", "file_utils", "flat_call", "flatten_metrics_in_order",
-    "functional_init_arguments",
+    "functional_init_arguments", "metric_logs", "pythonify_logs",
     "reset_fit_state", "loss_tracker", "optimizer_learning_rate", "route_saving",
     "symbolic_build",
     "unpack_x_y_sample_weight", "untrack", "uses_keras_train_step",
@@ -161,10 +162,33 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Metric:
     return model._loss_tracker
 
 
+def pythonify_logs(logs: dict) -> dict:
+    """Logs as Keras' `evaluate` returns them: plain floats where a value is
+    a scalar, arrays kept (an `F1Score` per class), nested dicts flattened."""
+    from keras.src.utils.python_utils import pythonify_logs as keras_pythonify
+
+    return keras_pythonify(logs)
+
+
+def metric_logs(model: keras.Model) -> dict:
+    """The model's metric results as Keras' `evaluate` returns them
+    (`pythonify_logs`)."""
+    return pythonify_logs(model.get_metrics_result())
+
+
 def flatten_metrics_in_order(model: keras.Model, logs: dict) -> Any:
     """`evaluate`'s return without `return_dict`: the one value, or the values
     in the order of the model's metrics (Keras' own ordering)."""
     return model._flatten_metrics_in_order(logs)
+
+
+def distribution_strategy(model: keras.Model) -> Any:
+    """The `tf.distribute` strategy the model was built in (its variables are
+    the strategy's), or None for the default one."""
+    strategy = getattr(model, "_distribute_strategy", None)
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    return strategy
 
 
 def call_has_training_arg(model: keras.Model) -> bool:
@@ -262,12 +286,18 @@ class SegmentedIterator:
     stream's `end_segment`) whether the epoch goes on; if so it starts a new
     iterator over the pipeline. The elastic train function takes batches
     from it with `next()`, which switches segments when one runs out.
+
+    `peek()` takes the next batch ahead and holds it for `next()`: the epoch
+    loop peeks before each step, so that Keras calls a batch's
+    `on_train_batch_begin` only for a batch that exists (as it does for
+    data of known size), never once more at the epoch's end.
     """
 
     def __init__(self, dataset: Any, on_end: Callable[[], bool]) -> None:
         self._dataset = dataset
         self._on_end = on_end
         self.current = iter(dataset)
+        self._held: tuple[Any] | None = None
 
     def next_segment(self) -> bool:
         if not self._on_end():
@@ -275,16 +305,25 @@ class SegmentedIterator:
         self.current = iter(self._dataset)
         return True
 
+    def peek(self, segment_only: bool = False) -> Any:
+        """The next batch, held for `next()`; None at the end of the epoch
+        (with `segment_only`: of the current segment, which is not ended)."""
+        while self._held is None:
+            try:
+                self._held = (next(self.current),)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                if segment_only or not self.next_segment():
+                    return None
+        return self._held[0]
+
     def __iter__(self) -> Iterator:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            try:
-                return next(self.current)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                if not self.next_segment():
-                    raise StopIteration from None
+        if self.peek() is None:
+            raise StopIteration
+        (value,), self._held = self._held, None
+        return value
 
 
 class _ElasticEpochIterator(_tf_trainer.TFEpochIterator):
@@ -311,16 +350,18 @@ class _ElasticEpochIterator(_tf_trainer.TFEpochIterator):
 
     def _enumerate_iterator(self):
         on_end = self._on_end()
-        if on_end is None or self.steps_per_epoch:
+        if on_end is None:  # (an elastic training epoch's length is the master's)
             yield from super()._enumerate_iterator()
             return
         self.data_adapter.on_epoch_begin()
         iterator = SegmentedIterator(self._get_iterator(), on_end)
         step = -self.steps_per_execution
-        while True:
+        while iterator.peek() is not None:  # (a step only for a batch that is there)
             step += self.steps_per_execution
             self._steps_seen = step + self.steps_per_execution
             yield step, step + self.steps_per_execution - 1, iterator
+        self._current_iterator = None
+        self.data_adapter.on_epoch_end()
 
     @contextlib.contextmanager
     def catch_stop_iteration(self):

@@ -49,8 +49,13 @@ def as_arrays(x: Any, y: Any = None, sample_weight: Any = None) -> tuple | None:
     if x is None or not keras_compat.can_convert_arrays((x, y, sample_weight)):
         return None
     nest = keras.tree.lists_to_tuples((x, y, sample_weight))
-    leaves = [_as_array(leaf, _place(path))
-              for path, leaf in keras.tree.flatten_with_path(nest)]
+    leaves = []
+    for path, leaf in keras.tree.flatten_with_path(nest):
+        if leaf is None and len(path) > 1:
+            raise NotArrays(f"{_place(path)} is None (an optional input left out), "
+                            "which keras_elastic cannot hand out in tasks: give an "
+                            "array for it (e.g. zeros), or leave it out of x")
+        leaves.append(_as_array(leaf, _place(path)))
     return tuple(keras.tree.pack_sequence_as(nest, leaves))
 
 

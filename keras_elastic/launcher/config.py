@@ -65,7 +65,7 @@ class LaunchConfig:
     ps_checkpoints_to_keep: int = 2
     max_master_restarts: int = 3
     resume: bool = False          # continue the job of job_dir from its journal
-    # The workers' random generators start from it (worker/seeding.py); None:
+    # The workers' random generators start from it (common/seeding.py); None:
     # chosen at random (a resumed job keeps its own).
     seed: int | None = None
     connect_timeout: float = cluster_env.DEFAULT_CONNECT_TIMEOUT

@@ -740,7 +740,7 @@ class Launcher:
 
 
 def _job_seed(config: LaunchConfig, job_dir: str) -> int:
-    """The job's seed (worker/seeding.py): `--seed`, else a resumed job's own
+    """The job's seed (common/seeding.py): `--seed`, else a resumed job's own
     (its last cluster.json), else a random one."""
     last = None
     if config.resume:

@@ -6,11 +6,13 @@ its lock. The rules:
 - A task is a record range `[start, end)` of one shard. Every epoch has the
   same tasks (same ids), unless epochs are windows (below); with `shuffle`
   their order changes per epoch.
-- Windowed epochs (`records_per_epoch` R > 0, for `steps_per_epoch` and
-  `validation_steps`): epoch e covers records `[e * R, (e + 1) * R)` of the
-  dataset's records taken in shard order, continuing across epochs and
-  wrapping around at the end, cut into tasks from the window's start (a task
-  never crosses a shard). The tasks of an epoch (and their ids, 0, 1, ... in
+- Windowed epochs (`records_per_epoch` R > 0, for `steps_per_epoch`), as
+  Keras takes arrays with `steps_per_epoch`: epochs continue through the
+  dataset's records taken in shard order, R records each, and an epoch that
+  reaches the end of the records ends there (shorter); the next one starts
+  over from the first record. So with R at least the dataset's size every
+  epoch is the whole dataset. Each window is cut into tasks from its start (a
+  task never crosses a shard). The tasks of an epoch (and their ids, 0, 1, ... in
   window order) depend on the spec and the epoch only, so `tasks` is the
   current epoch's list and done task ids are per epoch, as before.
 - Task size: `records_per_task`, or, when the workers let the master choose
@@ -299,17 +301,21 @@ def cut_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int) -> lis
 
 def window_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int,
                  records_per_epoch: int, epoch: int) -> list[Task]:
-    """The tasks of epoch `epoch` of a windowed dataset: records `[epoch * R,
-    (epoch + 1) * R)` (R = `records_per_epoch`) of the records in shard order,
-    wrapping around at the end, cut into tasks of `records_per_task` from the
-    window's start; a task never crosses a shard. Ids are 0, 1, ... in window
-    order.
+    """The tasks of epoch `epoch` of a windowed dataset (R =
+    `records_per_epoch`): the records in shard order taken R at a time, the
+    window that reaches their end cut there, the one after starting over
+    (Keras' `steps_per_epoch` on arrays), cut into tasks of
+    `records_per_task` from the window's start; a task never crosses a
+    shard. Ids are 0, 1, ... in window order.
 
-    Example:
+    Example (10 records, windows of 6: epochs cover 0-5, 6-9, 0-5, ...):
 
     >>> [(t.shard, t.start, t.end) for t in window_tasks(
     ...     (("a", 5), ("b", 5)), 4, 6, epoch=1)]
-    [('b', 1, 5), ('a', 0, 2)]
+    [('b', 1, 5)]
+    >>> [(t.shard, t.start, t.end) for t in window_tasks(
+    ...     (("a", 5), ("b", 5)), 4, 6, epoch=2)]
+    [('a', 0, 4), ('a', 4, 5), ('b', 0, 1)]
     """
     if records_per_task <= 0:
         raise ValueError(f"records_per_task must be positive, got {records_per_task}")
@@ -320,8 +326,9 @@ def window_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int,
     if not total:
         return []
     starts = [0, *itertools.accumulate(n for _, n in filled)][:-1]
-    position = epoch * records_per_epoch % total
-    left = records_per_epoch
+    windows = -(-total // records_per_epoch)  # per pass over the records
+    position = epoch % windows * records_per_epoch
+    left = min(records_per_epoch, total - position)
     tasks: list[Task] = []
     while left > 0:
         i = bisect.bisect_right(starts, position) - 1

@@ -20,7 +20,7 @@ import time
 
 import keras
 
-from keras_elastic.common import faults
+from keras_elastic.common import faults, keras_compat
 from keras_elastic.common.tensor_codec import encode_all
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker.metric_states import (  # noqa: F401 (re-exported)
@@ -29,7 +29,7 @@ from keras_elastic.worker.metric_states import (  # noqa: F401 (re-exported)
     metric_variables,
     read_states,
 )
-from keras_elastic.worker.per_task import run_per_task
+from keras_elastic.worker.per_task import BatchHooks, run_per_task
 from keras_elastic.worker.task_stream import TaskStream
 
 
@@ -49,9 +49,14 @@ def evaluate_elastic(model: keras.Model, eval_step, dataset: ElasticDataset,
     callback_list.on_test_begin()  # (before the metrics' reset, as in Keras)
     model.reset_metrics()
 
+    last_logs = None
+    hooks = BatchHooks(callback_list, "test", getattr(model, "steps_per_execution", 1))
+
     def on_batch(step: int, batch) -> None:
-        callback_list.on_test_batch_begin(step)
-        callback_list.on_test_batch_end(step, eval_step(batch))
+        nonlocal last_logs
+        hooks.before(step)
+        last_logs = eval_step(batch)
+        hooks.after(step, last_logs)
 
     def on_task_end(seq: int) -> None:
         """The task's metric states go with its report; the next task's
@@ -65,9 +70,16 @@ def evaluate_elastic(model: keras.Model, eval_step, dataset: ElasticDataset,
     # Tasks whose records dataset_fn filtered out entirely: no states.
     run_per_task(dataset, stream, on_batch, on_task_end,
                  on_empty=stream.report_through)
+    hooks.close()
     stream.timer.add("evaluate", time.perf_counter() - start)
     num_tasks, sums = stream.master.get_result(dataset.name, eval_round)
     assign_states(variables, sums)
-    logs = {k: float(v) for k, v in model.get_metrics_result().items()}
+    logs = keras_compat.metric_logs(model)
+    if isinstance(last_logs, dict) and set(last_logs) != set(logs):
+        # A test_step of the model's own that logs more than its metrics:
+        # Keras returns the last step's logs, whose metrics are then the
+        # job's.
+        logs = keras_compat.pythonify_logs(
+            {k: logs[k] if k in logs else v for k, v in last_logs.items()})
     callback_list.on_test_end(logs)
     return logs

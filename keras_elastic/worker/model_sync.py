@@ -279,18 +279,6 @@ class ModelSync:
         faults.reached("after_push")
         return allowed
 
-    def local_record(self, tags: np.ndarray) -> None:
-        """After a step that applied its updates unconditionally (the batch
-        taken inside the step: `TrainFunction._run_fetching`): logs them.
-        The task log cannot refuse them in this process; if it ever did,
-        that is an error, not a silent double count."""
-        allowed = self.local_allow(tags)
-        if not all(allowed):
-            raise RuntimeError(
-                "keras_elastic: the task log refused an update the train step had "
-                f"already applied (updates {list(self.update_keys)}: {allowed}); "
-                "this is a bug, please report it")
-
     def share_optimizer(self, group: str, optimizer, keys) -> None:
         """A group's optimizer seen at its first apply in the traced step:
         the shared store holds it (for checkpoints and status)."""

@@ -55,3 +55,45 @@ def run_per_task(dataset: ElasticDataset, stream: TaskStream,
         step += 1
     finish(before=None)
     return step
+
+
+class BatchHooks:
+    """A callback list's batch hooks (`kind`: "test" or "predict") called as
+    Keras calls them with the model's `steps_per_execution` n: once per n
+    steps, `on_{kind}_batch_begin(first step)` before them and
+    `on_{kind}_batch_end(first step + n - 1, the last step's logs)` after.
+
+    >>> calls = []
+    >>> class Log:
+    ...     def on_test_batch_begin(self, step): calls.append(("begin", step))
+    ...     def on_test_batch_end(self, step, logs): calls.append(("end", step))
+    >>> hooks = BatchHooks(Log(), "test", 3)
+    >>> for step in range(4):
+    ...     hooks.before(step); hooks.after(step, {})
+    >>> hooks.close(); calls
+    [('begin', 0), ('end', 2), ('begin', 3), ('end', 5)]
+    """
+
+    def __init__(self, callbacks: Any, kind: str, steps_per_execution: int = 1) -> None:
+        self._begin = getattr(callbacks, f"on_{kind}_batch_begin")
+        self._end = getattr(callbacks, f"on_{kind}_batch_end")
+        self._every = max(1, int(steps_per_execution or 1))
+        self._first: int | None = None
+        self._logs: Any = None
+
+    def before(self, step: int) -> None:
+        if self._first is None:
+            self._first = step
+            self._begin(step)
+
+    def after(self, step: int, logs: Any) -> None:
+        self._logs = logs
+        if step - self._first + 1 >= self._every:
+            self.close()
+
+    def close(self) -> None:
+        """Ends the steps begun (the data ran out before n of them)."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            self._end(first + self._every - 1, self._logs)
+

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.prediction.writer import PredictionWriter, TaskRange
-from keras_elastic.worker.per_task import run_per_task
+from keras_elastic.worker.per_task import BatchHooks, run_per_task
 from keras_elastic.worker.task_stream import TaskStream
 
 
@@ -38,11 +38,13 @@ def predict_elastic(model: keras.Model, predict_step, dataset: ElasticDataset,
     kept: list = []
     outputs: list = []  # of the current task
 
+    hooks = BatchHooks(callback_list, "predict", getattr(model, "steps_per_execution", 1))
+
     def on_batch(step: int, batch) -> None:
-        callback_list.on_predict_batch_begin(step)
+        hooks.before(step)
         out = tf.nest.map_structure(lambda t: t.numpy(), predict_step(batch))
         outputs.append(out)
-        callback_list.on_predict_batch_end(step, {"outputs": out})
+        hooks.after(step, {"outputs": out})
 
     def on_task_end(seq: int) -> None:
         """The task's outputs written once (then reported)."""
@@ -66,6 +68,7 @@ def predict_elastic(model: keras.Model, predict_step, dataset: ElasticDataset,
 
     start = time.perf_counter()
     run_per_task(dataset, stream, on_batch, on_task_end, on_empty)
+    hooks.close()
     stream.timer.add("predict", time.perf_counter() - start)
     callback_list.on_predict_end()
     return _concat(kept) if keep else None

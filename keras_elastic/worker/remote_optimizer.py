@@ -178,10 +178,7 @@ class RemoteOptimizer:
             type(optimizer).apply(optimizer, grads, variables)
             return tf.constant(True)
 
-        if context.allowed is None:  # recorded after the step (TrainFunction)
-            apply()
-        else:
-            tf.cond(context.allowed[index], apply, lambda: tf.constant(False))
+        tf.cond(context.allowed[index], apply, lambda: tf.constant(False))
 
 
 def _hooked_apply(self, grads, trainable_variables=None):

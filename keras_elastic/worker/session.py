@@ -372,8 +372,8 @@ class ElasticSession:
         callbacks = job_callbacks.callbacks
         checkpoint_callback, resume = resume_info(callbacks)
         request = dataset.registration(
-            epochs, records_per_epoch=(steps_per_epoch or 0) * dataset.batch_size,
-            call=call, model=self.compile_description())
+            epochs, records_per_epoch=_steps_taken(model, steps_per_epoch)
+            * dataset.batch_size, call=call, model=self.compile_description())
         restore_from = _resume_request(request, resume)
         if job_callbacks.resume_epoch and not request.resume:  # a BackupAndRestore
             request.resume, request.resume_epoch = True, job_callbacks.resume_epoch
@@ -488,12 +488,19 @@ class ElasticSession:
         fit = self._fit
         if fit is None:
             raise RuntimeError("validate() is called by Keras' fit loop only")
-        fit.reporter.end_training_epoch()
         if steps:  # as Keras: the first `steps` batches, each time
             dataset = dataset.take(int(steps))
-        return self.evaluate_round(dataset, eval_round=fit.reporter.epoch,
-                                   after=fit.dataset, callbacks=callbacks,
-                                   call=fit.call)
+        epoch = fit.reporter.epoch
+        if self.model.stop_training:
+            # Stopped in the middle of the epoch (TerminateOnNaN, a callback):
+            # the job's epoch is not over, so its round (which waits for the
+            # epoch's end) cannot start. Keras validates the model as it is:
+            # a round of its own, which the workers that stopped share.
+            return self.evaluate_round(dataset.renamed(f"{dataset.name}#stopped@{epoch}"),
+                                       eval_round=0, callbacks=callbacks, call=fit.call)
+        fit.reporter.end_training_epoch()
+        return self.evaluate_round(dataset, eval_round=epoch, after=fit.dataset,
+                                   callbacks=callbacks, call=fit.call)
 
     def evaluate_round(self, dataset: ElasticDataset, eval_round: int | None = None,
                        after: str = "", callbacks=None, verbose=0,
@@ -661,6 +668,16 @@ def _resume_request(request, resume) -> str:
         # The done ids name tasks of that size (a new job may choose another).
         request.resume_records_per_task = progress.get("records_per_task", 0)
     return resume.path
+
+
+def _steps_taken(model: keras.Model, steps_per_epoch: int | None) -> int:
+    """The batches an epoch of `steps_per_epoch` takes (0: the whole data):
+    Keras' loop runs whole executions of `steps_per_execution` steps, so
+    `steps_per_epoch=5` with 2 steps per execution takes 6 batches."""
+    if not steps_per_epoch:
+        return 0
+    every = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+    return -(-int(steps_per_epoch) // every) * every
 
 
 @dataclasses.dataclass

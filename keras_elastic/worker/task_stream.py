@@ -323,5 +323,8 @@ def _take(records: Any, order: np.ndarray) -> Any:
     if isinstance(records, dict):
         return {k: _take(v, order) for k, v in records.items()}
     if isinstance(records, (list, tuple)):
-        return type(records)(_take(v, order) for v in records)
+        items = [_take(v, order) for v in records]
+        if hasattr(records, "_fields"):  # a namedtuple takes its fields apart
+            return type(records)(*items)
+        return type(records)(items)
     return records[order]

@@ -73,13 +73,6 @@ class TrainFunction:
             step = model.train_step
         self._step_fn = step
         self._compiled = tf.function(self._traced_step, reduce_retracing=True)
-        # The step taking its batch itself: an outer function fetching and
-        # calling the step's own function, as Keras nests them (the step's
-        # graph is then optimized alone, as Keras' is: the same arithmetic).
-        self._compiled_unchecked = tf.function(self._traced_unchecked_step,
-                                               reduce_retracing=True)
-        self._compiled_fetching = tf.function(self._traced_fetching_step,
-                                              reduce_retracing=True)
 
     # -- the compiled step ------------------------------------------------
     def _traced_step(self, tags, data, allowed):
@@ -89,30 +82,6 @@ class TrainFunction:
             if not self.sync.local:
                 context.bases = self.sync.non_trainable_values()
             return self._step_fn(data)
-
-    def _traced_fetching_step(self, iterator):
-        """The step taking its batch from the pipeline's iterator itself (as
-        Keras' train function does): an `Optional` of (logs, the batch's
-        tags), empty when the pipeline ran out. The step runs only on a batch
-        (a `tf.cond`): a step's updates that do not depend on its data (an
-        optimizer's `iterations`) would otherwise run once more at every end
-        of the data."""
-        next_batch = iterator.get_next_as_optional()
-        # As Keras' train function does: the empty branch takes the spec the
-        # other branch gives (traced first).
-        nothing = tf.experimental.Optional.empty(None)
-
-        def step():
-            tags, data = next_batch.get_value()
-            out = tf.experimental.Optional.from_value(
-                (self._compiled_unchecked(tags, data), tags))
-            nothing._element_spec = out.element_spec
-            return out
-
-        return tf.cond(next_batch.has_value(), step, lambda: nothing)
-
-    def _traced_unchecked_step(self, tags, data):
-        return self._traced_step(tags, data, None)
 
     def _table_step(self, data):
         """Keras' default train step, with the rows of the model's server
@@ -162,9 +131,6 @@ class TrainFunction:
         logs = None
         for k in range(max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))):
             try:
-                if self._fetch_in_step():
-                    logs = self._run_fetching(iterator)
-                    continue
                 tags, data = self._take(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 if k == 0:
@@ -175,55 +141,30 @@ class TrainFunction:
 
     def _take(self, iterator):
         """The next batch of `iterator`. With the pipelined exchange and
-        server tables, the one after it is taken too and its rows' lookup
-        started (`ModelSync.look_ahead`), within the pipeline's current
-        segment only: the end of a segment (which reports its tasks) is
-        reached only by the step that needs the batch after it."""
+        server tables, the one after it is taken too (held by the iterator)
+        and its rows' lookup started (`ModelSync.look_ahead`), within the
+        pipeline's current segment only: the end of a segment (which reports
+        its tasks) is reached only by the step that needs the batch after
+        it."""
         held, self._held = self._held, None
-        if held is not None and held[0] is iterator:
+        if held is not None and held[0] is iterator and not isinstance(
+                iterator, SegmentedIterator):
             batch, ahead = held[1], held[2]
-        else:  # (a batch held from another iterator is dropped with it)
-            batch, ahead = next(iterator), None
+        else:
+            batch = next(iterator)
+            ahead = held[2] if held is not None and held[1] is batch else None
         if self.sync.pipelined and self.sync.tables:
-            source = iterator.current if isinstance(iterator, SegmentedIterator) else (
-                iterator)
-            try:
-                following = next(source)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                pass
+            if isinstance(iterator, SegmentedIterator):
+                following = iterator.peek(segment_only=True)
             else:
+                try:
+                    following = next(iterator)
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    following = None
+            if following is not None:
                 self._held = (iterator, following, self.sync.look_ahead(following[1]))
         self.sync.rows_ahead = ahead
         return batch
-
-    def _fetch_in_step(self) -> bool:
-        """The batch can be taken inside the compiled step: the step applies
-        its updates itself (a store in this process) and no task was given
-        back (no element to drop first)."""
-        return self.sync.local and (self.stream is None or not self.stream.has_dead())
-
-    def _run_fetching(self, iterator):
-        """One step whose compiled function takes the batch from the pipeline
-        (no Python between the two); the task log records its updates right
-        after (in this process the worker cannot lose its tasks meanwhile:
-        the embedded master never presumes it lost, and the pipeline never
-        gives elements applied before)."""
-        while True:
-            current = iterator.current if isinstance(iterator, SegmentedIterator) else (
-                iterator)
-            self.sync.begin_step()
-            out = self._compiled_fetching(current)
-            if out.has_value():
-                logs, tags = out.get_value()
-                break
-            if not (isinstance(iterator, SegmentedIterator) and iterator.next_segment()):
-                raise StopIteration
-        tags_np = tags.numpy()
-        self.sync.local_record(tags_np)
-        if len(tags_np):
-            self.trained_seq = max(self.trained_seq, int(tags_np[:, 0].max()))
-        self.last_logs = logs
-        return logs
 
     def run(self, tags, data):
         """One step on one batch of the pipeline."""

@@ -1,7 +1,8 @@
 """Every worker of a job builds the same data from unseeded randomness (issue
 40): the launcher's `--seed` (or a random seed kept in JOB_DIR/cluster.json)
 seeds each worker's global generators when keras_elastic is imported,
-relaunched workers included (keras_elastic/worker/seeding.py)."""
+relaunched workers included, and a reseed from entropy (`np.random.seed()`)
+is the job's too (keras_elastic/common/seeding.py)."""
 
 from __future__ import annotations
 

@@ -44,3 +44,19 @@ def test_fine_tuning_restored_weights_and_set_weights_in_a_job(tmp_path):
     for r in found.values():
         assert r["evaluate_loss"] == pytest.approx(r["plain_loss"], rel=1e-5), r
         assert r["after_evaluate"] == pytest.approx(r["chosen"], rel=1e-6), r
+
+
+@pytest.mark.multiprocess
+def test_a_second_models_last_learning_rate_reaches_the_servers(tmp_path):
+    """The second model of a script has its own optimizer on the servers (a
+    namespace); a rate a callback set after its last push was not sent
+    there, and the fit's end took the servers' old rate back (found by
+    Keras' ReduceLROnPlateau test in a job)."""
+    job = str(tmp_path / "job")
+    result = launch(job, os.path.join(REPO, "tests", "second_model_lr_script.py"),
+                    "--num_workers=2", "--num_ps=1", timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    found = results(job)
+    assert len(found) == 2, found
+    for r in found.values():
+        assert r["rates"] == [pytest.approx(0.01)] * 2, found

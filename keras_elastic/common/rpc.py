@@ -88,6 +88,11 @@ def is_unreachable(error: grpc.RpcError) -> bool:
 _LOCALLY_CANCELLED = "Locally cancelled by application!"
 
 
+# The retries' jitter: a generator of its own, never the script's global one
+# (a worker retrying at other moments than another must not draw other data).
+_JITTER = random.Random()
+
+
 def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
                       on_unreachable: Callable[[], None] | None = None) -> T:
     """Runs `call()`, retrying with backoff while the server is unreachable, for
@@ -109,7 +114,7 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
                 logging.warning("%s is unreachable (%s); retrying for up to %.0f s",
                                 what, e.details(), timeout)
             refresh_all()  # it may have moved: the next try goes where it is now
-            time.sleep(delay * (0.5 + random.random()))
+            time.sleep(delay * (0.5 + _JITTER.random()))
             delay = min(delay * 2, 1.0)
 
 

@@ -188,10 +188,11 @@ class ModelSync:
         self.updates[push.update] = frozenset(servers)
         self.update_keys[push.update] = push.grad_keys
 
-    def initialize(self, restore_from: str = "") -> None:
+    def initialize(self, restore_from: str = "", adopt: bool = False) -> None:
         """Initializes the PS with this model (first worker wins; it has the
         servers load the checkpoint `restore_from`, if any) and loads the PS's
-        values into the model."""
+        values into the model; `adopt`: and their learning rate (see
+        `ElasticSession.connect`)."""
         optimizer = self.model.optimizer
         if optimizer is None:
             raise ValueError("the model must be compiled (with an optimizer) before "
@@ -219,7 +220,8 @@ class ModelSync:
         self.watch = AssignmentWatch(self.variables, self.keys)
         self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
             lambda: self.model.optimizer)
-        self.adopt_hyperparameters()
+        if adopt:
+            self.adopt_hyperparameters()
 
     def _initialize_shared(self, optimizer, config, restore_from: str) -> None:
         """`initialize` with the store in this process: it takes this model's
@@ -310,8 +312,8 @@ class ModelSync:
             prefix = f"{group}/" if group else ""
             if any(known.get(prefix + k) != v for known in self.ps.server_hyperparameters
                    for k, v in wanted.items()):
-                spec = self.group_specs.get(group) if group else None
-                if group and spec is None:
+                spec = self.group_specs.get(group)
+                if group != self.main_group and spec is None:
                     continue  # never pushed: the servers have no such group yet
                 self.take(self.ps.exchange({}, {}, hyperparameters=wanted,
                                            optimizer=group,
@@ -514,7 +516,15 @@ class ModelSync:
         by_prefix = slot_prefixes(list(zip(self.trainable, self.trainable_keys)))
         for group, optimizer in built.items():
             prefix = f"{group}/" if group else ""
+            # The learning rate is the worker's callbacks' (sent with its
+            # pushes, adopted at connect: worker/hyperparameters.py), not
+            # state: taken from the servers here, a rate another worker set at
+            # this epoch's end would be lowered again by this worker's
+            # ReduceLROnPlateau (a rate lowered twice, found by Keras' test).
+            rate = learning_rate_variable(optimizer)
             for variable in optimizer.variables:
+                if variable is rate:
+                    continue
                 name = prefix + server_name(variable, by_prefix)
                 value = state.get(name)
                 if value is not None and np.size(value) == np.prod(variable.shape):
@@ -578,15 +588,22 @@ class ModelSync:
                 assign_quietly(variable, self._values[key])
 
     # -- the step -----------------------------------------------------------
-    def begin_step(self) -> None:
-        """A batch is ready and its step begins (for the compute/input-wait
-        split, and what the pipelined exchange knows was given back)."""
+    def prepare_step(self) -> None:
+        """Before a step is allowed and logged (`local_allow`): the script's
+        assignments since the last step go to the servers; with a shared
+        store, the optimizers' fixed hyperparameters are checked (a push
+        would be refused for a change; here nothing of the step may be
+        logged first)."""
         if self.watch is not None and self.watch.pending:
             self.publish_assignments()  # (a callback's, since the last step)
-        self.t_data = self._t_mark = time.perf_counter()
         if self.shared:
             for sync in list(self.hyperparameter_syncs.values()):
                 sync.check()
+
+    def begin_step(self) -> None:
+        """A batch is ready and its step begins (for the compute/input-wait
+        split, and what the pipelined exchange knows was given back)."""
+        self.t_data = self._t_mark = time.perf_counter()
         if self.pipelined and self.stream is not None:
             self._dead_at_mark = self.stream.dead()
 

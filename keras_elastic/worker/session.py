@@ -217,9 +217,14 @@ class ElasticSession:
         `restore_from`: a parameter-server checkpoint the servers load when
         they initialize. `local_restore`: a plain checkpoint loaded into this
         model first (whose values then initialize the servers). `adopt` (the
-        start of a `fit`): take the servers' learning rate into the optimizer
-        unless it was changed here since (a first connection always takes
-        it). `before_init(model)`: called once the model is built, before the
+        start of a `fit` whose job is not past the epoch this worker starts
+        at): take the servers' learning rate into the optimizer unless it
+        was changed here since (a worker that joins a job that lowered it in
+        an earlier phase trains on with the lowered rate). A worker that
+        comes to a fit late keeps its own: it runs every epoch's callbacks
+        (the epochs already over end at once, with the job's metrics), so its
+        `ReduceLROnPlateau` lowers the rate as the others' did; taken from
+        the servers first, it was lowered twice. `before_init(model)`: called once the model is built, before the
         local restore and the servers' initialization (a `BackupAndRestore`
         backup's weights: see worker/file_callbacks.py).
         """
@@ -241,7 +246,7 @@ class ElasticSession:
         reached = self._sync_point(cluster, "start a fit, evaluate or predict call "
                                    "as this worker did")
         if self.sync is None or self.sync.ps is not cluster.ps:
-            self._link(cluster, restore_from)
+            self._link(cluster, restore_from, adopt)
         elif self.sync.outdated():
             self._relink(cluster)
         else:
@@ -284,7 +289,7 @@ class ElasticSession:
             sync.watch.discard()
         return lambda: chief.reach(cluster, "sync", point)
 
-    def _link(self, cluster, restore_from: str = "") -> None:
+    def _link(self, cluster, restore_from: str = "", adopt: bool = False) -> None:
         """A `ModelSync` of the (built) model with the cluster's servers,
         which it initializes (first worker wins) and takes its values from."""
         self.sync = ModelSync(self.model, cluster.ps, cluster.timer,
@@ -292,7 +297,7 @@ class ElasticSession:
                               local_store=cluster.local_store(),
                               chief=lambda: is_chief(cluster))
         self.sync.exchange_mode = self.exchange
-        self.sync.initialize(restore_from or self._restore_from)
+        self.sync.initialize(restore_from or self._restore_from, adopt)
         self._restore_from = ""
 
     def _relink(self, cluster) -> None:
@@ -396,7 +401,7 @@ class ElasticSession:
                          else "done", start_epoch + 1, min(registered.epoch, epochs))
         local = resume if resume is not None and not restore_from else None
         sync = self.connect(dataset, restore_from=restore_from, local_restore=local,
-                            resume=resume, adopt=True,
+                            resume=resume, adopt=registered.epoch <= start_epoch,
                             before_init=job_callbacks.restore_weights)
         if checkpoint_callback is not None:
             checkpoint_callback.mark_restored(resume, start_epoch, epochs)

@@ -178,6 +178,7 @@ class TrainFunction:
                 where = np.flatnonzero(keep)
                 tags, data = take_rows(tags, where), take_rows(data, where)
                 tags_np, seqs = tags_np[where], seqs[where]
+        self.sync.prepare_step()
         allowed = self._allowed(tags_np)
         if self.sync.refresh_due:
             # Traced first (seconds, the first time), so that the gradient is
@@ -199,8 +200,10 @@ class TrainFunction:
         metrics = [(v, v.numpy()) for v in self.model.metrics_variables]
         self.replaying = self.sync.replaying = True
         try:
+            self.sync.prepare_step()
+            allowed = self._allowed(tags)
             self.sync.begin_step()
-            self._compiled(tf.constant(tags), data, self._allowed(tags))
+            self._compiled(tf.constant(tags), data, allowed)
             self.sync.flush()
         finally:
             self.replaying = self.sync.replaying = False

@@ -1,0 +1,295 @@
+"""docs/keras_tests.md from the manifest (expected.py) and a run's record.
+
+Regenerate the page after a change of the manifest or of keras-elastic:
+
+```bash
+KE_KERAS_SUITE_RECORD=/tmp/elastic.json python -m pytest tests/keras_suite
+KE_KERAS_SUITE_PLAIN=1 KE_KERAS_SUITE_RECORD=/tmp/plain.json \
+    python -m pytest tests/keras_suite                      # optional: Keras alone
+python -m tests.keras_suite.report /tmp/elastic.json --plain /tmp/plain.json \
+    --job DIR/*/suite.json.worker-0 --job-other DIR/*/suite.json.worker-1
+```
+
+(The jobs' records: `KE_KERAS_SUITE_KEEP=DIR python -m pytest
+tests/test_keras_suite_job.py` keeps them in DIR, a folder per module.)
+
+(Under pytest-xdist each worker writes `RECORD.<worker id>`: give them all.)
+The page lists every manifest entry with its reason (test_keras_tests_doc.py
+checks it lists exactly the manifest's), the counts per module, the tests in
+which no model was made elastic, and, given a plain run, the tests that fail
+with Keras alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import json
+import os
+import re
+import unittest
+
+from . import expected
+from .test_upstream_diffs import COPIES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DOC = os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "keras_tests.md")
+META_FILES = frozenset({"test_upstream_diffs.py", "test_keras_tests_doc.py"})
+# The sections of the page that list the manifest, and their dicts.
+SECTIONS = {"Not applicable": "NOT_APPLICABLE", "Known defects": "DEFECTS",
+            "Not applicable in a job": "JOB_NOT_APPLICABLE",
+            "Known defects in a job": "JOB_DEFECTS"}
+ENTRY = re.compile(r"^- `(?P<pattern>[^`]+)`(?: \(\d+ tests?\))?: (?P<reason>.*)$")
+
+
+def test_files() -> list[str]:
+    """The suite's test files (Keras' modules), sorted."""
+    return sorted(name for name in os.listdir(HERE)
+                  if name.startswith("test_") and name.endswith(".py")
+                  and name not in META_FILES)
+
+
+def upstream_module(file: str) -> str:
+    """The Keras module a test file runs (`keras/src/...`), from its imports."""
+    with open(os.path.join(HERE, file)) as f:
+        source = f.read()
+    match = re.search(r"^from (\S+) import", source, flags=re.M)
+    module = match.group(1) if match else ""
+    if module.startswith(".upstream."):
+        copy = module.split(".")[-1] + ".py"
+        return COPIES[copy].replace(".", "/") + ".py (a copy: upstream/)"
+    return module.replace(".", "/") + ".py"
+
+
+def collect_test_ids() -> list[str]:
+    """Every test id of the suite, as pytest names them (`FILE::CLASS::METHOD`),
+    without running pytest: the TestCase classes each file imports, and their
+    test methods as unittest (and so pytest) finds them."""
+    loader = unittest.TestLoader()
+    ids = []
+    for file in test_files():
+        module = importlib.import_module(f"{__package__}.{file[:-3]}")
+        for name, value in vars(module).items():
+            if isinstance(value, type) and issubclass(value, unittest.TestCase):
+                ids.extend(f"{file}::{name}::{method}"
+                           for method in loader.getTestCaseNames(value))
+    return sorted(ids)
+
+
+def load_records(paths: list[str]) -> dict[str, dict]:
+    """The tests of the records at `paths` (merged)."""
+    tests: dict[str, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            tests.update(json.load(f)["tests"])
+    return tests
+
+
+def _file(test_id: str) -> str:
+    return test_id.split("::", 1)[0]
+
+
+def _matches(entries: dict[str, str], test_ids) -> dict[str, list[str]]:
+    """For each entry of `entries`, the test ids it matches."""
+    found: dict[str, list[str]] = {pattern: [] for pattern in entries}
+    for test_id in test_ids:
+        pattern = expected.find(entries, test_id)
+        if pattern is not None:
+            found[pattern].append(test_id)
+    return found
+
+
+def render(tests: dict[str, dict], plain: dict[str, dict] | None = None,
+           job: dict[str, dict[str, dict]] | None = None) -> str:
+    """The page, from a run's record (`tests`: test id -> its record),
+    optionally a plain run's, and a 2-worker job's (`job`: worker ->
+    its record's tests; tests/test_keras_suite_job.py)."""
+    lines = [
+        "# Keras' own tests against elastic models",
+        "",
+        "Keras' test modules (those of the installed release, keras 3.15) run in",
+        "tests/keras_suite/ with every Keras model made elastic before it",
+        "compiles, trains, evaluates or predicts (`ke.wrap`), each test on a",
+        "fresh embedded cluster (tests/keras_suite/conftest.py). Every test that",
+        "does not run and pass is listed below with its reason",
+        "(tests/keras_suite/expected.py): *not applicable* ones are skipped,",
+        "*known defects* run as strict xfails (a fixed defect fails its test",
+        "until its entry goes).",
+        "",
+        "Generated by `python -m tests.keras_suite.report RECORD.json [--plain",
+        "PLAIN.json]` from a run's record (`KE_KERAS_SUITE_RECORD=RECORD.json",
+        "python -m pytest tests/keras_suite`; see tests/keras_suite/report.py);",
+        "do not edit by hand.",
+        "",
+        "## Counts",
+        "",
+        "Seconds: the module's tests on the embedded cluster (setup and teardown",
+        "included). *No elastic model*: tests that passed though no model in",
+        "them was made elastic (they prove nothing about keras-elastic; listed",
+        "below).",
+        "",
+        "| module | tests | passed | not applicable | known defects | other | "
+        "no elastic model | seconds |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    by_file: dict[str, list[str]] = collections.defaultdict(list)
+    for test_id in sorted(tests):
+        by_file[_file(test_id)].append(test_id)
+    totals = collections.Counter()
+    for file in sorted(by_file, key=upstream_module):
+        outcomes = collections.Counter(tests[t].get("outcome", "?") for t in by_file[file])
+        unproven = sum(1 for t in by_file[file] if _unproven(tests[t]))
+        seconds = sum(tests[t].get("seconds", 0.0) for t in by_file[file])
+        row = {"tests": len(by_file[file]), "passed": outcomes["passed"],
+               "na": outcomes["skipped"], "defects": outcomes["xfailed"],
+               "unproven": unproven, "seconds": seconds}
+        row["other"] = row["tests"] - row["passed"] - row["na"] - row["defects"]
+        totals.update(row)
+        lines.append(f"| {upstream_module(file)} | {row['tests']} | {row['passed']} | "
+                     f"{row['na']} | {row['defects']} | {row['other']} | "
+                     f"{row['unproven']} | {row['seconds']:.0f} |")
+    lines.append(f"| **all** | {totals['tests']} | {totals['passed']} | {totals['na']} | "
+                 f"{totals['defects']} | {totals['other']} | {totals['unproven']} | "
+                 f"{totals['seconds']:.0f} |")
+    calls = collections.Counter()
+    for record in tests.values():
+        calls.update(record.get("calls", {}))
+    lines += ["", "Calls by path, all tests (conftest.py `PATHS`): " + ", ".join(
+        f"{path} {n}" for path, n in sorted(calls.items())) + f"; models wrapped "
+        f"{sum(r.get('wrapped', 0) for r in tests.values())}.", ""]
+    for title, name in SECTIONS.items():
+        entries = getattr(expected, name)
+        found = _matches(entries, tests)
+        lines += [f"## {title}", ""]
+        if not entries:
+            lines += ["None.", ""]
+        for file in sorted({_file(p) for p in entries}):
+            lines += [f"### {file} ({upstream_module(file)})", ""]
+            for pattern in (p for p in entries if _file(p) == file):
+                n = len(found[pattern])
+                lines.append(f"- `{pattern}` ({n} test{'s' if n != 1 else ''}): "
+                             f"{entries[pattern]}")
+            lines.append("")
+    lines += ["## Passed without an elastic model", "",
+              "In these tests no model was made elastic: they never compile, fit,",
+              "evaluate or predict one (a Keras `Trainer` layer is made elastic",
+              "as a `keras.Model` is).", ""]
+    for file in sorted(by_file):
+        unproven = [t for t in by_file[file] if _unproven(tests[t])]
+        if unproven:
+            lines += [f"### {file} ({len(unproven)})", ""]
+            lines += [f"- `{t.split('::', 1)[1]}`" + _why_unproven(tests[t])
+                      for t in unproven]
+            lines.append("")
+    for title, text, select in (
+            ("Made elastic, but nothing ran through keras-elastic",
+             "Tests that passed in which models were made elastic (compiled) but "
+             "no fit, evaluate or predict ran on one.",
+             lambda r: r.get("wrapped") and not r.get("calls")),
+            ("Trained with Keras' own loop",
+             "Tests that passed in which keras-elastic handed fit or evaluate to "
+             "Keras' own loop (data it cannot hand out in tasks: a generator, "
+             "ragged tensors; conftest.py `PATHS`).",
+             lambda r: any(path.endswith("keras_loop") for path in r.get("calls", {})))):
+        chosen = [t for t in sorted(tests)
+                  if tests[t].get("outcome") == "passed" and select(tests[t])]
+        lines += [f"## {title}", "", text, ""]
+        lines += [f"- `{t}`: " + ", ".join(
+            f"{path} {n}" for path, n in sorted(tests[t].get("calls", {}).items()))
+            if tests[t].get("calls") else f"- `{t}`" for t in chosen] or ["None."]
+        lines.append("")
+    if job:
+        lines += _job_section(job)
+    if plain is not None:
+        failing = sorted(t for t, r in plain.items()
+                         if r.get("outcome") not in ("passed", "skipped"))
+        skipped = sorted(t for t, r in plain.items() if r.get("outcome") == "skipped")
+        lines += ["## With Keras alone", "",
+                  "The same tests without keras-elastic (`KE_KERAS_SUITE_PLAIN=1`): "
+                  f"{sum(1 for r in plain.values() if r.get('outcome') == 'passed')} "
+                  f"passed, {len(failing)} failed, {len(skipped)} skipped (by Keras' "
+                  "own markers). These fail without keras-elastic too:", ""]
+        lines += [f"- `{t}`: {plain[t].get('message', '')}" for t in failing]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _job_section(job: dict[str, dict[str, dict]]) -> list[str]:
+    """The tests a 2-worker job ran, per module: passed on every worker,
+    not applicable in a job, other."""
+    lines = ["## In a 2-worker job", "",
+             "tests/test_keras_suite_job.py runs the callbacks' tests and the "
+             "trainer tests that fit arrays on both workers of a 2-worker job "
+             f"({len(job)} worker records): a test passes if it passes on every "
+             "worker.", "",
+             "| module | tests | passed on every worker | not applicable in a job | "
+             "known defects in a job | other |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    ids = sorted(set().union(*job.values()))
+    by_file: dict[str, list[str]] = collections.defaultdict(list)
+    for test_id in ids:
+        by_file[_file(test_id)].append(test_id)
+    for file in sorted(by_file, key=upstream_module):
+        outcomes = [{w: job[w].get(t, {}).get("outcome") for w in job}
+                    for t in by_file[file]]
+        passed = sum(all(o == "passed" for o in out.values()) for out in outcomes)
+        skipped = sum(all(o == "skipped" for o in out.values()) for out in outcomes)
+        defects = sum(all(o == "xfailed" for o in out.values()) for out in outcomes)
+        lines.append(f"| {upstream_module(file)} | {len(outcomes)} | {passed} | "
+                     f"{skipped} | {defects} | "
+                     f"{len(outcomes) - passed - skipped - defects} |")
+    return lines + [""]
+
+
+def _unproven(record: dict) -> bool:
+    """A test that passed without any model made elastic."""
+    return record.get("outcome") == "passed" and not record.get("wrapped")
+
+
+def _why_unproven(record: dict) -> str:
+    trainers = sorted(set(record.get("not_wrappable", [])))
+    return f" (not a keras.Model: {', '.join(trainers)})" if trainers else ""
+
+
+def listed_entries(text: str) -> dict[str, dict[str, str]]:
+    """The entries the page lists per manifest dict: {"NOT_APPLICABLE":
+    {pattern: reason}, "DEFECTS": {...}}."""
+    listed: dict[str, dict[str, str]] = {name: {} for name in SECTIONS.values()}
+    section = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = SECTIONS.get(line[3:].strip())
+            continue
+        match = ENTRY.match(line)
+        if section is not None and match:
+            listed[section][match.group("pattern")] = match.group("reason")
+    return listed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", nargs="+", help="the elastic run's record(s)")
+    parser.add_argument("--plain", nargs="*", default=None,
+                        help="a plain run's record(s) (KE_KERAS_SUITE_PLAIN=1)")
+    parser.add_argument("--job", nargs="*", default=None,
+                        help="the 2-worker jobs' records of one worker "
+                             "(tests/test_keras_suite_job.py)")
+    parser.add_argument("--job-other", nargs="*", default=None,
+                        help="... and of the other worker")
+    parser.add_argument("--output", default=DOC)
+    args = parser.parse_args(argv)
+    tests = load_records(args.records)
+    missing = sorted(set(collect_test_ids()) - set(tests))
+    if missing:
+        raise SystemExit(f"the record lacks {len(missing)} tests of the suite "
+                         f"(e.g. {missing[:3]}): run all of tests/keras_suite")
+    plain = load_records(args.plain) if args.plain else None
+    job = {f"worker {i}": load_records(paths)
+           for i, paths in enumerate((args.job, args.job_other)) if paths}
+    with open(args.output, "w") as f:
+        f.write(render(tests, plain, job or None))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

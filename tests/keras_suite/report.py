@@ -224,7 +224,8 @@ def _job_section(job: dict[str, dict[str, dict]]) -> list[str]:
              f"({len(job)} worker records): a test passes if it passes on every "
              "worker.", "",
              "| module | tests | passed on every worker | not applicable in a job | "
-             "known defects in a job | other |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "known defects in a job | other |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     ids = sorted(set().union(*job.values()))
     by_file: dict[str, list[str]] = collections.defaultdict(list)
     for test_id in ids:

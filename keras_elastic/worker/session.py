@@ -224,9 +224,10 @@ class ElasticSession:
         comes to a fit late keeps its own: it runs every epoch's callbacks
         (the epochs already over end at once, with the job's metrics), so its
         `ReduceLROnPlateau` lowers the rate as the others' did; taken from
-        the servers first, it was lowered twice. `before_init(model)`: called once the model is built, before the
-        local restore and the servers' initialization (a `BackupAndRestore`
-        backup's weights: see worker/file_callbacks.py).
+        the servers first, it was lowered twice. `before_init(model)`: called
+        once the model is built, before the local restore and the servers'
+        initialization (a `BackupAndRestore` backup's weights: see
+        worker/file_callbacks.py).
         """
         model = self.model
         cluster = get_cluster()

@@ -171,7 +171,9 @@ def render(tests: dict[str, dict], plain: dict[str, dict] | None = None,
                 lines.append(f"- `{pattern}` ({n} test{'s' if n != 1 else ''}): "
                              f"{entries[pattern]}")
             lines.append("")
-    lines += ["## Passed without an elastic model", "",
+    lines += ["## Not ported", ""]
+    lines += [f"- `{module}`: {reason}" for module, reason in expected.NOT_PORTED.items()]
+    lines += ["", "## Passed without an elastic model", "",
               "In these tests no model was made elastic: they never compile, fit,",
               "evaluate or predict one (a Keras `Trainer` layer is made elastic",
               "as a `keras.Model` is).", ""]

@@ -205,19 +205,22 @@ def _records(tasks):
     return [(t.shard, r) for t in tasks for r in range(t.start, t.end)]
 
 
-def test_windows_continue_across_epochs_and_wrap_around():
+def test_windows_continue_across_epochs_and_start_over_at_the_data_end():
+    """Keras 3's `steps_per_epoch` on finite data: the next epoch continues
+    where the last one stopped; the epoch that reaches the data's end is cut
+    there, and the one after it starts over (keras EpochIterator)."""
     shards = (("a", 5), ("b", 5))
     spans = [[(t.task_id, t.shard, t.start, t.end) for t in window_tasks(shards, 4, 6, e)]
              for e in range(4)]
     assert spans == [
         [(0, "a", 0, 4), (1, "a", 4, 5), (2, "b", 0, 1)],   # records 0..5
-        [(0, "b", 1, 5), (1, "a", 0, 2)],                   # 6..9, wraps to 0..1
-        [(0, "a", 2, 5), (1, "b", 0, 3)],                   # 2..7
-        [(0, "b", 3, 5), (1, "a", 0, 4)],                   # 8..9, 0..3
+        [(0, "b", 1, 5)],                                   # 6..9, cut at the end
+        [(0, "a", 0, 4), (1, "a", 4, 5), (2, "b", 0, 1)],   # 0..5 again
+        [(0, "b", 1, 5)],
     ]
-    # A window longer than the dataset wraps more than once.
-    assert _records(window_tasks((("a", 3),), 2, 7, 0)) == [
-        ("a", r) for r in (0, 1, 2, 0, 1, 2, 0)]
+    # A window longer than the dataset is the whole dataset, every epoch.
+    assert _records(window_tasks((("a", 3),), 2, 7, 0)) == [("a", r) for r in (0, 1, 2)]
+    assert _records(window_tasks((("a", 3),), 2, 7, 1)) == [("a", r) for r in (0, 1, 2)]
 
 
 def test_windows_cover_the_records_in_order_tasks_never_cross_shards():
@@ -229,7 +232,13 @@ def test_windows_cover_the_records_in_order_tasks_never_cross_shards():
         if not flat:
             continue
         per_task, window = rng.randint(1, 9), rng.randint(1, 40)
-        stream = []
+        # Keras' epoch iterator: `window` records an epoch from where the last
+        # stopped; at the data's end the epoch stops and the next starts over.
+        expected, position = [], 0
+        for _ in range(5):
+            take = min(window, len(flat) - position)
+            expected.append(flat[position:position + take])
+            position = (position + take) % len(flat)
         for epoch in range(5):
             tasks = window_tasks(shards, per_task, window, epoch)
             assert [t.task_id for t in tasks] == list(range(len(tasks)))
@@ -237,9 +246,7 @@ def test_windows_cover_the_records_in_order_tasks_never_cross_shards():
             for t in tasks:
                 assert 0 < t.num_records <= per_task
                 assert t.end <= dict(shards)[t.shard]  # within its shard
-            assert sum(t.num_records for t in tasks) == window
-            stream += _records(tasks)
-        assert stream == [flat[i % len(flat)] for i in range(5 * window)]
+            assert _records(tasks) == expected[epoch]
 
 
 def windowed_spec(**kw):
@@ -277,9 +284,11 @@ def test_a_windowed_dataset_hands_out_each_epochs_window():
     ledger = [(e["epoch"], e["shard"], e["start"], e["end"]) for e in ds.ledger]
     assert sorted(ledger)[:4] == [(0, "a", 0, 10), (0, "a", 10, 20), (0, "a", 20, 25),
                                   (0, "b", 0, 5)]
-    # Epoch 1 starts where epoch 0 stopped.
-    assert sorted(e[1:] for e in ledger if e[0] == 1) == [
-        ("a", 0, 10), ("a", 10, 20), ("b", 5, 15)]
+    # Epoch 1 starts where epoch 0 stopped and stops at the data's end; epoch
+    # 2 starts over.
+    assert sorted(e[1:] for e in ledger if e[0] == 1) == [("b", 5, 15)]
+    assert sorted(e[1:] for e in ledger if e[0] == 2) == [
+        ("a", 0, 10), ("a", 10, 20), ("a", 20, 25), ("b", 0, 5)]
 
 
 def test_resume_and_rollback_with_done_ids_of_a_window():
@@ -327,7 +336,7 @@ def test_a_restarted_master_replays_a_windowed_dataset(tmp_path):
     assert response.num_tasks_per_epoch == 3  # 10 + 10 + 5 of 40 records
     for _ in range(3):  # epoch 0: records [0, 25)
         report(first, task(first, 0).task)
-    done = task(first, 1).task   # epoch 1: records [25, 40) + [0, 10)
+    done = task(first, 1).task   # epoch 1: records [25, 40), the data's end
     report(first, done)
     task(first, 1)  # in flight when the master dies
     before = first.status(include_ledger=True)["datasets"]["training"]
@@ -344,10 +353,10 @@ def test_a_restarted_master_replays_a_windowed_dataset(tmp_path):
     window = window_tasks((("s", 40),), 10, 25, 1)
     assert sorted((t.task_id, t.shard, t.start, t.end) for t in [done, *rest]) == [
         (t.task_id, t.shard, t.start, t.end) for t in window]
-    assert [(t.start, t.end) for t in window] == [(25, 35), (35, 40), (0, 10)]
-    epoch2 = task(second, 2).task
+    assert [(t.start, t.end) for t in window] == [(25, 35), (35, 40)]
+    epoch2 = task(second, 2).task  # starts over
     assert (epoch2.epoch, epoch2.shard) == (2, "s")
-    assert (epoch2.start, epoch2.end) in [(10, 20), (20, 30), (30, 35)]
+    assert (epoch2.start, epoch2.end) in [(0, 10), (10, 20), (20, 25)]
     second.stop()
 
 

@@ -216,6 +216,40 @@ def test_fit_validation_calls_the_test_hooks_as_keras_does(embedded_cluster, fit
         assert "val_loss" in got[-1][1]
 
 
+class OwnTestStep(keras.Sequential):
+    """keras.io's "providing your own evaluation step": its logs are
+    `{"loss": ..., "compile_metrics": {"mae": ...}}`, nested."""
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(y=y, y_pred=y_pred)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def test_an_own_test_step_with_nested_logs_reports_the_job_metrics(embedded_cluster):
+    """Keras returns such a step's last logs, flattened; each is the metric's
+    result over all the data, not the last task's (the MAE was)."""
+    x, y = data(1000)
+
+    def build():
+        keras.utils.set_random_seed(3)
+        model = OwnTestStep([keras.Input((6,)), keras.layers.Dense(1)])
+        model.compile(loss="mse", metrics=["mae"])
+        return model
+
+    want = build().evaluate(x, y, verbose=0, return_dict=True)
+    model = ke.wrap(build())
+    assert_logs_close(model.evaluate(x, y, verbose=0, return_dict=True), want)
+    registered = embedded_cluster.master.job_status().datasets
+    assert max(d.tasks_per_epoch for d in registered.values()) > 1  # several tasks
+
+
 def two_in_two_out(seed: int = 7) -> keras.Model:
     """The built-in-training guide's model: image and time-series inputs, a
     score and a class output."""

@@ -182,6 +182,18 @@ def flatten_metrics_in_order(model: keras.Model, logs: dict) -> Any:
     return model._flatten_metrics_in_order(logs)
 
 
+def moving_averages(optimizer: Any) -> list[tuple[Any, Any]]:
+    """(variable, its moving average) of each variable an optimizer with
+    `use_ema=True` (or the optimizer a `LossScaleOptimizer` wraps) trains;
+    [] for one without, or not yet built."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if not getattr(inner, "use_ema", False) or not getattr(inner, "built", False):
+        return []
+    averages = inner._model_variables_moving_average
+    return [(v, averages[inner._get_variable_index(v)])
+            for v in inner._trainable_variables]
+
+
 def distribution_strategy(model: keras.Model) -> Any:
     """The `tf.distribute` strategy the model was built in (its variables are
     the strategy's), or None for the default one."""

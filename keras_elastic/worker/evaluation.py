@@ -75,11 +75,14 @@ def evaluate_elastic(model: keras.Model, eval_step, dataset: ElasticDataset,
     num_tasks, sums = stream.master.get_result(dataset.name, eval_round)
     assign_states(variables, sums)
     logs = keras_compat.metric_logs(model)
-    if isinstance(last_logs, dict) and set(last_logs) != set(logs):
-        # A test_step of the model's own that logs more than its metrics:
-        # Keras returns the last step's logs, whose metrics are then the
-        # job's.
-        logs = keras_compat.pythonify_logs(
-            {k: logs[k] if k in logs else v for k, v in last_logs.items()})
+    if isinstance(last_logs, dict):
+        # A test_step of the model's own whose logs are not its metrics' (more
+        # keys, or nested: `{m.name: m.result() for m in self.metrics}` gives
+        # `compile_metrics: {...}`): Keras returns the last step's logs,
+        # flattened. Their values are this worker's last task's; each one
+        # that is a metric's takes the job's result.
+        step_logs = keras_compat.pythonify_logs(last_logs)
+        if set(step_logs) != set(logs):
+            logs = {k: logs[k] if k in logs else v for k, v in step_logs.items()}
     callback_list.on_test_end(logs)
     return logs

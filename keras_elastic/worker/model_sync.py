@@ -531,6 +531,20 @@ class ModelSync:
                     # (the slots of variables split over servers come flat)
                     variable.assign(np.reshape(value, variable.shape))
 
+    def uses_moving_averages(self) -> bool:
+        """Whether an optimizer of the model keeps moving averages of the
+        weights (`use_ema=True`): they live in the servers' optimizers."""
+        return any(keras_compat.moving_averages(o) for o in self.optimizers().values())
+
+    def finalize_moving_averages(self) -> None:
+        """Keras' end of `fit` with `use_ema=True`
+        (`optimizer.finalize_variable_values`): the weights take their moving
+        averages, here the servers' (`pull_optimizer_state` first), assigned
+        as the script's (the chief's reach the servers at the fit's end)."""
+        for optimizer in self.optimizers().values():
+            for variable, average in keras_compat.moving_averages(optimizer):
+                variable.assign(average)
+
     def push_values(self) -> None:
         """Makes the servers hold this model's current values (after Keras'
         own fit trained it in this process): every variable, assigned."""

@@ -473,6 +473,13 @@ class ElasticSession:
         # restoring the best epoch's: EarlyStopping(restore_best_weights=True))
         # reaches the servers, the chief's: every worker returns from fit with
         # the same final weights.
+        if not sync.shared and sync.uses_moving_averages():
+            # Keras' fit ends with the weights' moving averages in the model
+            # (use_ema=True): the servers' (its own finalize took this
+            # worker's stale copies), which the chief's assignment makes the
+            # job's weights.
+            sync.pull_optimizer_state()
+            sync.finalize_moving_averages()
         reached = self._sync_point(cluster, "end the fit as this worker did")
         sync.pull()
         reached()
@@ -535,7 +542,12 @@ class ElasticSession:
             # Wait for the training epoch's end before pulling the model: every
             # worker then evaluates the same weights.
             cluster.master.wait_for_epoch(after, eval_round + 1)
-        self.connect(dataset)  # builds if needed; loads the newest model
+        sync = self.connect(dataset)  # builds if needed; loads the newest model
+        if not sync.shared and sync.uses_moving_averages():
+            # The weights' moving averages (use_ema=True) are the servers':
+            # keras.callbacks.SwapEMAWeights swaps in the job's, not the ones
+            # this worker pulled at an earlier epoch's end.
+            sync.pull_optimizer_state()
         stream = TaskStream(cluster.master, dataset.name, dataset.source, cluster.timer,
                             start_epoch=eval_round)
         with keras_compat.elastic_epochs():

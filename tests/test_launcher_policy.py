@@ -314,5 +314,17 @@ def test_the_cause_of_a_death_is_read_from_its_log():
     assert cause.exception_name == "InvalidArgumentError"
     assert cause.where == "/lib/keras/trainer.py:99"
     assert cause.text.endswith("Incompatible shapes: [3] vs. [5]")
+    # A message of several lines: its last line (the hint), not a log line after it.
+    several = exit_cause("\n".join([
+        "[worker-0] Traceback (most recent call last):",
+        '[worker-0]   File "/job/runner.py", line 262, in main',
+        "[worker-0] keras_elastic.checkpoint.errors.ModelMismatchError: Checkpoint c "
+        "does not match model 'm' (1 variable(s) differ):",
+        "[worker-0]   0000/kernel: shape [4, 8] in the checkpoint, [4, 2] in the model",
+        "[worker-0] --checkpoint_dir=/ckpt holds a checkpoint of another model",
+        "[worker-0] I1128 21:06:21.733422 1399 cluster.py:12] closed"]))
+    assert several == ExitCause("--checkpoint_dir=/ckpt holds a checkpoint of another "
+                                "model", "keras_elastic.checkpoint.errors."
+                                "ModelMismatchError", "/job/runner.py:262")
     assert exit_cause("[worker-1] Killed") == ExitCause("Killed")
     assert exit_cause("") == ExitCause("(no output)")

@@ -27,6 +27,7 @@ import dataclasses
 import re
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # absl's, after the message
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)"
                         r"|[A-Za-z_][\w.]*\.[A-Z]\w*)(: |$)")
 
@@ -58,8 +59,7 @@ def exit_cause(log_tail: str) -> ExitCause:
     if start is None:
         return ExitCause(text)
     where, exception = "", ""
-    for line in lines[start + 1:]:
-        line = _strip_role(line)
+    for line in (_strip_role(line) for line in lines[start + 1:]):
         frame = _FRAME.match(line)
         if frame:
             where = f"{frame['file']}:{frame['line']}"
@@ -67,6 +67,10 @@ def exit_cause(log_tail: str) -> ExitCause:
         found = _EXCEPTION.match(line)
         if found:
             exception = found["type"]
+            text = line.strip()
+        elif exception and line.strip() and not _LOG_LINE.match(line):
+            # A message of several lines: its last says what to do (the
+            # runner's hint after a checkpoint's mismatched variables).
             text = line.strip()
     return ExitCause(text, exception, where)
 

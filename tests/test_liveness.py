@@ -29,6 +29,19 @@ def frozen_pid(log_path, action: str = "freeze") -> int:
     return int(found[0])
 
 
+def lost_workers(job_dir) -> str:
+    """For a failed assertion: the launcher's lines on lost workers and the
+    end of each worker log (a worker killed for holding a task too long
+    writes its threads' stacks first)."""
+    launcher = open(os.path.join(job_dir, "launcher.log")).read().splitlines()
+    text = "\n".join(line for line in launcher if "lost" in line or "killing" in line)
+    for name in sorted(os.listdir(job_dir)):
+        if name.startswith("worker-") and name.endswith(".log"):
+            tail = open(os.path.join(job_dir, name)).read()[-6000:]
+            text += f"\n--- {name} ---\n{tail}"
+    return text
+
+
 def assert_gone(pid: int) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -44,7 +57,8 @@ def test_a_parameter_server_frozen_for_good_is_killed_and_recovered(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
-    assert summary["ps_restarts"] == 1 and summary["workers_lost"] == 0, summary
+    assert summary["ps_restarts"] == 1, summary
+    assert summary["workers_lost"] == 0, lost_workers(tmp_path / "job")
     recovery = summary["ps_recoveries"][0]
     assert recovery["ps"] == victim
     assert "answered no health check" in recovery["reason"], recovery
@@ -68,7 +82,8 @@ def test_a_server_the_workers_are_cut_off_from_is_replaced(tmp_path, data):
     assert result.returncode == 0, output[-4000:]
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["ps_restarts"] == 1, summary
-    assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, summary
+    assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, (
+        summary, lost_workers(tmp_path / "job"))
     reason = summary["ps_recoveries"][0]["reason"]
     assert re.search(r"answers health checks, but every worker \(0, 1\) has waited "
                      r"\d+ s for it: the workers are cut off from it", reason), reason
@@ -86,7 +101,8 @@ def test_the_master_frozen_for_good_is_killed_and_restarted(tmp_path, data):
     assert summary["master_restarts"] == 1, summary
     assert "answered no health check" in summary["master_recoveries"][0]["reason"]
     # The workers waited for the new master: none was lost for its fault.
-    assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, summary
+    assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, (
+        summary, lost_workers(tmp_path / "job"))
     check_exact(tmp_path, out, output)
     assert_gone(frozen_pid(tmp_path / "job" / "master.log"))
 
@@ -119,4 +135,8 @@ def test_a_worker_whose_training_thread_hangs_is_lost_killed_and_replaced(
     assert re.search(rf"worker {worker}: no progress: it held a task for more than \d+ s "
                      r"\(the dataset's tasks take far less\) while every server "
                      r"answered; declaring it lost", output), output[-3000:]
+    # Before the kill it wrote its threads' stacks: the hung one among them.
+    log = (tmp_path / "job" / f"worker-{worker}.log").read_text()
+    assert "most recent call first" in log, log[-3000:]
+    assert re.search(r'faults\.py", line \d+ in act', log), log[-3000:]
     check_exact(tmp_path, out, output)

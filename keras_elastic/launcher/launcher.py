@@ -94,6 +94,8 @@ DESIRED_WORKERS_FILE = "desired_workers"
 # artifacts (ledger.json, summary.json, ...: a full disk); the summary names them.
 ARTIFACTS_MISSING = 3
 JOURNAL_FILE = "master.journal"
+# How long a hung worker has to write its threads' stacks before SIGKILL.
+STACK_DUMP_SECONDS = 0.5
 
 
 class Launcher:
@@ -547,6 +549,8 @@ class Launcher:
             logging.warning("worker %d (pid %s) was declared lost by the master while "
                             "its process runs: killing it", worker_id, proc.pid)
             self._fenced.add(worker_id)
+            proc.dump_stacks()  # what it was doing, in its log
+            time.sleep(STACK_DUMP_SECONDS)
             proc.kill()
 
     def _job_over(self) -> bool:

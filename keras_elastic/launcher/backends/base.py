@@ -170,6 +170,11 @@ class RoleHandle(abc.ABC):
     def close(self) -> None:
         """Releases what watches the role (output echo, log file)."""
 
+    @abc.abstractmethod
+    def dump_stacks(self) -> None:
+        """Asks the role to write every thread's stack into its log (SIGUSR1,
+        common/stacks.py), before it is killed for hanging; best effort."""
+
     def tail(self, lines: int = 20) -> str:
         """The last lines of the role's log."""
         return read_tail(self.log_path, lines)

@@ -17,7 +17,9 @@ code = worker.poll()
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -89,6 +91,11 @@ class ManagedProcess(RoleHandle):
                 self.popen.kill()
                 self.popen.wait()
         self.close()
+
+    def dump_stacks(self) -> None:
+        if self.popen.poll() is None and hasattr(signal, "SIGUSR1"):
+            with contextlib.suppress(OSError):
+                os.kill(self.popen.pid, signal.SIGUSR1)
 
     def kill(self) -> None:
         if self.popen.poll() is None:

@@ -204,6 +204,10 @@ class _RoleActor:
             return NOT_STARTED
         return self.proc.wait()
 
+    def dump_stacks(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+
     def terminate(self, timeout: float) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
@@ -308,6 +312,13 @@ class RayRoleHandle(RoleHandle):
             except self._ray.exceptions.RayError:
                 pass  # the actor (or its node) is gone already
         self.close()
+
+    def dump_stacks(self) -> None:
+        if self._code is None and not self._closed and self._resolve() is not None:
+            try:
+                self._ray.get(self._actor.dump_stacks.remote(), timeout=5)
+            except Exception as e:  # the actor (or its node) is gone already
+                logging.debug("dump_stacks(%s): %s", self.name, e)
 
     def kill(self) -> None:
         self.close()

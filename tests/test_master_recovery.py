@@ -388,3 +388,61 @@ def test_a_worker_past_its_loop_exits_when_a_recovery_reopens_tasks(monkeypatch)
     with pytest.raises(JobRolledBackError, match="relaunches a worker to train the 3 "
                        "reopened task"):
         client.wait_for_epoch("training", 2, poll=0)
+
+
+def test_a_worker_waiting_for_a_reopened_epochs_validation_exits():
+    """The digits job with its server killed during a validation round: the
+    recovery reopened the epoch both workers had finished, each waiting for
+    that epoch's evaluation (the master's hand-out, or wait_for_epoch): nobody
+    could train the reopened tasks and the job hung. Each waiting worker now
+    gets JobRolledBackError (the launcher relaunches one that trains them);
+    a worker still inside the epoch when the rollback came is not told to."""
+    from keras_elastic.master.client import JobRolledBackError, MasterClient
+    from keras_elastic.master.server import MasterServer
+
+    server = MasterServer()
+    clients = []
+    try:
+        def client(worker_id):
+            c = MasterClient(server.address, worker_id)
+            c.register_worker()
+            clients.append(c)
+            return c
+
+        zero, one = client(0), client(1)
+        for c in (zero, one):
+            c.register_dataset(master_pb2.RegisterDatasetRequest(
+                dataset="training", mode="training", records_per_task=10,
+                shards=[master_pb2.Shard(name="s", num_records=40)], num_epochs=2))
+            c.register_dataset(master_pb2.RegisterDatasetRequest(
+                dataset="validation", mode="evaluation", records_per_task=10,
+                shards=[master_pb2.Shard(name="v", num_records=20)],
+                after_dataset="training"))
+        while (task := zero.get_task("training", 0)) is not None:
+            zero.report_tasks("training", [task.task_id], leases=[task.lease])
+        assert one.get_task("training", 0) is None  # both past epoch 0
+        # Epoch 0's validation: a task of it, then the rollback reopens epoch 0.
+        first = zero.get_task("validation", 0)
+        assert first.epoch == 0
+        server.servicer.rollback({"training": {"epoch": 0, "done_task_ids": [0]}},
+                                 "parameter server 0 exited with code -9")
+        with pytest.raises(JobRolledBackError, match=r"dataset 'training' was rolled "
+                           r"back to epoch 0 .* after worker 1 finished that epoch, "
+                           r"whose evaluation 'validation' it waits for: it exits so "
+                           r"that the launcher relaunches a worker to train the 3 "
+                           r"reopened task\(s\)"):
+            one.get_task("validation", 0)
+        with pytest.raises(JobRolledBackError, match="relaunches a worker to train "
+                           "the 3 reopened task"):
+            zero.wait_for_epoch("training", 1, poll=0)
+        # A worker that goes back through the epoch (a relaunched one) trains
+        # them and ends it again: the evaluation's round opens.
+        two = client(2)
+        while (task := two.get_task("training", 0)) is not None:
+            two.report_tasks("training", [task.task_id], leases=[task.lease])
+        two.wait_for_epoch("training", 1, poll=0)
+        assert two.get_task("validation", 0, return_on_wait=True).epoch == 0
+    finally:
+        for c in clients:
+            c.close()
+        server.stop()

@@ -50,6 +50,9 @@ class MasterClient:
                  reconnect_timeout: float | None = None) -> None:
         self.address = address
         self.worker_id = worker_id
+        # Training dataset -> its rollbacks when this worker's loop last
+        # reached the end of an epoch of it (the master's END_OF_EPOCH).
+        self.rollbacks_seen: dict[str, int] = {}
         # How long calls keep retrying a master that cannot be reached.
         self.reconnect_timeout = (connect_timeout if reconnect_timeout is None
                                   else reconnect_timeout)
@@ -196,7 +199,10 @@ class MasterClient:
             if kind == master_pb2.GetTaskResponse.TASK:
                 return [response.task, *response.more_tasks]
             if kind == master_pb2.GetTaskResponse.END_OF_EPOCH:
+                self.rollbacks_seen[dataset] = response.rollbacks
                 return None
+            if kind == master_pb2.GetTaskResponse.ROLLED_BACK:
+                raise JobRolledBackError(response.error)
             if kind == master_pb2.GetTaskResponse.WAIT and return_on_wait:
                 return WAIT
             if kind == master_pb2.GetTaskResponse.JOB_FAILED:
@@ -276,7 +282,9 @@ class MasterClient:
         """Blocks until `dataset` has reached `epoch` (or finished)."""
         import time
 
-        rollbacks = None
+        # The rollbacks as of this worker's last end of an epoch of `dataset`:
+        # one since then (also before this wait) reopened tasks it is past.
+        rollbacks = self.__dict__.get("rollbacks_seen", {}).get(dataset)
         while True:
             status = self.job_status()
             if status.error:

@@ -82,6 +82,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._datasets: dict[str, DatasetTasks] = {}
         self._workers: dict[int, dict] = {}
         self._waiting: dict[str, dict[int, int]] = {}  # dataset -> worker -> epoch
+        # (worker, training dataset) -> the dataset's rollbacks when the
+        # worker's loop went past an epoch (END_OF_EPOCH): a later rollback
+        # reopened tasks that worker can no longer train.
+        self._past_epoch: dict[tuple[int, str], int] = {}
         self._heartbeat_timeout = heartbeat_timeout
         # {worker: the limit (seconds) its hold of a task passed}.
         self._overdue: dict[int, float] = {}
@@ -556,14 +560,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 return kinds(kind=kinds.JOB_FAILED,
                              error=f"worker {request.worker_id} is not part of the job "
                                    "(presumed lost); restart it to rejoin")
-            if not self._rendezvous() or self._before_its_turn(ds, request.epoch):
+            if not self._rendezvous():
+                decision = WAIT
+            elif self._before_its_turn(ds, request.epoch):
+                reopened = self._reopened_behind(ds, request.worker_id)
+                if reopened:
+                    waiting.pop(request.worker_id, None)
+                    return kinds(kind=kinds.ROLLED_BACK, error=reopened)
                 decision = WAIT
             else:
                 decision = ds.next_task(request.worker_id, request.epoch, waiting)
             if decision == END_OF_EPOCH:
                 waiting.pop(request.worker_id, None)
+                if ds.spec.mode == "training":
+                    self._past_epoch[(request.worker_id, ds.spec.name)] = ds.rollbacks
                 self._cond.notify_all()  # other waiters may now end too
-                return kinds(kind=kinds.END_OF_EPOCH)
+                return kinds(kind=kinds.END_OF_EPOCH, rollbacks=ds.rollbacks)
             if decision != WAIT:
                 waiting.pop(request.worker_id, None)
                 tasks = [decision]
@@ -602,6 +614,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                              "%.1f s; handing out tasks", len(self._workers),
                              self._min_workers, waited)
         return self._rendezvous_met
+
+    def _reopened_behind(self, ds: DatasetTasks, worker_id: int) -> str:
+        """Why worker `worker_id`, waiting for round `ds` of an evaluation,
+        can never get it: a rollback since its loop went past the training
+        epoch reopened tasks of it, which only a new worker's loop can train
+        (every worker may be waiting here: the job would hang). "" if not."""
+        train = self._datasets.get(ds.spec.after)
+        seen = self._past_epoch.get((worker_id, ds.spec.after))
+        if train is None or seen is None or train.rollbacks <= seen or not train.todo:
+            return ""
+        return (f"dataset '{train.spec.name}' was rolled back to epoch {train.epoch} (a "
+                f"parameter server was recovered) after worker {worker_id} finished "
+                f"that epoch, whose evaluation '{ds.spec.name}' it waits for: it exits "
+                f"so that the launcher relaunches a worker to train the "
+                f"{len(train.todo)} reopened task(s)")
 
     def _before_its_turn(self, ds: DatasetTasks, epoch: int) -> bool:
         """Round `epoch` of an evaluation waits for that training epoch's end."""

@@ -466,11 +466,13 @@ class ModelSync:
         self.refresh_due = False
         if self.shared:
             return
+        start = time.perf_counter()
         self._finish_push()
         changed = self.ps.pull(changed_only=True)
         if changed:
             self._values.update(changed)
             self.assign_all(changed)
+        self.timer.add("pull", time.perf_counter() - start)
 
     @property
     def pipelined(self) -> bool:
@@ -614,10 +616,16 @@ class ModelSync:
             for sync in list(self.hyperparameter_syncs.values()):
                 sync.check()
 
+    def data_ready(self) -> None:
+        """The step's batch came out of the pipeline: the input wait ends
+        (what follows before the step computes, a refresh from the servers or
+        the step's first trace, is not input)."""
+        self.t_data = time.perf_counter()
+
     def begin_step(self) -> None:
-        """A batch is ready and its step begins (for the compute/input-wait
-        split, and what the pipelined exchange knows was given back)."""
-        self.t_data = self._t_mark = time.perf_counter()
+        """The step begins computing (for the compute phase, and what the
+        pipelined exchange knows was given back)."""
+        self._t_mark = time.perf_counter()
         if self.pipelined and self.stream is not None:
             self._dead_at_mark = self.stream.dead()
 

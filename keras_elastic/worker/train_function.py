@@ -168,6 +168,7 @@ class TrainFunction:
 
     def run(self, tags, data):
         """One step on one batch of the pipeline."""
+        self.sync.data_ready()
         tags_np = tags.numpy()
         seqs = tags_np[:, 0]  # (an eager slice of the tensor costs more)
         if self.stream is not None and self.stream.has_dead():
@@ -200,6 +201,7 @@ class TrainFunction:
         metrics = [(v, v.numpy()) for v in self.model.metrics_variables]
         self.replaying = self.sync.replaying = True
         try:
+            self.sync.data_ready()
             self.sync.prepare_step()
             allowed = self._allowed(tags)
             self.sync.begin_step()

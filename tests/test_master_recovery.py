@@ -378,6 +378,7 @@ def test_a_worker_past_its_loop_exits_when_a_recovery_reopens_tasks(monkeypatch)
             "timings": {}})
 
     client = MasterClient.__new__(MasterClient)
+    client.rollbacks_seen = {}  # (no END_OF_EPOCH seen: the first poll's count)
     # Still running its last epoch, then done: the wait ends normally.
     answers = iter([status(1, 0, 0), status(2, 0, 0)])
     monkeypatch.setattr(client, "job_status", lambda: next(answers))

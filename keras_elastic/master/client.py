@@ -284,7 +284,7 @@ class MasterClient:
 
         # The rollbacks as of this worker's last end of an epoch of `dataset`:
         # one since then (also before this wait) reopened tasks it is past.
-        rollbacks = self.__dict__.get("rollbacks_seen", {}).get(dataset)
+        rollbacks = self.rollbacks_seen.get(dataset)
         while True:
             status = self.job_status()
             if status.error:

@@ -535,8 +535,10 @@ class ModelSync:
 
     def uses_moving_averages(self) -> bool:
         """Whether an optimizer of the model keeps moving averages of the
-        weights (`use_ema=True`): they live in the servers' optimizers."""
-        return any(keras_compat.moving_averages(o) for o in self.optimizers().values())
+        weights (`use_ema=True`) that live in remote servers' optimizers (with
+        a shared store they are the model's own, as in Keras)."""
+        return not self.shared and any(
+            keras_compat.moving_averages(o) for o in self.optimizers().values())
 
     def finalize_moving_averages(self) -> None:
         """Keras' end of `fit` with `use_ema=True`

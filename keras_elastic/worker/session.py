@@ -473,7 +473,7 @@ class ElasticSession:
         # restoring the best epoch's: EarlyStopping(restore_best_weights=True))
         # reaches the servers, the chief's: every worker returns from fit with
         # the same final weights.
-        if not sync.shared and sync.uses_moving_averages():
+        if sync.uses_moving_averages():
             # Keras' fit ends with the weights' moving averages in the model
             # (use_ema=True): the servers' (its own finalize took this
             # worker's stale copies), which the chief's assignment makes the
@@ -543,7 +543,7 @@ class ElasticSession:
             # worker then evaluates the same weights.
             cluster.master.wait_for_epoch(after, eval_round + 1)
         sync = self.connect(dataset)  # builds if needed; loads the newest model
-        if not sync.shared and sync.uses_moving_averages():
+        if sync.uses_moving_averages():
             # The weights' moving averages (use_ema=True) are the servers':
             # keras.callbacks.SwapEMAWeights swaps in the job's, not the ones
             # this worker pulled at an earlier epoch's end.

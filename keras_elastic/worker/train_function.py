@@ -201,7 +201,6 @@ class TrainFunction:
         metrics = [(v, v.numpy()) for v in self.model.metrics_variables]
         self.replaying = self.sync.replaying = True
         try:
-            self.sync.data_ready()
             self.sync.prepare_step()
             allowed = self._allowed(tags)
             self.sync.begin_step()

@@ -594,7 +594,7 @@ def main(argv: list[str]) -> None:
         for name, value in SMOKE.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
-    from keras_elastic.worker.model_sync import EXCHANGES
+    from keras_elastic.worker.exchange import MODES as EXCHANGES
 
     unknown = sorted(set(FLAGS.exchanges) - set(EXCHANGES))
     if unknown or not FLAGS.exchanges:

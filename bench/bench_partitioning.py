@@ -37,6 +37,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+from keras_elastic.ps.update import Update
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("num_ps", ["1", "2", "3", "4", "8"], "Server counts of the table.")
 flags.DEFINE_integer("timed_ps", 4, "Servers of the timed part.")
@@ -164,10 +166,10 @@ def timed_pushes(rows: int, num_ps: int, pushes: int, split: bool) -> float:
         rng = np.random.default_rng(0)
         grads = {k: rng.normal(size=v.shape).astype(np.float32)
                  for k, (v, _) in values.items()}
-        client.push(grads, {})  # warm-up: traced update functions
+        client.send(Update(grads=grads))  # warm-up: traced update functions
         start = time.perf_counter()
         for _ in range(pushes):
-            client.push(grads, {})
+            client.send(Update(grads=grads))
         rate = pushes / (time.perf_counter() - start)
         client.close()
         return rate

@@ -68,6 +68,8 @@ from absl import app, flags, logging
 from proc_stats import core_plan, cpu_seconds, pin
 from ps_bench_common import variable_names
 
+from keras_elastic.ps.update import Update
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("num_ps", ["1", "2", "4"], "Parameter server counts.")
 flags.DEFINE_list("workers", ["4", "8", "16", "32"], "Simulated worker counts.")
@@ -130,7 +132,7 @@ def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
         from echo_server import EchoClient
 
         clients = [EchoClient(addresses) for _ in range(threads)]
-        exchanges = [lambda c=c: c.exchange(sent) for c in clients]
+        exchanges = [lambda c=c: c.send(Update(grads=sent)) for c in clients]
     else:
         from keras_elastic.ps.client import PSClient
 
@@ -139,7 +141,7 @@ def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
         for client in clients:  # learn the servers' versions (a worker's first pull)
             client.pull()
         exchanges = [lambda c=c: sent + sum(
-            v.nbytes for v in c.exchange(grads, {}).values.values()) for c in clients]
+            v.nbytes for v in c.send(Update(grads=grads)).values.values()) for c in clients]
     results.put("ready")
     while True:
         command = commands.get()

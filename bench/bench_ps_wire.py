@@ -57,6 +57,8 @@ from echo_server import EchoClient, start_echo_servers
 from proc_stats import cpu_seconds
 from ps_bench_common import variable_names
 
+from keras_elastic.ps.update import Update
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes_mb", ["100"], "Model sizes, decimal MB.")
 flags.DEFINE_list("num_ps", ["1", "2"], "Parameter server counts.")
@@ -157,7 +159,7 @@ def measure(size: int, addresses: list[str], pids: list[int],
         del model
 
         def ps_exchange(targets=None) -> int:
-            reply = client.exchange(grads, {}, targets=targets)
+            reply = client.send(Update(grads=grads), targets=targets)
             assert reply.accepted, reply.statuses
             got = sum(v.nbytes for v in reply.values.values())
             sent = sum(grads[n].nbytes for n in grads
@@ -169,7 +171,7 @@ def measure(size: int, addresses: list[str], pids: list[int],
             return sum(v.nbytes for v in client.pull().values())
 
         runs = {"ps exchange": (ps_exchange, pids),
-                "echo exchange": (lambda: echo.exchange(nbytes), echo_pids),
+                "echo exchange": (lambda: echo.send(Update(grads=nbytes)), echo_pids),
                 "ps pull": (ps_pull, pids),
                 "echo pull": (lambda: echo.pull(nbytes), echo_pids)}
         if num_ps == 2:
@@ -253,7 +255,7 @@ class Work:
             return read_stream([parse(f) for f in frames])[1]
 
         def update(pushed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            result = self.store.push(pushed, {}, -1)
+            result = self.store.push(Update(grads=pushed), -1)
             assert result.status == "applied", result.status  # not buffered, refused
             return self.store.values_since(-1)
 

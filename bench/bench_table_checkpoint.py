@@ -32,6 +32,8 @@ import numpy as np
 from absl import app, flags
 from proc_stats import trimmed_rss_bytes
 
+from keras_elastic.ps.update import Update
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rows", 5_000_000, "Rows of the table.")
 flags.DEFINE_integer("dim", 8, "Row width.")
@@ -77,8 +79,8 @@ def main(argv: list[str]) -> None:
 
     full, full_s, full_lock = timed_save("full")
     ids = rng.choice(FLAGS.rows, int(FLAGS.rows * FLAGS.changed), replace=False)
-    store.push({}, {}, 0, sparse={"t": (ids.astype(np.int64), rng.normal(
-        size=(len(ids), FLAGS.dim)).astype(np.float32))})
+    store.push(Update(rows={"t": (ids.astype(np.int64), rng.normal(
+        size=(len(ids), FLAGS.dim)).astype(np.float32))}), 0)
     _, delta_s, delta_lock = timed_save("delta", base=os.path.dirname(full.path),
                                         seqs=full.extra["table_seqs"])
     minimum = 8 + 2 * 4 * FLAGS.dim

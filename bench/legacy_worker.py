@@ -28,6 +28,8 @@ import types
 import keras
 import tensorflow as tf
 
+from keras_elastic.ps.update import Update
+
 NAME = "legacy"
 
 
@@ -91,8 +93,9 @@ def run_legacy(files: list[str], cifar10: types.ModuleType, batch_size: int,
                 loss_value = loss_fn(y, model(x, training=True))
             grads = tape.gradient(loss_value, model.trainable_variables)
             t = timed("compute", t)
-            ps.exchange({k: g.numpy() for k, g in zip(keys, grads) if k in trainable},
-                        {k: by_key[k].numpy() for k in keys if k not in trainable})
+            ps.send(Update(
+                grads={k: g.numpy() for k, g in zip(keys, grads) if k in trainable},
+                assigns={k: by_key[k].numpy() for k in keys if k not in trainable}))
             t = timed("report_gradient", t)
             batches += 1
             loss = float(loss_value)

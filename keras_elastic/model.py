@@ -64,8 +64,8 @@ from keras_elastic.data.describe import describe_call
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers.embedding import Embedding, convert_embeddings
 from keras_elastic.worker.cluster import get_cluster
+from keras_elastic.worker.exchange import MODES as EXCHANGES
 from keras_elastic.worker.file_callbacks import JobCallbacks
-from keras_elastic.worker.model_sync import EXCHANGES
 from keras_elastic.worker.saving import route_saving
 from keras_elastic.worker.session import session_of, start_session
 

@@ -19,6 +19,7 @@ from conftest import subprocess_env
 from test_fencing import SGD, start, stop
 
 from keras_elastic.common import allocator
+from keras_elastic.ps.update import Update
 
 
 def minor_faults(pid: int) -> int:
@@ -44,7 +45,7 @@ def test_a_server_takes_no_fresh_pages_for_each_push(tmp_path):
 
         def push(client, times):
             for _ in range(times):
-                client.exchange(grads, {})
+                client.send(Update(grads=grads))
 
         # Four workers at once, as a server is loaded: the messages of
         # concurrent pushes are allocated and freed by several threads.

@@ -22,6 +22,7 @@ from keras_elastic.ps.task_log import (
     StaleLeaseError,
     TaskLog,
 )
+from keras_elastic.ps.update import Update
 from keras_elastic.worker.replay import NondeterministicDatasetError, plan_replay
 
 SGD1 = {"class_name": "SGD", "config": {"learning_rate": 1.0}}
@@ -135,25 +136,25 @@ def test_pushes_are_idempotent_per_range_on_every_server(two_servers):
     assert owners == {0, 1}  # both servers hold some
     assert client.claim(*TASK, lease=5) == [TaskClaim([], 0), TaskClaim([], 0)]
     grads = {n: np.full(2, -1, np.float32) for n in names}
-    reply = client.exchange(grads, {}, [_range(5, 0, 4, 11)])
+    reply = client.send(Update(grads=grads, ranges=[_range(5, 0, 4, 11)]))
     assert reply.accepted and set(reply.statuses.values()) == {"applied"}
     # The same push again (its reply was lost): acknowledged, not applied.
-    again = client.exchange(grads, {}, [_range(5, 0, 4, 11)])
+    again = client.send(Update(grads=grads, ranges=[_range(5, 0, 4, 11)]))
     assert again.accepted and set(again.statuses.values()) == {"duplicate"}
     values = client.pull()
     assert all((values[n] == 1).all() for n in names), values
     # A push that reached server 0 only (the worker died); the next hand-out
     # sees it and completes server 1 only.
-    client.exchange(grads, {}, [_range(5, 4, 8, 13)], targets=[0])
+    client.send(Update(grads=grads, ranges=[_range(5, 4, 8, 13)]), targets=[0])
     claims = client.claim(*TASK, lease=6)
     assert claims == [TaskClaim([(0, 8)], 24), TaskClaim([(0, 4)], 11)]
     plan = plan_replay(claims)
     assert plan.frontier == 8 and plan.segments == ((4, 8, (1,)),)
-    done = client.exchange(grads, {}, [_range(6, 4, 8, 13)], targets=[1])
+    done = client.send(Update(grads=grads, ranges=[_range(6, 4, 8, 13)]), targets=[1])
     assert done.accepted
     assert all((v == 2).all() for v in client.pull().values())
     # The dead worker's lease is fenced everywhere.
-    late = client.exchange(grads, {}, [_range(5, 8, 12)])
+    late = client.send(Update(grads=grads, ranges=[_range(5, 8, 12)]))
     assert not late.accepted and set(late.refusals().values()) == {"fenced"}
     assert client.claim(*TASK, lease=5) is None
     status = client.status_all()
@@ -166,11 +167,11 @@ def test_checkpoint_carries_the_task_log(two_servers, tmp_path):
     client.init({n: (np.zeros(2, np.float32), True) for n in names}, SGD1)
     client.claim(*TASK, lease=5)
     grads = {n: np.full(2, -1, np.float32) for n in names}
-    client.exchange(grads, {}, [_range(5, 0, 4, 3)])
+    client.send(Update(grads=grads, ranges=[_range(5, 0, 4, 3)]))
     temp, path = str(tmp_path / ".tmp-ckpt"), str(tmp_path / "ckpt")
     parts = client.save_all(temp)
     write_ps_manifest(temp, path, parts, progress={})
-    client.exchange(grads, {}, [_range(5, 4, 8, 3)])          # after the save
+    client.send(Update(grads=grads, ranges=[_range(5, 4, 8, 3)]))          # after the save
     client.restore_all(path)
     # Values and log are back to the save: elements 4..8 are not applied.
     assert all((v == 1).all() for v in client.pull().values())
@@ -240,8 +241,8 @@ def test_an_unexpected_server_error_is_internal_and_named_a_bug(two_servers,
 
     monkeypatch.setattr(two_servers[0].store, "push", broken)
     with pytest.raises(ValueError) as e:
-        client.exchange({n: np.ones(2, np.float32) for n in names}, {},
-                        [_range(5, 0, 4)])
+        client.send(Update(grads={n: np.ones(2, np.float32) for n in names},
+                           ranges=[_range(5, 0, 4)]))
     message = str(e.value)
     assert "parameter server 0 (of 2), Push" in message
     assert "RuntimeError: the store broke (a bug of the parameter server" in message

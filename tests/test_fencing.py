@@ -25,6 +25,7 @@ from conftest import subprocess_env, wait_for
 from keras_elastic.common import fencing, resolver, rpc
 from keras_elastic.master.journal import Journal
 from keras_elastic.proto import master_pb2, master_pb2_grpc
+from keras_elastic.ps.update import Update
 
 SGD = {"class_name": "SGD", "config": {"learning_rate": 1.0}}
 
@@ -84,7 +85,7 @@ def test_a_replaced_parameter_server_serves_nobody_of_the_new_generation(
         misdirected = PSClient([old_address], worker_id=0, connect_timeout=30,
                                reconnect_timeout=2)
         with pytest.raises(ConnectionError, match="was replaced"):
-            misdirected.push({"w": np.ones(3, np.float32)}, {})
+            misdirected.send(Update(grads={"w": np.ones(3, np.float32)}))
         misdirected.close()
         admin = PSClient([old_address], worker_id=-1, connect_timeout=30, resolver=None)
         np.testing.assert_array_equal(admin.pull()["w"], np.zeros(3))
@@ -96,12 +97,12 @@ def test_a_replaced_parameter_server_serves_nobody_of_the_new_generation(
         stale = PSClient([new_address], worker_id=0, connect_timeout=30,
                          reconnect_timeout=2)
         with pytest.raises(ConnectionError, match="the job recovered a service"):
-            stale.push({"w": np.ones(3, np.float32)}, {})
+            stale.send(Update(grads={"w": np.ones(3, np.float32)}))
         # ... until it re-reads the cluster: then it is served.
         (tmp_path / "job" / "cluster.json").write_text(json.dumps(
             {"master": "127.0.0.1:1", "ps": [new_address], "generation": 1}))
         resolver.for_process().roles(max_age=0)  # what a retry does
-        values = stale.push({"w": np.ones(3, np.float32)}, {})
+        values = stale.send(Update(grads={"w": np.ones(3, np.float32)})).values
         np.testing.assert_array_equal(values["w"], -np.ones(3))
         stale.close()
 

@@ -23,6 +23,7 @@ from keras_elastic.master.status import JobStatus
 from keras_elastic.proto import master_pb2, master_pb2_grpc, ps_pb2, tensor_pb2
 from keras_elastic.ps import ParameterServer, PSClient, ps_for
 from keras_elastic.ps.client import ServerStatus
+from keras_elastic.ps.update import Update
 
 PS_SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
 MASTER_SERVICE = master_pb2.DESCRIPTOR.services_by_name["Master"]
@@ -150,8 +151,9 @@ def ps_cluster():
                  BN: (np.zeros(2, np.float32), False),
                  V: (np.ones(4, np.float32), True)}, SGD)
     assert client.claim(*TASK, lease=LEASE) is not None
-    reply = client.exchange({W: np.ones((2, 3), np.float32), V: np.ones(4, np.float32)},
-                            {BN: np.full(2, 5, np.float32)}, [task_range(0, 4)])
+    reply = client.send(Update(
+        grads={W: np.ones((2, 3), np.float32), V: np.ones(4, np.float32)},
+        assigns={BN: np.full(2, 5, np.float32)}, ranges=[task_range(0, 4)]))
     assert reply.accepted
     channels = [rpc.make_channel(s.address) for s in servers]
     yield servers, client, channels
@@ -548,7 +550,8 @@ def test_normal_push_is_applied_after_hostile_ones(ps_cluster):
     servers, client, channels = ps_cluster
     before = client.pull()
     version = servers[0].store.version
-    reply = client.exchange({W: np.ones((2, 3), np.float32)}, {}, [task_range(4, 8)])
+    reply = client.send(Update(grads={W: np.ones((2, 3), np.float32)},
+                               ranges=[task_range(4, 8)]))
     assert reply.accepted and reply.statuses == {0: "applied"}
     assert servers[0].store.version == version + 1
     np.testing.assert_allclose(client.pull()[W], before[W] - 0.5 * (1 + 0.9), rtol=1e-6)

@@ -22,6 +22,7 @@ from keras_elastic.master.client import MasterClient
 from keras_elastic.master.server import MasterServer
 from keras_elastic.proto import master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc
 from keras_elastic.ps import ParameterServer, PSClient
+from keras_elastic.ps.update import Update
 
 SGD = {"class_name": "SGD", "config": {"learning_rate": 1.0}}
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
@@ -102,7 +103,8 @@ def test_calls_without_the_token_are_refused_and_change_nothing(token, caplog):
         np.testing.assert_array_equal(after["w"], before["w"])
         # And the job's own clients are served as before.
         assert good.get_task("train", 0).task_id == 0
-        np.testing.assert_allclose(ps_client.push({"w": np.ones(3, np.float32)}, {})["w"],
+        np.testing.assert_allclose(
+            ps_client.send(Update(grads={"w": np.ones(3, np.float32)})).values["w"],
                                    [0, 0, 0])
         good.close()
         ps_client.close()

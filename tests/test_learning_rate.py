@@ -26,6 +26,7 @@ from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.ps import ParameterServer, PSClient
 from keras_elastic.ps.checkpointing import init_from_checkpoint, restore_shard, save_shard
 from keras_elastic.ps.store import ParameterStore
+from keras_elastic.ps.update import Update
 from keras_elastic.worker.hyperparameters import HyperparameterError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -193,8 +194,8 @@ def test_servers_with_a_schedule_refuse_a_learning_rate_from_a_worker():
             keras.optimizers.schedules.ExponentialDecay(0.2, 3, 0.5)))
         client.init({"w": (np.ones(2, np.float32), True)}, config)
         with pytest.raises(ValueError) as e:  # INVALID_ARGUMENT, named
-            client.exchange({"w": np.ones(2, np.float32)}, {},
-                            hyperparameters={"learning_rate": 0.01})
+            client.send(Update(grads={"w": np.ones(2, np.float32)},
+                               hyperparameters={"learning_rate": 0.01}))
         assert "`LearningRateSchedule` (ExponentialDecay)" in str(e.value)
         assert "not settable" in str(e.value) and "float `learning_rate`" in str(e.value)
         np.testing.assert_array_equal(server.store.values_since(-1)["w"], [1, 1])
@@ -229,20 +230,20 @@ def test_embedding_rows_and_buffered_gradients_take_the_pushed_rate():
                tables={"t": {"dim": 2, "input_dim": 10, "initializer": "zeros"}})
     ids, rows = np.array([3], np.int64), np.ones((1, 2), np.float32)
     # The row-wise update uses the dense update's rate: the one just pushed.
-    store.push({"w": np.ones(2, np.float32)}, {}, 0, sparse={"t": (ids, rows)},
-               hyperparameters={"learning_rate": 0.0})
+    store.push(Update(grads={"w": np.ones(2, np.float32)}, rows={"t": (ids, rows)},
+                      hyperparameters={"learning_rate": 0.0}), 0)
     assert store.lookup({"t": ids})["t"].tolist() == [[0.0, 0.0]]
     assert store.values_since(-1)["w"].tolist() == [0.0, 0.0]
-    store.push({"w": np.ones(2, np.float32)}, {}, 1, sparse={"t": (ids, rows)},
-               hyperparameters={"learning_rate": 0.5})
+    store.push(Update(grads={"w": np.ones(2, np.float32)}, rows={"t": (ids, rows)},
+                      hyperparameters={"learning_rate": 0.5}), 1)
     assert store.lookup({"t": ids})["t"].tolist() == [[-0.5, -0.5]]
     assert store.values_since(-1)["w"].tolist() == [-0.5, -0.5]
     # grads_to_wait=2: the mean of the buffer, with the rate at its update.
     averaging = ParameterStore(grads_to_wait=2)
     averaging.init({"w": np.zeros(1, np.float32)}, {"w": True}, sgd)
-    averaging.push({"w": np.ones(1, np.float32)}, {}, 0)
-    averaging.push({"w": np.full(1, 3, np.float32)}, {}, 0,
-                   hyperparameters={"learning_rate": 0.5})
+    averaging.push(Update(grads={"w": np.ones(1, np.float32)}), 0)
+    averaging.push(Update(grads={"w": np.full(1, 3, np.float32)},
+                          hyperparameters={"learning_rate": 0.5}), 0)
     assert averaging.values_since(-1)["w"].tolist() == [-1.0]  # 0 - 0.5 * 2
 
 
@@ -261,19 +262,19 @@ def test_the_learning_rate_is_in_checkpoints_and_survives_recovery(tmp_path):
     sgd = {"class_name": "SGD", "config": {"learning_rate": 0.1}}
     store = ParameterStore()
     store.init({"w": np.ones(2, np.float32)}, {"w": True}, sgd)
-    store.push({"w": np.ones(2, np.float32)}, {}, 0,
-               hyperparameters={"learning_rate": 0.025})
+    store.push(Update(grads={"w": np.ones(2, np.float32)},
+                      hyperparameters={"learning_rate": 0.025}), 0)
     np.testing.assert_allclose(store.values_since(-1)["w"], [0.975, 0.975])
     path = _save(store, str(tmp_path / "ckpt"))
     # A server restarted after a crash is built from the checkpoint...
     restarted = ParameterStore()
     init_from_checkpoint(restarted, 0, 1, path)
     assert restarted.hyperparameters() == {"learning_rate": f32(0.025)}
-    restarted.push({"w": np.ones(2, np.float32)}, {}, 1)
+    restarted.push(Update(grads={"w": np.ones(2, np.float32)}), 1)
     np.testing.assert_allclose(restarted.values_since(-1)["w"], [0.95, 0.95])
     # ... and a live one rolled back to it takes the checkpoint's rate.
-    store.push({"w": np.ones(2, np.float32)}, {}, 1,
-               hyperparameters={"learning_rate": 0.5})
+    store.push(Update(grads={"w": np.ones(2, np.float32)},
+                      hyperparameters={"learning_rate": 0.5}), 1)
     restore_shard(store, 0, 1, path)
     assert store.hyperparameters() == {"learning_rate": f32(0.025)}
 
@@ -296,18 +297,18 @@ def test_a_change_is_sent_once_to_every_server_even_one_the_push_skips():
         assert not servers[1].store.variables  # server 1 owns nothing
         pushes = [s.store.pushes for s in servers]
         # Unchanged: nothing more is sent.
-        client.exchange({w: np.ones(2, np.float32)}, {},
-                        hyperparameters={"learning_rate": f32(0.1)})
+        client.send(Update(grads={w: np.ones(2, np.float32)},
+                           hyperparameters={"learning_rate": f32(0.1)}))
         assert [s.store.pushes for s in servers] == [pushes[0] + 1, pushes[1]]
         # Changed: both servers take it, server 1 in an empty push of its own,
         # and server 0 applies the push's gradient with it.
-        reply = client.exchange({w: np.ones(2, np.float32)}, {},
-                                hyperparameters={"learning_rate": 0.5})
+        reply = client.send(Update(grads={w: np.ones(2, np.float32)},
+                                   hyperparameters={"learning_rate": 0.5}))
         assert sorted(reply.statuses) == [0, 1] and reply.accepted
         assert server_rates(servers) == [0.5, 0.5]
         np.testing.assert_allclose(servers[0].store.values_since(-1)[w], [0.4, 0.4])
-        client.exchange({w: np.ones(2, np.float32)}, {},
-                        hyperparameters={"learning_rate": 0.5})
+        client.send(Update(grads={w: np.ones(2, np.float32)},
+                           hyperparameters={"learning_rate": 0.5}))
         assert [s.store.pushes for s in servers] == [pushes[0] + 3, pushes[1] + 1]
     finally:
         client.close()
@@ -322,17 +323,17 @@ def test_after_a_restore_the_workers_rate_is_sent_again(tmp_path):
                      v: (np.ones(2, np.float32), True)},
                     {"class_name": "SGD", "config": {"learning_rate": 0.1}})
         grads = {w: np.ones(2, np.float32), v: np.ones(2, np.float32)}
-        client.exchange(grads, {}, hyperparameters={"learning_rate": 0.5})
+        client.send(Update(grads=grads, hyperparameters={"learning_rate": 0.5}))
         path = _save(client, str(tmp_path / "ckpt"))
-        client.exchange(grads, {}, hyperparameters={"learning_rate": 0.25})
+        client.send(Update(grads=grads, hyperparameters={"learning_rate": 0.25}))
         client.restore_all(path)  # a rollback
         assert server_rates(servers) == [0.5, 0.5]
         # The first push after it shows the client the servers' new state (it
         # is applied with the checkpoint's rate); the next one carries the
         # worker's rate again.
-        client.exchange(grads, {}, hyperparameters={"learning_rate": 0.25})
+        client.send(Update(grads=grads, hyperparameters={"learning_rate": 0.25}))
         assert server_rates(servers) == [0.5, 0.5]
-        client.exchange(grads, {}, hyperparameters={"learning_rate": 0.25})
+        client.send(Update(grads=grads, hyperparameters={"learning_rate": 0.25}))
         assert server_rates(servers) == [0.25, 0.25]
     finally:
         client.close()

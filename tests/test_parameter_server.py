@@ -7,6 +7,7 @@ import pytest
 from keras_elastic.common.tensor_codec import decode_all, encode
 from keras_elastic.ps import ParameterServer, PSClient, partition, ps_for
 from keras_elastic.ps.store import ParameterStore
+from keras_elastic.ps.update import Update
 
 SGD = {"class_name": "SGD", "config": {"learning_rate": 0.5}}
 
@@ -33,7 +34,8 @@ def test_push_applies_sgd_and_returns_only_changed_values(servers):
     c = PSClient([servers[0].address])
     c.init({"w": (np.ones(2, np.float32), True), "b": (np.zeros(1, np.float32), True),
             "bn": (np.zeros(2, np.float32), False)}, SGD)
-    new = c.push({"w": np.array([1, 2], np.float32)}, {"bn": np.array([3, 4], np.float32)})
+    new = c.send(Update(grads={"w": np.array([1, 2], np.float32)},
+                        assigns={"bn": np.array([3, 4], np.float32)})).values
     np.testing.assert_allclose(new["w"], [0.5, 0.0])
     np.testing.assert_allclose(new["bn"], [3, 4])
     assert "b" not in new  # b got no gradient: unchanged since our version
@@ -56,15 +58,15 @@ def test_non_trainable_updates_of_two_workers_are_merged_not_overwritten(servers
         return (value * 0.9 + np.float32(x) * 0.1).astype(np.float32)
 
     first = ema(base, 11.0)
-    a.push({}, {"moving_mean": first})  # no bases: plain assign
+    a.send(Update(assigns={"moving_mean": first}))  # no bases: plain assign
     np.testing.assert_array_equal(a.pull()["moving_mean"], first)
     # a's next step starts from the server's value: assigned bit for bit.
     second = ema(first, 5.0)
-    a.exchange({}, {"moving_mean": second}, bases={"moving_mean": first})
+    a.send(Update(assigns={"moving_mean": second}, bases={"moving_mean": first}))
     np.testing.assert_array_equal(a.pull()["moving_mean"], second)
     # b computed from the older `first`: its change is added to `second`.
     other = ema(first, -7.0)
-    b.exchange({}, {"moving_mean": other}, bases={"moving_mean": first})
+    b.send(Update(assigns={"moving_mean": other}, bases={"moving_mean": first}))
     np.testing.assert_allclose(b.pull()["moving_mean"], second + (other - first),
                                rtol=1e-6)
 
@@ -81,8 +83,10 @@ def test_a_push_of_gradients_and_merged_statistics_is_one_exact_update(grads_to_
                {"w": True, "mean": False, "flag": False, "count": False}, SGD)
     grad = np.array([0.25, -1.0], np.float32)
     ema = (mean * 0.9 + np.float32(0.3)).astype(np.float32)
-    store.push({"w": grad}, {"mean": ema, "flag": np.array(True), "count": np.int64(4)},
-               0, bases={"mean": mean, "flag": np.array(False), "count": np.int64(3)})
+    store.push(Update(grads={"w": grad},
+                      assigns={"mean": ema, "flag": np.array(True), "count": np.int64(4)},
+                      bases={"mean": mean, "flag": np.array(False), "count": np.int64(3)}),
+               0)
     values = store.values_since(-1)
     np.testing.assert_array_equal(values["mean"], ema)  # still at its base: as is
     assert values["flag"] and values["count"] == 4
@@ -90,8 +94,8 @@ def test_a_push_of_gradients_and_merged_statistics_is_one_exact_update(grads_to_
     np.testing.assert_array_equal(values["w"], expected)
     # Computed from the older `mean` while the server moved on to `ema`.
     other = (mean * 0.9 - np.float32(0.1)).astype(np.float32)
-    store.push({"w": grad}, {"mean": other, "count": np.int64(9)}, 1,
-               bases={"mean": mean, "count": np.int64(3)})
+    store.push(Update(grads={"w": grad}, assigns={"mean": other, "count": np.int64(9)},
+                      bases={"mean": mean, "count": np.int64(3)}), 1)
     values = store.values_since(-1)
     np.testing.assert_allclose(values["mean"], ema + (other - mean), rtol=1e-6)
     assert values["count"] == 4 + (9 - 3)
@@ -99,7 +103,7 @@ def test_a_push_of_gradients_and_merged_statistics_is_one_exact_update(grads_to_
     steps = 2 if grads_to_wait == 1 else 1
     np.testing.assert_array_equal(values["w"], w - steps * 0.5 * grad)
     # Without a base the value is assigned as is.
-    store.push({}, {"mean": other}, 2)
+    store.push(Update(assigns={"mean": other}), 2)
     np.testing.assert_array_equal(store.values_since(-1)["mean"], other)
 
 
@@ -107,10 +111,10 @@ def test_a_base_value_must_come_with_its_assign_and_match_its_variable(servers):
     c = PSClient([servers[0].address])
     c.init({"bn": (np.zeros(2, np.float32), False)}, SGD)
     with pytest.raises(ValueError, match="does not assign"):
-        c.exchange({}, {}, bases={"bn": np.zeros(2, np.float32)})
+        c.send(Update(bases={"bn": np.zeros(2, np.float32)}))
     with pytest.raises(ValueError, match="bn"):
-        c.exchange({}, {"bn": np.ones(2, np.float32)},
-                   bases={"bn": np.zeros(3, np.float32)})
+        c.send(Update(assigns={"bn": np.ones(2, np.float32)},
+                      bases={"bn": np.zeros(3, np.float32)}))
     np.testing.assert_array_equal(c.pull()["bn"], [0, 0])  # nothing applied
 
 
@@ -124,7 +128,7 @@ def test_keras_optimizer_with_slots_matches_local_apply(servers):
     rng = np.random.default_rng(0)
     for _ in range(5):
         g = rng.normal(size=(2, 3)).astype(np.float32)
-        remote = c.push({"w": g}, {})["w"]
+        remote = c.send(Update(grads={"w": g})).values["w"]
         opt.apply([g], [local])
     np.testing.assert_allclose(remote, local.numpy(), atol=1e-6)
     slots = servers[0].store.optimizer_variables()
@@ -140,7 +144,7 @@ def test_variables_are_partitioned_by_stable_hash(servers):
     assert held == [sorted(p) for p in partition(names, 2)]
     assert all(held), held  # both servers own variables
     assert [ps_for(n, 2) for n in names] == [ps_for(n, 2) for n in names]
-    new = c.push({n: np.ones(2, np.float32) for n in names}, {})
+    new = c.send(Update(grads={n: np.ones(2, np.float32) for n in names})).values
     assert sorted(new) == sorted(names)
 
 
@@ -151,22 +155,23 @@ def test_large_model_is_streamed_in_chunks(servers):
     values = c.init({"big": (big, True), "small": (np.ones(4, np.float32), True)}, SGD)
     np.testing.assert_array_equal(values["big"], big)
     grad = np.full_like(big, 2.0)
-    new = c.push({"big": grad}, {})
+    new = c.send(Update(grads={"big": grad})).values
     np.testing.assert_array_equal(new["big"][0, :3], big[0, :3] - 1.0)
 
 
 def test_grads_to_wait_averages_and_drops_stale_gradients():
     store = ParameterStore(grads_to_wait=2, max_staleness=1)
     store.init({"w": np.zeros(1, np.float32)}, {"w": True}, SGD)
-    assert store.push({"w": np.array([1.0], np.float32)}, {}, 0)[:2] == (True, 0)
-    assert store.push({"w": np.array([3.0], np.float32)}, {}, 0)[:2] == (True, 1)
+    assert store.push(Update(grads={"w": np.array([1.0], np.float32)}), 0)[:2] == (True, 0)
+    assert store.push(Update(grads={"w": np.array([3.0], np.float32)}), 0)[:2] == (True, 1)
     np.testing.assert_allclose(store.values_since(-1)["w"], [-1.0])  # 0 - 0.5 * 2
-    store.push({"w": np.ones(1, np.float32)}, {}, 1)
-    store.push({"w": np.ones(1, np.float32)}, {}, 1)
-    store.push({"w": np.ones(1, np.float32)}, {}, 2)
-    store.push({"w": np.ones(1, np.float32)}, {}, 2)
+    store.push(Update(grads={"w": np.ones(1, np.float32)}), 1)
+    store.push(Update(grads={"w": np.ones(1, np.float32)}), 1)
+    store.push(Update(grads={"w": np.ones(1, np.float32)}), 2)
+    store.push(Update(grads={"w": np.ones(1, np.float32)}), 2)
     assert store.version == 3
-    assert tuple(store.push({"w": np.ones(1, np.float32)}, {}, 0)) == (False, 3, "stale")
+    assert tuple(store.push(Update(grads={"w": np.ones(1, np.float32)}), 0)) == (False, 3,
+                                                                                 "stale")
     assert store.dropped == 1
 
 
@@ -175,7 +180,7 @@ def test_flush_applies_a_partial_buffer_as_sum_over_grads_to_wait():
     # end of an epoch counts as sum / grads_to_wait (missing ones as zero).
     store = ParameterStore(grads_to_wait=4)
     store.init({"w": np.zeros(1, np.float32)}, {"w": True}, SGD)
-    store.push({"w": np.array([2.0], np.float32)}, {}, 0)
+    store.push(Update(grads={"w": np.array([2.0], np.float32)}), 0)
     assert store.version == 0
     assert store.flush() == 1
     np.testing.assert_allclose(store.values_since(-1)["w"], [-0.25])  # 0.5 * 2 / 4
@@ -185,10 +190,10 @@ def test_flush_applies_a_partial_buffer_as_sum_over_grads_to_wait():
 def test_push_before_init_and_unknown_variables_are_errors(servers):
     c = PSClient([servers[0].address])
     with pytest.raises(ValueError, match="has not been initialized"):
-        c.push({"w": np.ones(1, np.float32)}, {})
+        c.send(Update(grads={"w": np.ones(1, np.float32)}))
     c.init({"w": (np.ones(1, np.float32), True)}, SGD)
     with pytest.raises(ValueError, match=r"does not own \['nope'\]"):
-        c.push({"nope": np.ones(1, np.float32)}, {})
+        c.send(Update(grads={"nope": np.ones(1, np.float32)}))
 
 
 def test_bad_optimizer_config_is_named(servers):
@@ -208,7 +213,7 @@ def test_values_since_are_read_only_snapshots_that_later_pushes_leave_alone():
     grad, = decode_all(encode("w", np.ones(1 << 19, np.float32), chunk_bytes=1 << 20))
     grad = grad[1]
     assert grad.flags.writeable and grad.ctypes.data % 64 == 0
-    store.push({"w": grad}, {}, base_version=0)
+    store.push(Update(grads={"w": grad}), 0)
     np.testing.assert_array_equal(before, 1)          # the snapshot kept its values
     np.testing.assert_array_equal(store.values_since(0)["w"], 0.5)
     grad[:] = 9  # the gradient was applied, not kept
@@ -222,16 +227,17 @@ def test_values_read_by_an_update_are_never_served_after_a_later_write():
     store = ParameterStore(grads_to_wait=2)
     store.init({"w": np.zeros(2, np.float32), "m": np.zeros(2, np.float32)},
                {"w": True, "m": False}, SGD)
-    store.push({"w": np.ones(2, np.float32)}, {}, 0)
-    store.push({"w": np.ones(2, np.float32)}, {}, 0)  # applied: version 1
+    store.push(Update(grads={"w": np.ones(2, np.float32)}), 0)
+    store.push(Update(grads={"w": np.ones(2, np.float32)}), 0)  # applied: version 1
     assert store.version == 1
     np.testing.assert_array_equal(store.values_since(-1)["w"], -0.5)
-    store.push({}, {"m": np.full(2, 7.0, np.float32)}, 1)  # no new version
-    store.push({"w": np.ones(2, np.float32)}, {"m": np.full(2, 8.0, np.float32)}, 1)
+    store.push(Update(assigns={"m": np.full(2, 7.0, np.float32)}), 1)  # no new version
+    store.push(Update(grads={"w": np.ones(2, np.float32)},
+                      assigns={"m": np.full(2, 8.0, np.float32)}), 1)
     assert store.version == 1  # (the gradient waits for a second one)
     np.testing.assert_array_equal(store.values_since(-1)["m"], 8.0)
     np.testing.assert_array_equal(store.values_since(0)["m"], 8.0)
-    store.push({"w": np.ones(2, np.float32)}, {}, 1)
+    store.push(Update(grads={"w": np.ones(2, np.float32)}), 1)
     values = store.values_since(1)
     np.testing.assert_array_equal(values["w"], -1.0)
     np.testing.assert_array_equal(values["m"], 8.0)
@@ -247,11 +253,11 @@ def test_an_update_writes_in_place_once_the_last_reply_let_go_of_the_values():
     store = ParameterStore()
     store.init({"w": np.ones(1 << 16, np.float32)}, {"w": True}, SGD)
     grad = np.full(1 << 16, 0.5, np.float32)
-    store.push({"w": grad}, {}, 0)
+    store.push(Update(grads={"w": grad}), 0)
     reply = store.values_since(0)
     where = reply["w"].ctypes.data
     del reply  # sent
-    store.push({"w": grad}, {}, 1)
+    store.push(Update(grads={"w": grad}), 1)
     reply = store.values_since(1)
     assert reply["w"].ctypes.data == where  # the same buffer, updated in place
     np.testing.assert_array_equal(reply["w"], 0.5)
@@ -357,7 +363,7 @@ def test_pull_changed_only_takes_what_others_changed_since_our_last_exchange(ser
     a.init(variables, SGD)
     b.init(variables, SGD)
     assert a.pull(changed_only=True) == {}  # nothing changed since a's init
-    b.push({"v0": np.ones(3, np.float32)}, {})
+    b.send(Update(grads={"v0": np.ones(3, np.float32)}))
     changed = a.pull(changed_only=True)
     assert set(changed) == {"v0"}
     np.testing.assert_allclose(changed["v0"], [0.5, 0.5, 0.5])

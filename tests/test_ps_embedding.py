@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import keras_elastic as ke
 from keras_elastic.ps.row_init import initial_rows
+from keras_elastic.ps.update import Update
 
 VOCAB, DIM, FIELDS = 200, 4, 3
 
@@ -388,8 +389,8 @@ def test_store_applies_rows_with_the_dense_step_lazy_adam_and_averaging():
     for step in range(1, 5):
         ids = np.unique(rng.integers(0, 10, size=4))
         g = rng.normal(size=(len(ids), 2)).astype(np.float32)
-        store.push({"w": np.ones(2, np.float32)}, {}, store.version,
-                   sparse={"t": (ids, g)})
+        store.push(Update(grads={"w": np.ones(2, np.float32)}, rows={"t": (ids, g)}),
+                   store.version)
         m[ids] = 0.9 * m[ids] + 0.1 * g
         v[ids] = 0.999 * v[ids] + 0.001 * g * g
         lr = 0.1 * np.sqrt(1 - 0.999 ** step) / (1 - 0.9 ** step)
@@ -404,9 +405,9 @@ def test_store_applies_rows_with_the_dense_step_lazy_adam_and_averaging():
     averaged.init({"w": np.zeros(2, np.float32)}, {"w": True},
                   {"class_name": "SGD", "config": {"learning_rate": 1.0}},
                   tables={"t": {"dim": 2, "input_dim": 10, "initializer": "zeros"}})
-    averaged.push({}, {}, 0, sparse={"t": (np.array([1, 2]), np.ones((2, 2), "f4"))})
+    averaged.push(Update(rows={"t": (np.array([1, 2]), np.ones((2, 2), "f4"))}), 0)
     assert len(averaged.tables["t"]) == 0  # buffered, nothing applied yet
-    averaged.push({}, {}, 0, sparse={"t": (np.array([2]), np.full((1, 2), 3, "f4"))})
+    averaged.push(Update(rows={"t": (np.array([2]), np.full((1, 2), 3, "f4"))}), 0)
     ids, values, _ = averaged.tables["t"].export()
     assert ids.tolist() == [1, 2]
     np.testing.assert_allclose(values, [[-0.5, -0.5], [-2.0, -2.0]])

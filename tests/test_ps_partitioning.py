@@ -26,6 +26,7 @@ from keras_elastic.ps.partition import (
     ps_for,
 )
 from keras_elastic.ps.store import ParameterStore
+from keras_elastic.ps.update import Update
 
 
 def _held(specs, pieces, num_ps):
@@ -164,7 +165,7 @@ def test_every_elementwise_optimizer_on_slices_equals_keras(servers, make):
     for _ in range(4):
         grads = {k: rng.normal(size=v.shape).astype(np.float32)
                  for k, v in values.items()}
-        remote = client.push(grads, {})
+        remote = client.send(Update(grads=grads)).values
         optimizer.apply(list(grads.values()), list(local.values()))
     assert set(remote) == set(values)
     for key, variable in local.items():
@@ -216,7 +217,7 @@ def test_a_trained_optimizers_slots_are_split_with_their_variable(servers):
     for name, (value, _) in state.items():
         np.testing.assert_array_equal(np.reshape(pulled[name], np.shape(value)), value)
     more = [rng.normal(size=v.shape).astype(np.float32) for v in values.values()]
-    remote = client.push(dict(zip(values, more)), {})
+    remote = client.send(Update(grads=dict(zip(values, more)))).values
     optimizer.apply(more, list(local.values()))
     for key, variable in local.items():
         np.testing.assert_allclose(remote[key], variable.numpy(), rtol=1e-5, atol=1e-6)
@@ -239,11 +240,11 @@ def test_a_checkpoint_of_split_variables_restores_onto_other_server_counts(
     client.init({k: (v, True) for k, v in values.items()}, config, partition_bytes=256)
     grads = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in values.items()}
              for _ in range(3)]
-    client.push(grads[0], {})
+    client.send(Update(grads=grads[0]))
     saved = client.pull()
     saved_state = client.pull_optimizer_state()
     path = _save(client, str(tmp_path / "ckpt"))
-    after = client.push(grads[1], {})  # the job goes on from the save...
+    after = client.send(Update(grads=grads[1])).values  # the job goes on from the save...
     # ...and is resumed from it onto `onto` servers: the workers' Init restores.
     others = [ParameterServer(ps_index=i, num_ps=onto) for i in range(onto)]
     try:
@@ -259,7 +260,7 @@ def test_a_checkpoint_of_split_variables_restores_onto_other_server_counts(
         if onto == 3:
             assert all(any("__slice_" in k for k in s.store.variables) for s in others)
         # The same next update from the same state: the same values.
-        again = resumed.push(grads[1], {})
+        again = resumed.send(Update(grads=grads[1])).values
         for key in values:
             np.testing.assert_allclose(again[key], after[key], rtol=1e-6, err_msg=key)
     finally:

@@ -16,6 +16,7 @@ from keras_elastic.checkpoint.manifest import read_manifest
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.ps import ParameterServer, PSClient
 from keras_elastic.ps.checkpoints import save_checkpoint
+from keras_elastic.ps.update import Update
 
 TABLE = {"dim": 4, "dtype": "float32", "input_dim": None, "initializer": "uniform",
          "max_rows": 400}
@@ -40,8 +41,8 @@ def _train(client, rng, ids_high, steps=4, batch=64):
     for _ in range(steps):
         ids = np.unique(rng.integers(0, ids_high, batch)).astype(np.int64)
         client.lookup({"t": ids})
-        client.exchange({"w": np.ones(3, np.float32)}, {}, sparse={
-            "t": (ids, rng.normal(size=(len(ids), 4)).astype(np.float32))})
+        client.send(Update(grads={"w": np.ones(3, np.float32)}, rows={
+            "t": (ids, rng.normal(size=(len(ids), 4)).astype(np.float32))}))
 
 
 def _rows(path):

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tfrecord_data import dataset_fn, make_arrays, write_shards
 
 import keras_elastic as ke
+from keras_elastic.ps.update import Update
 
 
 def functional(cls=keras.Model, seed=1):
@@ -281,10 +282,10 @@ def test_an_epochs_first_step_takes_what_another_worker_changed_meanwhile(
     def observe(store):
         push = store.push
 
-        def observed(grads, assigns, base_version, ranges=(), *args, **kwargs):
-            if ranges:
+        def observed(update, base_version=0):
+            if update.ranges:
                 late.append(store.version - base_version)
-            return push(grads, assigns, base_version, ranges, *args, **kwargs)
+            return push(update, base_version)
 
         monkeypatch.setattr(store, "push", observed)
 
@@ -298,7 +299,8 @@ def test_an_epochs_first_step_takes_what_another_worker_changed_meanwhile(
                          for name, v in store.variables.items()
                          if store.trainable[name]}
                 if grads:
-                    assert store.push(grads, {}, store.version).status == "applied"
+                    assert store.push(Update(grads=grads),
+                                      store.version).status == "applied"
 
     x, y = make_arrays(256)
     keras.utils.set_random_seed(7)

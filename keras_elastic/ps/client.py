@@ -23,7 +23,7 @@ Example:
 
 >>> client = PSClient(["127.0.0.1:40125"])                     # doctest: +SKIP
 >>> client.init({"w": (w0, True)}, keras.optimizers.serialize(opt))  # doctest: +SKIP
->>> new_values = client.push({"w": grad_w}, {})                # doctest: +SKIP
+>>> new_values = client.send(Update(grads={"w": grad_w})).values  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -67,6 +67,7 @@ from keras_elastic.ps.partition import (
     row_owner,
 )
 from keras_elastic.ps.task_log import Applied
+from keras_elastic.ps.update import Update
 
 # Pushes up to this size (gradients + values, each way) travel as one unary
 # message: a stream costs milliseconds more per call in gRPC Python. Replies carry
@@ -560,46 +561,25 @@ class PSClient:
                 out[t][call[t]] = r
         return out
 
-    def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray]
-             ) -> dict[str, np.ndarray]:
-        """Sends gradients and non-trainable values; returns the new values of
-        every variable that changed since this worker's last exchange."""
-        return self.exchange(grads, assigns).values
-
-    def exchange(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
-                 ranges: Sequence[ps_pb2.TaskRange] = (),
-                 targets: Sequence[int] | None = None,
-                 sparse: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                 hyperparameters: Mapping[str, float] | None = None,
-                 optimizer: str = "",
-                 optimizer_spec: tuple[str, Sequence[str]] | None = None,
-                 bases: Mapping[str, np.ndarray] | None = None,
-                 assignment: bool = False
-                 ) -> PushReply:
-        """Pushes gradients that contain the elements `ranges`, and
-        non-trainable values, to the servers `targets` (default: every server
-        owning one of them); returns what changed and each server's answer.
-        `sparse`: gradient rows of embedding tables, {table: (unique int64 ids,
-        rows)}, each row to the server owning its id, in the same push.
-        `hyperparameters`: the worker's optimizer hyperparameters
-        ({"learning_rate": v}); those a server is not known to hold go with
-        the push to it (with `targets` None, to every server: one the push has
-        no tensor for gets an empty push carrying them). `optimizer`: the
-        optimizer group that applies the gradients ("": the model's own);
-        another group's pushes carry `optimizer_spec`, (config JSON, keys of
-        the variables it updates), from which a server creates it. `bases`:
-        {name: the value the non-trainable value `assigns[name]` was computed
-        from}; a server whose value changed meanwhile (another worker's push)
-        adds the change `assigns[name] - bases[name]` to it rather than
-        overwriting it (see `ParameterStore.push`). `assignment`: `assigns`
-        are values the worker's script set, of any variable (the servers'
-        model version goes up)."""
+    def send(self, update: Update, targets: Sequence[int] | None = None
+             ) -> PushReply:
+        """Sends `update` (ps/update.py), each server its part: each variable's
+        gradient and values (or its slices: a variable split over servers) to
+        its owner, each table row to the server owning its id; returns what
+        changed since this worker's last exchange and each server's answer.
+        `targets`: the servers pushed to (default: every server owning a part
+        of it, and every server that does not know the update's
+        hyperparameters yet: it gets an empty push carrying them). The
+        update's `ranges` go to every server pushed to (its task log decides
+        whether it applies its part)."""
+        grads, assigns, sparse = update.grads, update.assigns, update.rows
+        optimizer = update.optimizer
         grad_parts: list[dict] = [{} for _ in self.addresses]
         assign_parts: list[dict] = [{} for _ in self.addresses]
         for name, g in grads.items():
             for i, there, piece in self._place(name, g):
                 grad_parts[i][there] = piece
-        for table, (ids, rows) in (sparse or {}).items():
+        for table, (ids, rows) in sparse.items():
             for i, at in enumerate(self._split_rows(ids)):
                 if at.size:
                     grad_parts[i][f"{SPARSE_PREFIX}{table}/ids"] = ids[at]
@@ -607,23 +587,23 @@ class PSClient:
         for name, v in assigns.items():
             for i, there, piece in self._place(name, v):
                 assign_parts[i][ASSIGN_PREFIX + there] = piece
-        for name, v in (bases or {}).items():
+        for name, v in update.bases.items():
             if name not in assigns:
                 raise ValueError(f"a base value for '{name}', which the push does "
                                  "not assign")
             for i, there, piece in self._place(name, v):
                 assign_parts[i][BASE_PREFIX + there] = piece
-        ranges = list(ranges)
+        ranges = list(update.ranges)
         # A gradient push without ranges could be applied twice if repeated.
-        retry = bool(ranges) or not (grads or sparse)
+        retry = bool(ranges) or not update.trains
         # What the client knows of a group's hyperparameters is kept under
         # "NAME/learning_rate" (as pulls report them), sent as "learning_rate".
         prefix = f"{optimizer}/" if optimizer else ""
-        changes = [{k: float(v) for k, v in (hyperparameters or {}).items()
+        changes = [{k: float(v) for k, v in update.hyperparameters.items()
                     if known.get(prefix + k) != v}
                    for known in self.server_hyperparameters]
-        spec = None if not optimizer_spec else ps_pb2.OptimizerSpec(
-            config=optimizer_spec[0], variables=list(optimizer_spec[1]))
+        spec = None if not update.optimizer_spec else ps_pb2.OptimizerSpec(
+            config=update.optimizer_spec[0], variables=list(update.optimizer_spec[1]))
         extra: set[int] = set()  # servers pushed to for a change only
 
         def header(i: int) -> ps_pb2.PushHeader:
@@ -635,7 +615,7 @@ class PSClient:
                                          assign_parts[i]),
                                      hyperparameters=changes[i],
                                      optimizer=optimizer, optimizer_spec=spec,
-                                     assignment=assignment and bool(
+                                     assignment=update.assignment and bool(
                                          assign_parts[i]))
 
         def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
@@ -670,7 +650,7 @@ class PSClient:
             extra = {i for i in range(self.num_ps) if changes[i]} - set(targets)
             targets += sorted(extra)
         targets = list(targets)
-        action = targets and (grads or sparse) and faults.due("mid_push")
+        action = targets and update.trains and faults.due("mid_push")
         if action:
             # Fault injection (tests): the first server gets the push, then this
             # process dies before the others do and before it sees the reply.

@@ -41,6 +41,7 @@ from keras_elastic.ps.partition import (
 )
 from keras_elastic.ps.store import ParameterStore, UnknownVariableError
 from keras_elastic.ps.task_log import Range, StaleLeaseError
+from keras_elastic.ps.update import Update
 
 __all__ = ["ASSIGN_PREFIX", "ParameterServerServicer"]
 
@@ -304,30 +305,40 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def _push(self, header, tensors, context, method: str = "Push"):
         faults.reached("ps_push")
-        grads = {n: v for n, v in tensors.items()
-                 if not n.startswith((ASSIGN_PREFIX, BASE_PREFIX, SPARSE_PREFIX))}
-        assigns = {n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()
-                   if n.startswith(ASSIGN_PREFIX)}
-        bases = {n[len(BASE_PREFIX):]: v for n, v in tensors.items()
-                 if n.startswith(BASE_PREFIX)}
         try:
-            sparse = self._sparse_grads(tensors)
+            update = self._update_of(header, tensors)
             spec = optimizer_spec_of(header)
             with self.store.lock:
                 self._refuse_if_paused(context)
                 if spec is not None and self.store.initialized:
-                    self.store.register_optimizer(header.optimizer, *spec)
+                    self.store.register_optimizer(update.optimizer, *spec)
                 since = self._since(header.base_version, header.incarnation)
-                result = self.store.push(grads, assigns, since, ranges_of(header),
-                                         sparse, dict(header.hyperparameters),
-                                         header.optimizer, bases=bases,
-                                         assignment=header.assignment)
+                result = self.store.push(update, since)
                 values = self.store.values_since(since)
                 incarnation = self.store.incarnation
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, method, e)
         return ps_pb2.ModelHeader(version=result.version, accepted=result.accepted,
                                   status=result.status, incarnation=incarnation), values
+
+    def _update_of(self, header, tensors: dict[str, np.ndarray]) -> Update:
+        """The `Update` a push's header and tensors carry (their names say
+        what each tensor is: see ps/client.py's prefixes)."""
+        spec = header.optimizer_spec if header.HasField("optimizer_spec") else None
+        return Update(
+            grads={n: v for n, v in tensors.items()
+                   if not n.startswith((ASSIGN_PREFIX, BASE_PREFIX, SPARSE_PREFIX))},
+            assigns={n[len(ASSIGN_PREFIX):]: v for n, v in tensors.items()
+                     if n.startswith(ASSIGN_PREFIX)},
+            bases={n[len(BASE_PREFIX):]: v for n, v in tensors.items()
+                   if n.startswith(BASE_PREFIX)},
+            rows=self._sparse_grads(tensors),
+            ranges=ranges_of(header),
+            hyperparameters=dict(header.hyperparameters),
+            optimizer=header.optimizer,
+            optimizer_spec=None if spec is None else (spec.config,
+                                                      tuple(spec.variables)),
+            assignment=header.assignment)
 
     def _sparse_grads(self, tensors: dict[str, np.ndarray]
                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -32,7 +32,7 @@ Example:
 >>> store.init({"w": np.ones(2, "float32")}, {"w": True},
 ...            {"class_name": "SGD", "config": {"learning_rate": 0.5}})
 True
->>> store.push({"w": np.ones(2, "float32")}, {}, base_version=0)
+>>> store.push(Update(grads={"w": np.ones(2, "float32")}), base_version=0)
 PushResult(accepted=True, version=1, status='applied')
 >>> store.values_since(0)["w"].tolist()
 [0.5, 0.5]
@@ -49,22 +49,22 @@ from typing import Any, NamedTuple
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_elastic.common import errors, keras_compat
-from keras_elastic.common.tensor_codec import empty_aligned
+from keras_elastic.common import errors
 from keras_elastic.common.variable_keys import namespace_of
 from keras_elastic.ps import hyperparameters as hp
+from keras_elastic.ps.compiled_update import (
+    as_tensor,
+    compile_read_all,
+    compile_update,
+    read_only,
+    snapshot,
+)
 from keras_elastic.ps.embedding_table import EmbeddingTable
 from keras_elastic.ps.sparse_optimizers import sparse_optimizer_from_config
-from keras_elastic.ps.task_log import (
-    DUPLICATE,
-    Applied,
-    Range,
-    TaskKey,
-    TaskLog,
-    check_ranges,
-)
+from keras_elastic.ps.task_log import DUPLICATE, Applied, Range, TaskKey, TaskLog
+from keras_elastic.ps.update import Update
+from keras_elastic.ps.update_checks import check_update
 
 # Rows of one table in a push: (ids, gradient rows).
 SparseGrads = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -587,57 +587,16 @@ class ParameterStore:
 
     def _apply_fn(self, group: OptimizerGroup | None, names: tuple[str, ...],
                   assigned: tuple[tuple[str, bool], ...] = ()):
-        """The compiled update of one push: the non-trainable values
-        `assigned` ((name, whether a base came), merged as `push` says), then
-        `names` updated by `group`'s optimizer; with a group it returns every
-        variable's value after the update (in `self.variables`' order), read
-        as `_read_all` reads them, so the reply to the push needs no second
-        call into TensorFlow. Called with one list: the gradients in the
-        order of `names`, then the values in the order of `assigned`, then
-        the bases of the assigned names that have one.
-
-        One call into TensorFlow per push: a model with 14 BatchNormalization
-        statistics spent 70% of its server's push time in an eager read, a
-        compare and an eager assign per statistic (CIFAR-10's bench model: 9
-        of the server's 14 ms per push)."""
+        """The compiled update of one push (ps/compiled_update.py), made once
+        per kind of push and kept: `group`'s optimizer (None: assign only)
+        updating `names`, after the non-trainable values `assigned`."""
         key = (names, assigned, tuple(id(v) for v in self.variables.values()))
         fns = group.apply_fns if group is not None else self._assign_fns
         fn = fns.get(key)
         if fn is None:
-            variables = [self.variables[n] for n in names]
-            targets = [(_handle(self.variables[n]), based) for n, based in assigned]
-            handles = [_handle(v) for v in self.variables.values()]
-            optimizer = group.optimizer if group is not None else None
-
-            @tf.function(autograph=False)
-            def apply(grads, assigns, bases):
-                bases = iter(bases)
-                for (handle, based), value in zip(targets, assigns):
-                    if based:
-                        base = next(bases)
-                        current = handle.read_value()
-                        value = tf.where(tf.reduce_all(tf.equal(current, base)),
-                                         value, current + (value - base))
-                    handle.assign(value)
-                if optimizer is None:
-                    return []
-                optimizer.apply(grads, variables)
-                # (after the update: reads of a resource follow its writes)
-                return [h.read_value() for h in handles]
-
-            def spec(name):
-                v = self.variables[name]
-                return tf.TensorSpec(tuple(v.shape), v.dtype)
-
-            # Called as a concrete function, with the flat list of its
-            # tensors: a tf.function's own dispatch (matching its arguments'
-            # types on every call) took 3 ms of a small push, the concrete
-            # function's check of each tensor against its spec 1.2 ms of a
-            # push of 50 tensors; the tensors' shapes and dtypes are the
-            # variables' (`check_tensor`).
-            fn = fns[key] = keras_compat.flat_call(apply.get_concrete_function(
-                [spec(n) for n in names], [spec(n) for n, _ in assigned],
-                [spec(n) for n, based in assigned if based]))
+            fn = fns[key] = compile_update(
+                self.variables, group.optimizer if group is not None else None,
+                names, assigned)
         return fn
 
     def _assigned(self, assigns: Mapping[str, np.ndarray],
@@ -667,131 +626,66 @@ class ParameterStore:
                     out[f"{name}/{k}" if name else k] = v
             return out
 
-    def push(self, grads: dict[str, np.ndarray], assigns: dict[str, np.ndarray],
-             base_version: int, ranges: list[Range] | tuple = (),
-             sparse: SparseGrads | None = None,
-             hyperparameters: Mapping[str, float] | None = None,
-             optimizer: str = "",
-             bases: Mapping[str, np.ndarray] | None = None,
-             assignment: bool = False) -> PushResult:
-        """Applies (or buffers) gradients, assigns non-trainable values.
+    def push(self, update: Update, base_version: int = 0) -> PushResult:
+        """Applies (or buffers) `update` (ps/update.py: gradients, table rows,
+        non-trainable values, hyperparameters, the task ranges they contain);
+        `base_version`: the model version the worker computed it on (-1:
+        unknown), for `max_staleness`.
 
-        `assignment`: the push only assigns values a worker's script set
-        (trainable variables too, no gradient): the model's version goes up
-        by one, so that every worker's next refresh takes them.
-
-        `bases`: {name: the value the worker's `assigns[name]` was computed
-        from (the variable at its step's start)}. Where the server's value is
-        still that base, the pushed value is assigned as is (one worker: the
-        same value as plain Keras, bit for bit); where another worker's push
-        changed it meanwhile, the worker's change `assigns[name] - base` is
-        added to it instead of overwriting it. So the moving statistics of a
-        `BatchNormalization` layer take every worker's update, as
-        TensorFlow's parameter-server strategy's `assign_sub` on the server's
-        variable does, and not only the last writer's.
-
-        `optimizer`: the optimizer group that applies the gradients ("": the
-        model's own; see `register_optimizer`).
-
-        `sparse`: gradient rows of embedding tables, {table: (ids, rows)},
-        applied in the same step as the dense gradients.
-
-        `hyperparameters`: optimizer hyperparameters a worker changed
-        ({"learning_rate": v}), set before the gradients are applied, if the
-        push is applied (not when it is refused, a duplicate or stale).
-
-        `ranges`: the elements of each task the gradients contain; the push is
-        applied only if the task log allows it (nothing changes otherwise).
-
-        The whole push is checked before anything changes: RuntimeError before
-        init, `UnknownVariableError`, or ValueError (a tensor's dtype or shape,
-        a malformed range, a hyperparameter; see `check_tensor`,
-        `task_log.check_ranges`, `hyperparameters.check_hyperparameters`).
+        The whole update is checked first (ps/update_checks.py: nothing changes
+        if it fails). Then the task log decides (a duplicate is acknowledged,
+        a refused task is refused: nothing changes either), then staleness,
+        then the hyperparameters are set, the non-trainable values assigned
+        (merged with another worker's change where a base came) and the
+        gradients applied, or buffered until `grads_to_wait` arrived.
 
         >>> store = ParameterStore()
         >>> store.init({"w": np.ones(2, "float32")}, {"w": True},
         ...            {"class_name": "SGD", "config": {"learning_rate": 0.5}})
         True
-        >>> store.push({"w": np.ones(2, "float32")}, {}, 0,
-        ...            hyperparameters={"learning_rate": 0.0}).status
+        >>> store.push(Update(grads={"w": np.ones(2, "float32")},
+        ...                   hyperparameters={"learning_rate": 0.0})).status
         'applied'
         >>> store.values_since(0)["w"].tolist()  # applied with the new rate
         [1.0, 1.0]
         """
         with self._lock:
-            if not self.initialized:
-                raise errors.ServerStateError(NOT_INITIALIZED)
-            unknown = sorted((set(grads) | set(assigns)) - set(self.variables))
-            if unknown:
-                raise UnknownVariableError(unknown)
-            group = self.group(optimizer)
-            if optimizer:
-                outside = sorted(set(grads) - set(group.names))
-                if outside:
-                    raise ValueError(f"optimizer '{optimizer}' does not update "
-                                     f"{outside} on this server (it updates "
-                                     f"{group.names})")
-            if sparse:
-                # A model's tables are updated by its own optimizer ("" for the
-                # job's first model, "m<k>/optimizer" for model k).
-                space = namespace_of(optimizer)
-                if optimizer != (space + "optimizer" if space else "") or any(
-                        namespace_of(t) != space for t in sparse):
-                    raise ValueError(
-                        "embedding-table rows are updated by their model's own "
-                        f"optimizer: tables {sorted(sparse)} were pushed with "
-                        f"optimizer '{optimizer or 'optimizer'}'")
-            for name, value in grads.items():
-                self.check_tensor(name, value.dtype, np.shape(value), gradient=True)
-            for name, value in assigns.items():
-                self.check_tensor(name, value.dtype, np.shape(value), gradient=False)
-            bases = bases or {}
-            for name, value in bases.items():
-                if name not in assigns:
-                    raise ValueError(f"the push has a base value for '{name}' but "
-                                     "does not assign it")
-                self.check_tensor(name, value.dtype, np.shape(value), gradient=False)
-            sparse = sparse or {}
-            for name, (ids, rows) in sparse.items():
-                self.check_sparse(name, ids, np.shape(rows), rows.dtype)
-            check_ranges(list(ranges))
-            hyperparameters = hp.check_hyperparameters(hyperparameters or {},
-                                                       group.optimizer)
+            hyperparameters = check_update(self, update)
+            group = self.group(update.optimizer)
+            grads, assigns, bases = update.grads, update.assigns, update.bases
+            rows, ranges = update.rows, list(update.ranges)
             self.pushes += 1
             if ranges:
-                refusal = self.log.check(list(ranges))
+                refusal = self.log.check(ranges)
                 if refusal == DUPLICATE:
                     self.duplicates += 1
                     return PushResult(True, self.version, DUPLICATE)
                 if refusal is not None:
                     self.refused += 1
                     return PushResult(False, self.version, refusal)
-            if ((grads or sparse) and self.grads_to_wait > 1
+            if (update.trains and self.grads_to_wait > 1
                     and base_version < self.version - self.max_staleness):
                 self.dropped += 1
                 return PushResult(False, self.version, STALE)
             hp.set_hyperparameters(hyperparameters, group.optimizer)
             if assigns:
                 self._fresh = None
-            if assignment and (grads or sparse or ranges):
-                raise ValueError("an assignment push carries values only (no "
-                                 "gradient, rows or task ranges)")
-            if assignment and assigns:
+            if update.assignment and assigns:
                 self.version += 1
             for name in assigns:
-                self.updated_at[name] = (self.version + 1 if grads or sparse
+                self.updated_at[name] = (self.version + 1 if update.trains
                                          else self.version)
-            if not grads and not sparse:
+            if not update.trains:
                 self._assign(assigns, bases)
                 return PushResult(True, self.version, APPLIED)
             if self.grads_to_wait == 1:
-                self._apply(group, grads, sparse, assigns, bases)
+                self._apply(group, grads, rows, assigns, bases)
             else:
                 self._assign(assigns, bases)
-                group.pending.append((grads, sparse))
+                group.pending.append((grads, rows))
                 if len(group.pending) >= self.grads_to_wait:
                     self._apply_pending(group)
-            self.log.record(list(ranges))
+            self.log.record(ranges)
             return PushResult(True, self.version, APPLIED)
 
     def _apply_pending(self, group: OptimizerGroup) -> None:
@@ -855,7 +749,7 @@ class ParameterStore:
             optimizer.iterations.assign_add(1)
         self.version += 1
         self._fresh = None if values is None or self._shared else (
-            self.version, {name: _read_only(tensor)
+            self.version, {name: read_only(tensor)
                            for name, tensor in zip(self.variables, values)})
         for n in names:
             self.updated_at[n] = self.version
@@ -875,26 +769,18 @@ class ParameterStore:
             if fresh is not None and fresh[0] == self.version:
                 return {n: fresh[1][n] for n in selected}
             if len(selected) <= max(1, len(self.variables) // 4):
-                return {n: _snapshot(self.variables[n]) for n in selected}
+                return {n: snapshot(self.variables[n]) for n in selected}
             values = self._read_all()
             return {n: values[n] for n in selected}
 
     def _read_all(self) -> dict[str, np.ndarray]:
-        """Every variable's value as `_snapshot` reads it (read-only, the
-        variable's buffer, copy-on-write), read by one `tf.function` call
-        rather than one eager read per variable (a model of 100 variables:
-        about 3 ms instead of 23 ms per reply)."""
+        """Every variable's value as `snapshot` reads it, in one compiled call
+        (`compile_read_all`), made once per set of variables."""
         names = list(self.variables)
         key = tuple(id(self.variables[n]) for n in names)
         if self._reader is None or self._reader[0] != key:
-            handles = [_handle(v) for v in self.variables.values()]
-
-            @tf.function(autograph=False)
-            def read():
-                return [h.read_value() for h in handles]
-
-            self._reader = (key, read)
-        return {name: _read_only(tensor)
+            self._reader = (key, compile_read_all(list(self.variables.values())))
+        return {name: read_only(tensor)
                 for name, tensor in zip(names, self._reader[1]())}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
@@ -905,7 +791,7 @@ class ParameterStore:
             for name, group in self.optimizers.items():
                 for variable in group.optimizer.variables:
                     relative = group.relative_name(variable)
-                    out[f"{name}/{relative}" if name else relative] = _snapshot(variable)
+                    out[f"{name}/{relative}" if name else relative] = snapshot(variable)
             return out
 
     def optimizer_variables(self) -> list[keras.Variable]:
@@ -951,74 +837,3 @@ def _table_spec(name: str, spec: dict) -> dict:
         options[what] = int(value) if value else (0 if what == "admit_after" else None)
     return {"dim": dim, "dtype": dtype, "input_dim": input_dim,
             "initializer": initializer, **options}
-
-
-def _snapshot(variable) -> np.ndarray:
-    """The variable's current value, read-only, without a copy: what the
-    servicer serializes. The array shares the variable's buffer; TensorFlow
-    copies the buffer before a later update writes it while the array holds
-    it (copy-on-write), so the array keeps this value.
-
-    >>> v = keras.Variable(np.ones(3, "float32"))
-    >>> snap = _snapshot(v)
-    >>> v.assign_add(np.ones(3, "float32"))  # doctest: +ELLIPSIS
-    <...>
-    >>> snap.tolist(), snap.flags.writeable
-    ([1.0, 1.0, 1.0], False)
-    """
-    handle = _handle(variable)
-    read = getattr(handle, "read_value", None)
-    return _read_only(read() if read is not None else handle)
-
-
-def _handle(variable):
-    """The TensorFlow variable behind a `keras.Variable` (itself otherwise:
-    a `tf.Variable`'s `value` is a method)."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-def _read_only(tensor) -> np.ndarray:
-    """`tensor` as a read-only array, its buffer shared where NumPy can."""
-    value = np.asarray(tensor)
-    if value.flags.writeable:  # (a copy was made: a scalar, another backend)
-        value.flags.writeable = False
-    return value
-
-
-# dtypes TensorFlow takes from NumPy through DLPack (see `as_tensor`).
-_DLPACK_DTYPES = frozenset(np.dtype(t) for t in (
-    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8"))
-
-
-def as_tensor(array: np.ndarray) -> tf.Tensor:
-    """`array` as a TensorFlow tensor, without a copy where TensorFlow can use
-    its buffer (writable, C-contiguous and 64-byte aligned, as
-    `tensor_codec.ChunkAssembler` assembles a tensor received in several
-    chunks: DLPack), else copied once into an aligned buffer handed over the
-    same way (a read-only view of a received message, as a small push's
-    tensors are). The array must not change while the tensor lives.
-
-    (`tf.convert_to_tensor` of an array copies it, then copies it again when
-    the copy is not 64-byte aligned: 1.13 ms for 4 MB against 0.43 ms, 34 us
-    against 8 us for 4 KB.)
-
-    >>> a = np.arange(4, dtype="float32")
-    >>> as_tensor(a).numpy().tolist()
-    [0.0, 1.0, 2.0, 3.0]
-    >>> a.flags.writeable = False  # e.g. a view of the request's bytes
-    >>> as_tensor(a).numpy().tolist()
-    [0.0, 1.0, 2.0, 3.0]
-    """
-    if not array.size or array.dtype not in _DLPACK_DTYPES:
-        return tf.convert_to_tensor(array)
-    if not (array.flags.writeable and array.flags.c_contiguous
-            and array.ctypes.data % 64 == 0):
-        array = _aligned_copy(array)
-    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-
-
-def _aligned_copy(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous, writable, 64-byte aligned copy of `array`."""
-    out = empty_aligned(array.nbytes).view(array.dtype).reshape(array.shape)
-    np.copyto(out, array)
-    return out

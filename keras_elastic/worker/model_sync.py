@@ -21,19 +21,17 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from keras_elastic.common import faults, keras_compat
+from keras_elastic.common import keras_compat
 from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.layers.embedding import Embedding
 from keras_elastic.ps.client import PSClient
 from keras_elastic.ps.hyperparameters import learning_rate_variable
 from keras_elastic.ps.partition import elementwise, partition_bytes
-from keras_elastic.ps.task_log import Range
+from keras_elastic.ps.update import Update
 from keras_elastic.worker.assignments import AssignmentWatch, assign_quietly
+from keras_elastic.worker.exchange import Exchange, exchange_class
 from keras_elastic.worker.hyperparameters import HyperparameterSync
-from keras_elastic.worker.push_pipeline import PushPipeline
-
-EXCHANGES = ("sync", "pipelined")
 
 
 class ModelSync:
@@ -87,15 +85,14 @@ class ModelSync:
         self.t_data = 0.0   # when the step's batch was ready (the step began)
         self._t_mark = 0.0  # the step's compute resumed (its start or last push)
         self.stream = None  # the training TaskStream (begin_training)
-        # The exchange (see worker/push_pipeline.py): "sync" pushes and waits
-        # in the step; "pipelined" lets the push travel during the next step.
+        # How the step's updates reach the servers (worker/exchange.py):
+        # `model.compile(exchange=...)`'s mode, and whether the store is in
+        # this process (`shared`), choose it (`exchanger`).
         self.exchange_mode = "sync"
-        self.pipeline = PushPipeline()
-        self.completed_seq = -1  # pipelined: largest seq of a batch whose push returned
+        self._exchanger: Exchange | None = None
         # A replay's step runs (worker/replay.py): its pushes complete no task
         # of the pipeline (its task may be ahead of the batches trained).
         self.replaying = False
-        self._dead_at_mark: frozenset = frozenset()
         # Each optimizer group's learning rate to the servers: "" is made by
         # initialize, the others at their first push.
         self.hyperparameter_syncs: dict[str, HyperparameterSync] = {}
@@ -253,33 +250,25 @@ class ModelSync:
         return max(self.ps.versions)
 
     @property
+    def exchanger(self) -> Exchange:
+        """The exchange the step's updates take now (worker/exchange.py)."""
+        kind = exchange_class(self.shared, self.exchange_mode)
+        if type(self._exchanger) is not kind:
+            if self._exchanger is not None:
+                self._exchanger.finish()
+            self._exchanger = kind(self)
+        return self._exchanger
+
+    @property
     def local(self) -> bool:
         """The train step applies its updates itself (a shared store; with
-        it, exchange="pipelined" has no push to overlap); see `local_push`."""
-        return self.shared
+        it, exchange="pipelined" has no push to overlap)."""
+        return self.exchanger.applies_in_step
 
     def local_allow(self, tags: np.ndarray) -> list[bool]:
         """Before a step whose updates the step applies itself (shared store):
-        the task log's word on each update of the step (in the step's order),
-        each allowed one logged. False: a duplicate (a replay's elements some
-        update applied before) or refused (the batch's tasks are given back)."""
-        allowed = []
-        slices = self.stream.batch_slices(tags) if self.stream is not None else None
-        live = [s[0] for s in slices or ()]
-        for update, keys in self.update_keys.items():
-            if slices is not None and not slices:
-                allowed.append(False)  # every element belongs to an abandoned task
-                continue
-            dataset = self.stream.dataset if self.stream is not None else ""
-            refusal = self.local_store.record_local_push(
-                [Range((dataset, task.epoch, task.task_id), task.lease, start, end,
-                       fingerprint, update)
-                 for _, task, start, end, fingerprint in slices or ()], keys)
-            if refusal is not None and refusal != "duplicate":
-                self.stream.abandon(live, f"push refused: {{0: '{refusal}'}}")
-            allowed.append(refusal is None)
-        faults.reached("after_push")
-        return allowed
+        the task log's word on each of them (`InProcessExchange.allow`)."""
+        return self.exchanger.allow(tags)
 
     def share_optimizer(self, group: str, optimizer, keys) -> None:
         """A group's optimizer seen at its first apply in the traced step:
@@ -315,9 +304,9 @@ class ModelSync:
                 spec = self.group_specs.get(group)
                 if group != self.main_group and spec is None:
                     continue  # never pushed: the servers have no such group yet
-                self.take(self.ps.exchange({}, {}, hyperparameters=wanted,
-                                           optimizer=group,
-                                           optimizer_spec=spec).values)
+                self.take(self.ps.send(Update(hyperparameters=wanted,
+                                              optimizer=group,
+                                              optimizer_spec=spec)).values)
 
     @property
     def group_specs(self) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -404,7 +393,7 @@ class ModelSync:
         except ValueError:
             return None  # the step's own lookup names the bad id
         ids = {layer.table_name: u for layer, u in zip(layers, uniques) if u.size}
-        return uniques, self.pipeline.then(lambda: self.ps.lookup(ids))
+        return uniques, self.exchanger.pipeline.then(lambda: self.ps.lookup(ids))
 
     def _take_rows_ahead(self, layers: list[Embedding], ids: dict[str, np.ndarray]
                          ) -> dict[str, np.ndarray] | None:
@@ -452,7 +441,7 @@ class ModelSync:
         if self.shared:
             self.flush()
             return  # the store holds the model's own variables
-        self._finish_push()
+        self.exchanger.finish()
         self._values.update(self.ps.pull())
         self.assign_all()
 
@@ -467,7 +456,7 @@ class ModelSync:
         if self.shared:
             return
         start = time.perf_counter()
-        self._finish_push()
+        self.exchanger.finish()
         changed = self.ps.pull(changed_only=True)
         if changed:
             self._values.update(changed)
@@ -480,30 +469,28 @@ class ModelSync:
         store: there is no push to overlap)."""
         return self.exchange_mode == "pipelined" and not self.shared
 
+    @property
+    def completed_seq(self) -> int | None:
+        """Pipelined: the largest seq of a batch whose push returned."""
+        return self.exchanger.completed_seq
+
     def flush(self) -> None:
         """Pipelined exchange: waits for the push in flight and loads its reply
         into the model (between steps: the epoch's end, before a replay)."""
-        if self._finish_push():
+        if self.exchanger.finish():
             self.assign_all()
 
     def drop_push(self) -> None:
         """Waits for the push in flight, ignoring its outcome (`fit` failed)."""
-        self.pipeline.drop()
+        self.exchanger.drop()
 
-    def _finish_push(self) -> bool:
-        """Takes the reply of the push in flight, if any: its values, its
-        refusals (the tasks go back to the master), the tasks it completes."""
-        t = time.perf_counter()
-        done = self.pipeline.finish()
-        if done is None:
-            return False
-        faults.reached("after_push")
-        if not done.reply.accepted and self.stream is not None:
-            self.stream.abandon(done.live, f"push refused: {done.reply.refusals()}")
-        self._values.update(done.reply.values)
-        self.completed_seq = max(self.completed_seq, done.max_seq)
-        self.timer.add("push", time.perf_counter() - t)
-        return True
+    def take_values(self, values: dict[str, np.ndarray]) -> None:
+        """Values a reply brought: kept (the step or `assign_all` assigns them)."""
+        self._values.update(values)
+
+    def values_of_all(self) -> list[np.ndarray]:
+        """The newest value held of each variable, in `keys`' order."""
+        return [self._values[k] for k in self.keys]
 
     def pull_optimizer_state(self) -> None:
         """Loads the servers' optimizer state (slots, iterations) into the
@@ -557,7 +544,7 @@ class ModelSync:
             return  # they are the store's
         values = {k: np.asarray(keras.ops.convert_to_numpy(v.value))
                   for k, v in zip(self.keys, self.variables)}
-        self.take(self.ps.exchange({}, values).values)
+        self.take(self.ps.send(Update(assigns=values)).values)
 
     def take(self, values: dict[str, np.ndarray]) -> None:
         """New values from a push made outside the train step: into the model."""
@@ -583,7 +570,7 @@ class ModelSync:
             return
         values = self.watch.take()
         self.flush()  # the push in flight first (pipelined exchange)
-        reply = self.ps.exchange({}, values, assignment=True)
+        reply = self.ps.send(Update(assigns=values, assignment=True))
         self._values.update(values)
         self.take(reply.values)
 
@@ -591,7 +578,7 @@ class ModelSync:
         """A `fit` starts on the training stream `stream`: the tasks of its
         pushes (their ranges, those given back) are the stream's."""
         self.stream = stream
-        self.completed_seq = -1  # the new stream's seqs start at 0
+        self.exchanger.reset()  # (the new stream's seqs start at 0)
         self.table_steps = self.table_steps_ahead = 0
 
     def claim(self, task):
@@ -628,8 +615,7 @@ class ModelSync:
         """The step begins computing (for the compute phase, and what the
         pipelined exchange knows was given back)."""
         self._t_mark = time.perf_counter()
-        if self.pipelined and self.stream is not None:
-            self._dead_at_mark = self.stream.dead()
+        self.exchanger.begin_step()
 
     # -- called from the compiled train step ------------------------------
     @tf.autograph.experimental.do_not_convert
@@ -640,18 +626,28 @@ class ModelSync:
         return [tf.identity(v.value) for v in self.non_trainable]
 
     def exchange(self, push, tags, *tensors) -> list[np.ndarray]:
-        """Pushes one update's gradients + the non-trainable values; returns
-        every variable's value. `push` (a `remote_optimizer.Push`) says what
-        `tensors` are: the gradients of `push.grad_keys`, the non-trainable
-        values, the non-trainable values they were computed from (the
-        step's `StepContext.bases`), the (ids, rows) of each table of
-        `push.tables`, and the learning rate when `push.rate` is set.
+        """The step hands over one update (what an optimizer's apply computed);
+        returns every variable's value for the step to assign. `push` (a
+        `remote_optimizer.Push`) says what `tensors` are: the gradients of
+        `push.grad_keys`, the non-trainable values, the non-trainable values
+        they were computed from (the step's `StepContext.bases`), the (ids,
+        rows) of each table of `push.tables`, and the learning rate when
+        `push.rate` is set. They become one `Update`, which the exchange
+        (`exchanger`) sends.
 
         `tags`: `[seq, position, fingerprint]` of each element of the batch.
         """
         t_grads = time.perf_counter()
         if self._t_mark:
             self.timer.add("compute", t_grads - self._t_mark)
+        update = self.update_of(push, tensors)
+        out = self.exchanger.send(update, push.update, tags.numpy(), t_grads)
+        self._t_mark = time.perf_counter()
+        return out
+
+    def update_of(self, push, tensors) -> Update:
+        """The `Update` of the step's tensors (see `exchange`), without its task
+        ranges (the exchange adds them when it sends it)."""
         # The learning rate the worker's callbacks set (sent to the servers
         # that do not hold it yet, with this push), read in the step.
         if push.rate is not None:
@@ -662,68 +658,16 @@ class ModelSync:
         wanted = (hyperparameters.wanted(push.rate, rate)
                   if hyperparameters is not None else None)
         n, m = len(push.grad_keys), len(self.non_trainable_keys)
-        grads = {k: t.numpy() for k, t in zip(push.grad_keys, tensors[:n])}
-        assigns = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
-                                                 tensors[n:n + m])}
-        bases = {k: t.numpy() for k, t in zip(self.non_trainable_keys,
-                                               tensors[n + m:n + 2 * m])}
-        sparse = sum_rows(push.tables, tensors[n + 2 * m:])
-        if self.pipelined:
-            out = self._exchange_pipelined(push, tags.numpy(), grads, assigns, sparse,
-                                           t_grads, wanted, bases)
-            self._t_mark = time.perf_counter()
-            return out
-        ranges, live = [], []
-        if self.stream is not None:
-            ranges, live = self.stream.batch_ranges(tags.numpy(), push.update)
-            if not ranges:
-                grads, sparse = {}, {}  # every element belongs to an abandoned task
-        reply = self.ps.exchange(grads, assigns, ranges, sparse=sparse,
-                                 hyperparameters=wanted, optimizer=push.group,
-                                 optimizer_spec=push.spec, bases=bases)
-        faults.reached("after_push")
-        if not reply.accepted:
-            self.stream.abandon(live, f"push refused: {reply.refusals()}")
-        new = reply.values
-        t_pushed = time.perf_counter()
-        self.timer.add("push", t_pushed - t_grads)
-        self._values.update(new)
-        out = [self._values[k] for k in self.keys]
-        self._t_mark = time.perf_counter()
-        self.timer.add("pull", self._t_mark - t_pushed)
-        return out
-
-    def _exchange_pipelined(self, push, tags: np.ndarray, grads, assigns, sparse,
-                            t_grads: float, wanted=None, bases=None
-                            ) -> list[np.ndarray]:
-        """Waits for the previous push, sends this one on the pipeline's
-        thread, returns the newest values that arrived (see push_pipeline)."""
-        self._finish_push()
-        ranges, live = [], []
-        max_seq = int(tags[:, 0].max()) if len(tags) and not self.replaying else -1
-        if self.stream is not None:
-            ranges, live = self.stream.batch_ranges(tags, push.update)
-            given_back = self.stream.dead() - self._dead_at_mark
-            if given_back and np.isin(tags[:, 0], list(given_back)).any():
-                # Live when the step began, given back since (the previous push
-                # was refused): the gradient holds elements that are no longer
-                # ours. Push none of it; the batch's other tasks go back too
-                # (their elements here are not applied).
-                self.stream.abandon(live, "a task of the batch was given back "
-                                    "while its step ran")
-                ranges, live = [], []
-            if not ranges:
-                grads, sparse = {}, {}
-        self.pipeline.submit(
-            lambda: self.ps.exchange(grads, assigns, ranges, sparse=sparse,
-                                     hyperparameters=wanted, optimizer=push.group,
-                                     optimizer_spec=push.spec, bases=bases),
-            max_seq, live)
-        t_sent = time.perf_counter()
-        self.timer.add("push", t_sent - t_grads)
-        # This worker's non-trainable values are the newest (its push is on the
-        # way): keep them rather than the previous reply's.
-        return [assigns[k] if k in assigns else self._values[k] for k in self.keys]
+        return Update(
+            grads={k: t.numpy() for k, t in zip(push.grad_keys, tensors[:n])},
+            assigns={k: t.numpy() for k, t in zip(self.non_trainable_keys,
+                                                   tensors[n:n + m])},
+            bases={k: t.numpy() for k, t in zip(self.non_trainable_keys,
+                                                 tensors[n + m:n + 2 * m])},
+            rows=sum_rows(push.tables, tensors[n + 2 * m:]),
+            hyperparameters=wanted or {},
+            optimizer=push.group,
+            optimizer_spec=push.spec)
 
 
 def optimizer_state(optimizer: keras.optimizers.Optimizer, keys: list[tuple]

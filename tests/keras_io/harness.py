@@ -201,10 +201,22 @@ def error_line(output: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _run_script(script: str, cwd: str, timeout: float) -> tuple[dict, str]:
+# Runs a script as `python script` would, its global generators seeded first:
+# `keras.utils.set_random_seed(seed)`, what a launched worker does on
+# `import keras_elastic` with the job's `--seed` (common/seeding.py).
+_SEEDED_RUNNER = ("import runpy, sys, keras; "
+                  "keras.utils.set_random_seed(int(sys.argv[2])); "
+                  "sys.argv = sys.argv[1:2]; "
+                  "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def _run_script(script: str, cwd: str, timeout: float, seed: int | None = None
+                ) -> tuple[dict, str]:
     os.makedirs(cwd, exist_ok=True)
     started = time.time()
-    proc = subprocess.run([sys.executable, script], cwd=cwd, env=subprocess_env(),
+    command = ([sys.executable, script] if seed is None
+               else [sys.executable, "-c", _SEEDED_RUNNER, script, str(seed)])
+    proc = subprocess.run(command, cwd=cwd, env=subprocess_env(),
                           capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     where = f"{os.path.basename(script)} (in {cwd})"
@@ -223,17 +235,21 @@ def _check_trained_on_cluster(output: str, where: str) -> None:
                                  f"own loop in the process): {line.strip()}")
 
 
-def run_plain(name: str, tmp_dir, timeout: float = 600) -> dict:
-    """Runs the plain Keras script in `tmp_dir`; its RESULT dict."""
-    result, _ = _run_script(script_paths(name)[0], str(tmp_dir), timeout)
+def run_plain(name: str, tmp_dir, timeout: float = 600, seed: int | None = None
+              ) -> dict:
+    """Runs the plain Keras script in `tmp_dir`; its RESULT dict. `seed`: the
+    global generators are seeded with it before the script runs (for a script
+    that seeds nothing itself: two runs then draw the same data and weights)."""
+    result, _ = _run_script(script_paths(name)[0], str(tmp_dir), timeout, seed)
     return result
 
 
-def run_embedded(name: str, tmp_dir, timeout: float = 600) -> dict:
+def run_embedded(name: str, tmp_dir, timeout: float = 600, seed: int | None = None
+                 ) -> dict:
     """Runs the elastic script as a plain process (embedded master and parameter
-    server) in `tmp_dir`; its RESULT dict."""
+    server) in `tmp_dir`; its RESULT dict. `seed`: as `run_plain`'s."""
     script = script_paths(name)[1]
-    result, output = _run_script(script, str(tmp_dir), timeout)
+    result, output = _run_script(script, str(tmp_dir), timeout, seed)
     _check_trained_on_cluster(output, os.path.basename(script))
     return result
 

@@ -179,6 +179,92 @@ def test_no_modules_import_each_other_in_a_circle():
     assert circles == []
 
 
+# -- BUILD's deps ---------------------------------------------------------------
+def build_libraries(text: str) -> dict[str, tuple[set[str], list[str], int]]:
+    """{target: (the packages of its modules, its deps, line)} of the
+    ke_library and py_library calls with sources of keras_elastic/ in BUILD
+    (`text`); a library without sources (the whole library) imports nothing."""
+    found = {}
+    for node in ast.walk(ast.parse(text, "BUILD")):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+                node.func.id in ("ke_library", "py_library")):
+            continue
+        args = {k.arg: k.value for k in node.keywords}
+        name = ast.literal_eval(args["name"])
+        deps = [d.removeprefix(":") for d in ast.literal_eval(args.get("deps",
+                                                                        ast.List([])))]
+        package = ast.literal_eval(args["package_dir"]) if "package_dir" in args else ""
+        try:
+            srcs = ast.literal_eval(args["srcs"]) if "srcs" in args else None
+        except ValueError:  # computed (proto's generated modules): package_dir's
+            srcs = None
+        if srcs is not None:
+            files = [s for s in srcs if s.startswith("keras_elastic/")]
+        elif package.startswith("keras_elastic/"):
+            files = [f"{package}/__init__.py"]
+        else:
+            files = []  # no sources, or not keras_elastic's (the callbacks/ folder)
+        if files:
+            packages = {unit(f.removesuffix(".py").replace("/", ".")) for f in files}
+            found[name] = (packages, deps, node.lineno)
+    return found
+
+
+def build_problems(text: str) -> list[str]:
+    """Where BUILD's deps (`text`) disagree with ALLOWED: a dep on a package
+    ALLOWED forbids, an import of the code without its dep, a package
+    without a library."""
+    libraries = build_libraries(text)
+    owner = {p: name for name, (packages, _, _) in libraries.items()
+             for p in packages}
+    problems = [f"BUILD: no library holds keras_elastic's {p}"
+                for p in sorted(set(ALLOWED) - set(owner))]
+    for name, (packages, deps, line) in sorted(libraries.items()):
+        allowed = packages.union(*(ALLOWED[p] for p in packages))
+        for dep in deps:
+            # Every library needs its parent package (keras_elastic/__init__.py).
+            if dep != "package_root" and dep in libraries:
+                forbidden = libraries[dep][0] - allowed
+                if forbidden:
+                    problems.append(
+                        f"BUILD:{line} :{name} depends on :{dep}, but "
+                        f"{'/'.join(sorted(packages))} may not import "
+                        f"{'/'.join(sorted(forbidden))} (ALLOWED: {sorted(allowed)})")
+    missing: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    for module, targets in graph().items():
+        # keras_elastic/__init__.py imports common, which needs it: a circle
+        # Bazel cannot declare (:package_root has no deps).
+        if unit(module) == "__init__" or unit(module) not in owner:
+            continue
+        library = owner[unit(module)]
+        for target, line in targets:
+            need = owner.get(unit(target))
+            if need and need != library and need not in libraries[library][1]:
+                missing[library, need].append(f"{module}:{line} imports {target}")
+    for (library, need), where in sorted(missing.items()):
+        problems.append(f"BUILD:{libraries[library][2]} :{library} lacks the dep "
+                        f":{need} ({'; '.join(sorted(where)[:3])})")
+    return problems
+
+
+def test_build_deps_follow_the_import_rules():
+    """BUILD's deps between keras_elastic's libraries are checked against
+    ALLOWED (the one place the rules are written) and the code's imports."""
+    problems = build_problems(open(os.path.join(ROOT, "BUILD")).read())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_build_check_sees_a_wrong_or_missing_dep():
+    text = open(os.path.join(ROOT, "BUILD")).read()
+    assert '        ":checkpoint",\n' in text.split('name = "ps"')[1].split(")")[0]
+    master = text.index('name = "master"')
+    wrong = text[:master] + text[master:].replace('":common",', '":ps", ":common",', 1)
+    assert any(":master depends on :ps" in p for p in build_problems(wrong))
+    ps = text.index('name = "ps"')
+    lacking = text[:ps] + text[ps:].replace('":checkpoint",', "", 1)
+    assert any(":ps lacks the dep :checkpoint" in p for p in build_problems(lacking))
+
+
 def test_the_checker_sees_a_wrong_import(tmp_path):
     """The rules bite: an import from a lower layer to a higher one is found."""
     path = tmp_path / "bad.py"

@@ -1,10 +1,11 @@
 """The dependency rules of the packages, checked (issue 24).
 
-Each package's `__init__` says what it may import; this test holds the same
-rules as data and checks every import of the library against them, the
-imports inside functions included (a lazy import is still a dependency). It
-also checks that no modules import each other in a circle, and that the roles
-that must start without TensorFlow do.
+The rules are written once, as data: `ALLOWED` below. This test checks every
+import of the library against them, the imports inside functions included (a
+lazy import is still a dependency); that no modules import each other in a
+circle; that BUILD's deps follow them; that docs/architecture.md's table of
+them is generated from them (`python tests/test_architecture.py` rewrites
+it); and that the roles that must start without TensorFlow do.
 
 The layers, lowest first (a package imports only packages listed for it):
 
@@ -255,6 +256,7 @@ def test_build_deps_follow_the_import_rules():
 
 
 def test_the_build_check_sees_a_wrong_or_missing_dep():
+    assert "ps" not in ALLOWED["master"] and "checkpoint" in ALLOWED["ps"]
     text = open(os.path.join(ROOT, "BUILD")).read()
     assert '        ":checkpoint",\n' in text.split('name = "ps"')[1].split(")")[0]
     master = text.index('name = "master"')
@@ -263,6 +265,38 @@ def test_the_build_check_sees_a_wrong_or_missing_dep():
     ps = text.index('name = "ps"')
     lacking = text[:ps] + text[ps:].replace('":checkpoint",', "", 1)
     assert any(":ps lacks the dep :checkpoint" in p for p in build_problems(lacking))
+
+
+# -- docs/architecture.md's table of the rules ----------------------------------
+DOCS = os.path.join(ROOT, "docs", "architecture.md")
+RULES_BEGIN = "<!-- import rules: generated, do not edit -->\n"
+RULES_END = "<!-- end of import rules -->"
+
+
+def rules_table() -> str:
+    """ALLOWED as docs/architecture.md shows it: a row per package, lowest first."""
+    def shown(name: str) -> str:
+        is_package = os.path.isdir(os.path.join(ROOT, "keras_elastic", name))
+        return f"`{name}/`" if is_package else f"`{name}.py`"
+
+    order = list(ALLOWED)
+    rows = [f"| {shown(name)} | "
+            f"{', '.join(shown(a) for a in sorted(allowed, key=order.index)) or '-'} |"
+            for name, allowed in ALLOWED.items()]
+    return "\n".join(["| package | may import |", "| --- | --- |", *rows]) + "\n"
+
+
+def with_rules_table(text: str) -> str:
+    """docs/architecture.md's `text` with its table of rules made from ALLOWED."""
+    head, rest = text.split(RULES_BEGIN)
+    return head + RULES_BEGIN + rules_table() + RULES_END + rest.split(RULES_END)[1]
+
+
+def test_the_docs_list_the_import_rules():
+    text = open(DOCS).read()
+    assert text == with_rules_table(text), (
+        "docs/architecture.md's table of import rules differs from ALLOWED: "
+        "run `python tests/test_architecture.py` to rewrite it")
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path):
@@ -284,3 +318,10 @@ def test_roles_that_start_without_tensorflow_do():
                          text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LOADED []" in out.stdout
+
+
+if __name__ == "__main__":  # rewrites docs/architecture.md's table of rules
+    with open(DOCS) as f:
+        text = f.read()
+    with open(DOCS, "w") as f:
+        f.write(with_rules_table(text))

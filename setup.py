@@ -10,6 +10,7 @@ test extra includes it, so the test suite runs the Ray tests too.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -17,6 +18,14 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def version() -> str:
+    """keras_elastic.__version__, the one place the version is written: read
+    from keras_elastic/__init__.py's text (importing the package would need
+    its dependencies installed first)."""
+    with open(os.path.join(HERE, "keras_elastic", "__init__.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
 
 
 class BuildWithProtos(build_py):
@@ -34,7 +43,7 @@ packages = find_packages(include=["keras_elastic", "keras_elastic.*"])
 
 setup(
     name="keras-elastic",
-    version="0.1.0",
+    version=version(),
     description="Elastic, fault-tolerant parameter-server training for Keras 3",
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",

@@ -63,136 +63,29 @@ class UsageError(errors.JobError):
 
 
 # -- run ------------------------------------------------------------------
+_DEFINE = {int: flags.DEFINE_integer, float: flags.DEFINE_float,
+           str: flags.DEFINE_string, bool: flags.DEFINE_bool}
+
+
 def _define_run() -> None:
-    flags.DEFINE_integer("num_workers", 1, "Workers to start.")
-    flags.DEFINE_integer("num_ps", 1, "Parameter servers to start.")
-    flags.DEFINE_integer("min_workers", 0, "Fewest workers (0: num_workers).")
-    flags.DEFINE_integer("max_workers", 0, "Most workers (0: num_workers).")
-    flags.DEFINE_integer("max_worker_restarts", 3,
-                         "Relaunches of dead workers before the job fails.")
-    flags.DEFINE_integer("grads_to_wait", 1,
-                         "Gradients averaged per update (1: asynchronous SGD).")
-    flags.DEFINE_float("heartbeat_timeout", 30.0,
-                       "Seconds without a heartbeat after which a worker is lost.")
-    flags.DEFINE_float("liveness_timeout", 60.0,
-                       "Seconds a master or parameter server may answer no health "
-                       "check (grpc.health.v1) before it is lost: killed, then "
-                       "recovered as if it had died.")
-    flags.DEFINE_integer("ps_partition_bytes", 64 << 10,
-                         "Trainable variables of at least this many bytes are split "
-                         "into slices that balance the parameter servers' bytes "
-                         "(with an elementwise optimizer: SGD, Adam, Adagrad, ...); "
-                         "0: no variable is split.")
-    flags.DEFINE_float("rendezvous_timeout", 120.0,
-                       "Seconds the job's first task waits for all --num_workers "
-                       "workers to register (the start rendezvous); then it starts "
-                       "with those there.")
-    flags.DEFINE_integer("max_task_retries", 3, "Failures of one task that fail the job.")
-    flags.DEFINE_float("progress_interval", 10.0, "Seconds between progress lines.")
-    flags.DEFINE_string("job_dir", None, "Logs, cluster.json, ledger and summary "
-                        "(default: a new temporary directory).")
-    flags.DEFINE_integer("max_ps_restarts", 3,
-                         "Restarts of dead parameter servers before the job fails.")
-    flags.DEFINE_integer("max_master_restarts", 3,
-                         "Restarts of a dead master (from its journal) before the job "
-                         "fails.")
-    flags.DEFINE_integer("seed", None,
-                         "The job's seed: every worker's global random generators "
-                         "(Python's random, NumPy's, TensorFlow's, Keras') start from "
-                         "it when keras_elastic is imported, so that unseeded code "
-                         "builds the same data on every worker. Default: chosen at "
-                         "random (kept by relaunched, joining and resumed workers).")
-    flags.DEFINE_bool("resume", False,
-                      "Continue the job of --job_dir (after the launcher died): from "
-                      "its master journal and latest parameter-server checkpoint; "
-                      "tasks done are not trained again.")
-    flags.DEFINE_float("ps_checkpoint_secs", 30.0,
-                       "Save the parameter servers to JOB_DIR/ps_checkpoints every "
-                       "this many seconds (0: off); a restarted server goes back to "
-                       "the latest save.")
-    flags.DEFINE_integer("ps_checkpoint_full_every", 8,
-                         "Embedding tables in automatic checkpoints: a full save every "
-                         "this many; the others hold only the rows changed since the "
-                         "previous checkpoint (1: every save full).")
-    flags.DEFINE_integer("ps_checkpoint_versions", 0,
-                         "Also save every this many model versions (0: off).")
-    flags.DEFINE_integer("ps_checkpoints_to_keep", 2,
-                         "Automatic parameter-server checkpoints kept.")
-    flags.DEFINE_float("connect_timeout", 300.0,
-                       "Seconds a worker keeps retrying a master or parameter server "
-                       "it cannot reach (at start, or while one restarts).")
-    flags.DEFINE_string("bind", "127.0.0.1",
-                        "Interface the master and parameter servers listen on. Beyond "
-                        "loopback (for workers on other machines) it needs --tls or "
-                        "--insecure.")
-    flags.DEFINE_string("advertise", None,
-                        "Host name or address at which the job's processes reach the "
-                        "services (default: --bind; required with --bind=0.0.0.0).")
-    flags.DEFINE_bool("tls", None,
-                      "Serve over TLS (with a self-signed certificate made for the job "
-                      "in JOB_DIR/tls unless --tls_cert is given). Default: on beyond "
-                      "loopback, off on 127.0.0.1; --tls forces it on loopback too, "
-                      "--notls off (beyond loopback only with --insecure).")
-    flags.DEFINE_string("tls_cert", None, "The services' certificate chain (PEM); "
-                        "turns TLS on.")
-    flags.DEFINE_string("tls_key", None, "The private key of --tls_cert (PEM).")
-    flags.DEFINE_string("tls_ca", None, "The CA certificate (PEM) clients trust "
-                        "(default: the system's CAs).")
-    flags.DEFINE_bool("insecure", False,
-                      "Allow --bind beyond loopback without TLS: the job's token and "
-                      "data cross the network in clear text.")
-    flags.DEFINE_enum("backend", "local", ["local", "ray"],
-                      "Where roles run: local (processes of this machine) or ray "
-                      "(Ray actors on the nodes of a Ray cluster; needs `pip install "
-                      "\"keras-elastic[ray]\"`, see docs/ray.md).")
-    flags.DEFINE_string("ray_address", None,
-                        "--backend ray: the cluster, auto, HOST:PORT (the head's GCS) or "
-                        "ray://HOST:PORT (Ray Client). Default: RAY_ADDRESS, else a "
-                        "cluster started on this machine, else a new local instance.")
-    flags.DEFINE_string("worker_resources", None,
-                        "--backend ray: Ray resources of each worker, as JSON, e.g. "
-                        "'{\"CPU\": 2, \"GPU\": 1}' (default {\"CPU\": 1}).")
-    flags.DEFINE_string("ps_resources", None,
-                        "--backend ray: Ray resources of each parameter server (default "
-                        "{\"CPU\": 1}).")
-    flags.DEFINE_string("master_resources", None,
-                        "--backend ray: Ray resources of the master (default "
-                        "{\"CPU\": 0}).")
+    """The launcher flags: one per `LaunchConfig` field (launcher/config.py
+    holds each one's default and help)."""
+    from keras_elastic.launcher.config import launch_flags
+
+    for flag in launch_flags():
+        if flag.choices:
+            flags.DEFINE_enum(flag.name, flag.default, list(flag.choices), flag.help)
+        else:
+            _DEFINE[flag.kind](flag.name, flag.default, flag.help)
 
 
 def _main_run(command: list[str]) -> int:
     from keras_elastic.launcher import LaunchConfig, Launcher
-    from keras_elastic.launcher.config import parse_resources
 
     try:
-        resources = {kind: parse_resources(getattr(FLAGS, f"{kind}_resources"),
-                                           f"--{kind}_resources")
-                     for kind in ("worker", "ps", "master")}
+        config = LaunchConfig.from_flags(lambda name: getattr(FLAGS, name))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    config = LaunchConfig(
-        num_workers=FLAGS.num_workers, num_ps=FLAGS.num_ps,
-        min_workers=FLAGS.min_workers, max_workers=FLAGS.max_workers,
-        max_worker_restarts=FLAGS.max_worker_restarts, grads_to_wait=FLAGS.grads_to_wait,
-        heartbeat_timeout=FLAGS.heartbeat_timeout,
-        liveness_timeout=FLAGS.liveness_timeout,
-        rendezvous_timeout=FLAGS.rendezvous_timeout,
-        ps_partition_bytes=FLAGS.ps_partition_bytes,
-        max_task_retries=FLAGS.max_task_retries,
-        progress_interval=FLAGS.progress_interval, job_dir=FLAGS.job_dir,
-        max_ps_restarts=FLAGS.max_ps_restarts,
-        max_master_restarts=FLAGS.max_master_restarts, resume=FLAGS.resume,
-        seed=FLAGS.seed,
-        ps_checkpoint_secs=FLAGS.ps_checkpoint_secs,
-        ps_checkpoint_versions=FLAGS.ps_checkpoint_versions,
-        ps_checkpoint_full_every=FLAGS.ps_checkpoint_full_every,
-        ps_checkpoints_to_keep=FLAGS.ps_checkpoints_to_keep,
-        connect_timeout=FLAGS.connect_timeout, bind=FLAGS.bind,
-        advertise=FLAGS.advertise, tls=FLAGS.tls, tls_cert=FLAGS.tls_cert,
-        tls_key=FLAGS.tls_key, tls_ca=FLAGS.tls_ca, insecure=FLAGS.insecure,
-        backend=FLAGS.backend, ray_address=FLAGS.ray_address,
-        worker_resources=resources["worker"], ps_resources=resources["ps"],
-        master_resources=resources["master"])
     try:
         launcher = Launcher(command, config)
     except ValueError as e:

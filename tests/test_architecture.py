@@ -1,10 +1,11 @@
 """The dependency rules of the packages, checked (issue 24).
 
-Each package's `__init__` says what it may import; this test holds the same
-rules as data and checks every import of the library against them, the
-imports inside functions included (a lazy import is still a dependency). It
-also checks that no modules import each other in a circle, and that the roles
-that must start without TensorFlow do.
+The rules are written once, as data: `ALLOWED` below. This test checks every
+import of the library against them, the imports inside functions included (a
+lazy import is still a dependency); that no modules import each other in a
+circle; that BUILD's deps follow them; that docs/architecture.md's table of
+them is generated from them (`python tests/test_architecture.py` rewrites
+it); and that the roles that must start without TensorFlow do.
 
 The layers, lowest first (a package imports only packages listed for it):
 
@@ -179,6 +180,125 @@ def test_no_modules_import_each_other_in_a_circle():
     assert circles == []
 
 
+# -- BUILD's deps ---------------------------------------------------------------
+def build_libraries(text: str) -> dict[str, tuple[set[str], list[str], int]]:
+    """{target: (the packages of its modules, its deps, line)} of the
+    ke_library and py_library calls with sources of keras_elastic/ in BUILD
+    (`text`); a library without sources (the whole library) imports nothing."""
+    found = {}
+    for node in ast.walk(ast.parse(text, "BUILD")):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+                node.func.id in ("ke_library", "py_library")):
+            continue
+        args = {k.arg: k.value for k in node.keywords}
+        name = ast.literal_eval(args["name"])
+        deps = [d.removeprefix(":") for d in ast.literal_eval(args.get("deps",
+                                                                        ast.List([])))]
+        package = ast.literal_eval(args["package_dir"]) if "package_dir" in args else ""
+        try:
+            srcs = ast.literal_eval(args["srcs"]) if "srcs" in args else None
+        except ValueError:  # computed (proto's generated modules): package_dir's
+            srcs = None
+        if srcs is not None:
+            files = [s for s in srcs if s.startswith("keras_elastic/")]
+        elif package.startswith("keras_elastic/"):
+            files = [f"{package}/__init__.py"]
+        else:
+            files = []  # no sources, or not keras_elastic's (the callbacks/ folder)
+        if files:
+            packages = {unit(f.removesuffix(".py").replace("/", ".")) for f in files}
+            found[name] = (packages, deps, node.lineno)
+    return found
+
+
+def build_problems(text: str) -> list[str]:
+    """Where BUILD's deps (`text`) disagree with ALLOWED: a dep on a package
+    ALLOWED forbids, an import of the code without its dep, a package
+    without a library."""
+    libraries = build_libraries(text)
+    owner = {p: name for name, (packages, _, _) in libraries.items()
+             for p in packages}
+    problems = [f"BUILD: no library holds keras_elastic's {p}"
+                for p in sorted(set(ALLOWED) - set(owner))]
+    for name, (packages, deps, line) in sorted(libraries.items()):
+        allowed = packages.union(*(ALLOWED[p] for p in packages))
+        for dep in deps:
+            # Every library needs its parent package (keras_elastic/__init__.py).
+            if dep != "package_root" and dep in libraries:
+                forbidden = libraries[dep][0] - allowed
+                if forbidden:
+                    problems.append(
+                        f"BUILD:{line} :{name} depends on :{dep}, but "
+                        f"{'/'.join(sorted(packages))} may not import "
+                        f"{'/'.join(sorted(forbidden))} (ALLOWED: {sorted(allowed)})")
+    missing: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    for module, targets in graph().items():
+        # keras_elastic/__init__.py imports common, which needs it: a circle
+        # Bazel cannot declare (:package_root has no deps).
+        if unit(module) == "__init__" or unit(module) not in owner:
+            continue
+        library = owner[unit(module)]
+        for target, line in targets:
+            need = owner.get(unit(target))
+            if need and need != library and need not in libraries[library][1]:
+                missing[library, need].append(f"{module}:{line} imports {target}")
+    for (library, need), where in sorted(missing.items()):
+        problems.append(f"BUILD:{libraries[library][2]} :{library} lacks the dep "
+                        f":{need} ({'; '.join(sorted(where)[:3])})")
+    return problems
+
+
+def test_build_deps_follow_the_import_rules():
+    """BUILD's deps between keras_elastic's libraries are checked against
+    ALLOWED (the one place the rules are written) and the code's imports."""
+    problems = build_problems(open(os.path.join(ROOT, "BUILD")).read())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_build_check_sees_a_wrong_or_missing_dep():
+    assert "ps" not in ALLOWED["master"] and "checkpoint" in ALLOWED["ps"]
+    text = open(os.path.join(ROOT, "BUILD")).read()
+    assert '        ":checkpoint",\n' in text.split('name = "ps"')[1].split(")")[0]
+    master = text.index('name = "master"')
+    wrong = text[:master] + text[master:].replace('":common",', '":ps", ":common",', 1)
+    assert any(":master depends on :ps" in p for p in build_problems(wrong))
+    ps = text.index('name = "ps"')
+    lacking = text[:ps] + text[ps:].replace('":checkpoint",', "", 1)
+    assert any(":ps lacks the dep :checkpoint" in p for p in build_problems(lacking))
+
+
+# -- docs/architecture.md's table of the rules ----------------------------------
+DOCS = os.path.join(ROOT, "docs", "architecture.md")
+RULES_BEGIN = "<!-- import rules: generated, do not edit -->\n"
+RULES_END = "<!-- end of import rules -->"
+
+
+def rules_table() -> str:
+    """ALLOWED as docs/architecture.md shows it: a row per package, lowest first."""
+    def shown(name: str) -> str:
+        is_package = os.path.isdir(os.path.join(ROOT, "keras_elastic", name))
+        return f"`{name}/`" if is_package else f"`{name}.py`"
+
+    order = list(ALLOWED)
+    rows = [f"| {shown(name)} | "
+            f"{', '.join(shown(a) for a in sorted(allowed, key=order.index)) or '-'} |"
+            for name, allowed in ALLOWED.items()]
+    return "\n".join(["| package | may import |", "| --- | --- |", *rows]) + "\n"
+
+
+def with_rules_table(text: str) -> str:
+    """docs/architecture.md's `text` with its table of rules made from ALLOWED."""
+    head, rest = text.split(RULES_BEGIN)
+    return head + RULES_BEGIN + rules_table() + RULES_END + rest.split(RULES_END)[1]
+
+
+def test_the_docs_list_the_import_rules():
+    text = open(DOCS).read()
+    assert text == with_rules_table(text), (
+        "docs/architecture.md's table of import rules differs from ALLOWED: "
+        "run `python tests/test_architecture.py` to rewrite it")
+
+
 def test_the_checker_sees_a_wrong_import(tmp_path):
     """The rules bite: an import from a lower layer to a higher one is found."""
     path = tmp_path / "bad.py"
@@ -198,3 +318,10 @@ def test_roles_that_start_without_tensorflow_do():
                          text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LOADED []" in out.stdout
+
+
+if __name__ == "__main__":  # rewrites docs/architecture.md's table of rules
+    with open(DOCS) as f:
+        text = f.read()
+    with open(DOCS, "w") as f:
+        f.write(with_rules_table(text))

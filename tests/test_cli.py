@@ -227,6 +227,40 @@ def test_run_help_shows_defaults_and_starts_nothing(tmp_path):
     assert "--num_ps_pods (--num_ps)" in result.stdout
 
 
+def test_run_flags_are_launch_configs_fields():
+    """`keras-elastic run`'s flags are generated from LaunchConfig's fields:
+    every field but echo_worker_output is a flag of the same name, the parsed
+    flags build the config, and no flag given is the field's default."""
+    code = ("import dataclasses, json, sys; from absl import flags; "
+            "from keras_elastic import cli; "
+            "from keras_elastic.launcher.config import LaunchConfig; "
+            "cli._SUBCOMMANDS['run'].define(); flags.FLAGS(['run', *sys.argv[1:]]); "
+            "config = LaunchConfig.from_flags(lambda n: getattr(flags.FLAGS, n)); "
+            "print(json.dumps([config == LaunchConfig(), dataclasses.asdict(config), "
+            "[f.name for f in dataclasses.fields(LaunchConfig) "
+            "if f.name not in flags.FLAGS]]))")
+
+    def parsed(*args):
+        result = subprocess.run([sys.executable, "-c", code, *args],
+                                env=subprocess_env(), capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout)
+
+    default, _, not_flags = parsed()
+    assert default and not_flags == ["echo_worker_output"]
+    is_default, config, _ = parsed(
+        "--num_workers=3", "--ps_partition_bytes=0", "--seed=7", "--notls",
+        "--connect_timeout=7", "--backend=ray", '--worker_resources={"GPU": 1}')
+    assert not is_default
+    assert {k: config[k] for k in ("num_workers", "ps_partition_bytes", "seed", "tls",
+                                   "connect_timeout", "backend", "worker_resources",
+                                   "ps_resources", "num_ps")} == {
+        "num_workers": 3, "ps_partition_bytes": 0, "seed": 7, "tls": False,
+        "connect_timeout": 7.0, "backend": "ray", "worker_resources": {"GPU": 1},
+        "ps_resources": None, "num_ps": 1}
+
+
 def test_helpfull_adds_absl_flags():
     result = cli("run", "--helpfull")
     assert result.returncode == 0

@@ -1,5 +1,7 @@
 """The launcher's configuration: `LaunchConfig` (one field per flag of
-`keras-elastic run`) and its checks, and the Ray resource requests' parsing.
+`keras-elastic run`: each flag's default and help are its field's, and
+`launch_flags()` lists them for the CLI) and its checks, and the Ray
+resource requests' parsing.
 
 Pure data and checks, no process is started here:
 
@@ -13,18 +15,73 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
+from collections.abc import Callable
 
 from keras_elastic.common import cluster_env, rpc, tls
 from keras_elastic.launcher.backends import BACKENDS
 from keras_elastic.ps.partition import DEFAULT_PARTITION_BYTES
 
 
+def check_resources(request: object, flag: str) -> dict[str, float]:
+    """A resource request is a JSON object of names to numbers >= 0.
+
+    >>> check_resources({"CPU": 2, "GPU": 1}, "--worker_resources")
+    {'CPU': 2, 'GPU': 1}
+    """
+    if not isinstance(request, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            and v >= 0 for k, v in request.items()):
+        raise ValueError(f"{flag} must be a JSON object of resource names to numbers "
+                         f">= 0, e.g. '{{\"CPU\": 2, \"GPU\": 1}}'; got {request!r}")
+    return request
+
+
+def parse_resources(text: str | None, flag: str) -> dict[str, float] | None:
+    """`--worker_resources` and the like: JSON text to a request (None: unset).
+
+    >>> parse_resources('{"CPU": 2, "worker_slot": 1}', "--worker_resources")
+    {'CPU': 2, 'worker_slot': 1}
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        request = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{flag}={text!r} is not JSON ({e}); e.g. "
+                         f"{flag}='{{\"CPU\": 2, \"GPU\": 1}}'") from None
+    return check_resources(request, flag)
+
+
+def _flag(default: object, help: str, *, choices: tuple[str, ...] | None = None,
+          parse: Callable[[str | None, str], object] | None = None) -> typing.Any:
+    """A `LaunchConfig` field that is the flag of the same name: `default`
+    and `help` are the flag's; `choices` makes it an enum flag; `parse`
+    reads the flag's text (and the flag's name, for its ValueError) into the
+    field's value. Other fields take their type's flag (int, float, str, bool)."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "choices": choices, "parse": parse})
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchFlag:
+    """A flag of `keras-elastic run`, as `LaunchConfig`'s field declares it."""
+
+    name: str
+    kind: type  # int, float, str or bool: how absl reads it
+    default: object
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
 @dataclasses.dataclass
 class LaunchConfig:
     """What `keras-elastic run` was asked for: the job's roles, their budgets,
-    checkpoints, security and backend. One field per flag of the same name
-    (`keras_elastic/cli.py` maps them); `validate()` refuses a combination
-    that cannot run, naming the flag.
+    checkpoints, security and backend. Each field made with `_flag` is the
+    flag of the same name, its default and help included: `keras_elastic/cli.py`
+    defines the flags from `launch_flags()` (in field order) and builds the
+    config with `from_flags`. `validate()` refuses a combination that cannot
+    run, naming the flag.
 
     >>> config = LaunchConfig(num_workers=2, max_workers=4)
     >>> config.validate()
@@ -36,58 +93,119 @@ class LaunchConfig:
     ValueError: --num_workers=3 is more than --max_workers=2
     """
 
-    num_workers: int = 1
-    num_ps: int = 1
-    min_workers: int = 0          # 0: num_workers
-    max_workers: int = 0          # 0: num_workers
-    max_worker_restarts: int = 3
-    grads_to_wait: int = 1
-    heartbeat_timeout: float = 30.0
-    # A master or parameter server that answers no health check for this long
-    # is lost (killed, then recovered as if it had died).
-    liveness_timeout: float = 60.0
-    # The start rendezvous: no task is handed out before the job's
-    # num_workers workers registered, or this many seconds passed.
-    rendezvous_timeout: float = 120.0
-    # Trainable variables of at least this many bytes are split over the
-    # parameter servers (ps/partition.py); 0: none is.
-    ps_partition_bytes: int = DEFAULT_PARTITION_BYTES
-    max_task_retries: int = 3
-    progress_interval: float = 10.0
-    job_dir: str | None = None
+    num_workers: int = _flag(1, "Workers to start.")
+    num_ps: int = _flag(1, "Parameter servers to start.")
+    min_workers: int = _flag(0, "Fewest workers (0: num_workers).")
+    max_workers: int = _flag(0, "Most workers (0: num_workers).")
+    max_worker_restarts: int = _flag(
+        3, "Relaunches of dead workers before the job fails.")
+    grads_to_wait: int = _flag(
+        1, "Gradients averaged per update (1: asynchronous SGD).")
+    heartbeat_timeout: float = _flag(
+        30.0, "Seconds without a heartbeat after which a worker is lost.")
+    liveness_timeout: float = _flag(
+        60.0, "Seconds a master or parameter server may answer no health check "
+        "(grpc.health.v1) before it is lost: killed, then recovered as if it had "
+        "died.")
+    # How variables are split: ps/partition.py.
+    ps_partition_bytes: int = _flag(
+        DEFAULT_PARTITION_BYTES, "Trainable variables of at least this many bytes are "
+        "split into slices that balance the parameter servers' bytes (with an "
+        "elementwise optimizer: SGD, Adam, Adagrad, ...); 0: no variable is split.")
+    # No task is handed out before the rendezvous ends.
+    rendezvous_timeout: float = _flag(
+        120.0, "Seconds the job's first task waits for all --num_workers workers to "
+        "register (the start rendezvous); then it starts with those there.")
+    max_task_retries: int = _flag(3, "Failures of one task that fail the job.")
+    progress_interval: float = _flag(10.0, "Seconds between progress lines.")
+    job_dir: str | None = _flag(
+        None, "Logs, cluster.json, ledger and summary (default: a new temporary "
+        "directory).")
+    max_ps_restarts: int = _flag(
+        3, "Restarts of dead parameter servers before the job fails.")
+    max_master_restarts: int = _flag(
+        3, "Restarts of a dead master (from its journal) before the job fails.")
+    # How the generators are seeded: common/seeding.py.
+    seed: int | None = _flag(
+        None, "The job's seed: every worker's global random generators (Python's "
+        "random, NumPy's, TensorFlow's, Keras') start from it when keras_elastic is "
+        "imported, so that unseeded code builds the same data on every worker. "
+        "Default: chosen at random (kept by relaunched, joining and resumed "
+        "workers).")
+    resume: bool = _flag(
+        False, "Continue the job of --job_dir (after the launcher died): from its "
+        "master journal and latest parameter-server checkpoint; tasks done are not "
+        "trained again.")
+    ps_checkpoint_secs: float = _flag(
+        30.0, "Save the parameter servers to JOB_DIR/ps_checkpoints every this many "
+        "seconds (0: off); a restarted server goes back to the latest save.")
+    ps_checkpoint_full_every: int = _flag(
+        8, "Embedding tables in automatic checkpoints: a full save every this many; "
+        "the others hold only the rows changed since the previous checkpoint (1: "
+        "every save full).")
+    ps_checkpoint_versions: int = _flag(
+        0, "Also save every this many model versions (0: off).")
+    ps_checkpoints_to_keep: int = _flag(
+        2, "Automatic parameter-server checkpoints kept.")
+    connect_timeout: float = _flag(
+        cluster_env.DEFAULT_CONNECT_TIMEOUT, "Seconds a worker keeps retrying a "
+        "master or parameter server it cannot reach (at start, or while one "
+        "restarts).")
+    # Where the services listen and are reached: docs/security.md.
+    bind: str = _flag(
+        "127.0.0.1", "Interface the master and parameter servers listen on. Beyond "
+        "loopback (for workers on other machines) it needs --tls or --insecure.")
+    advertise: str | None = _flag(
+        None, "Host name or address at which the job's processes reach the services "
+        "(default: --bind; required with --bind=0.0.0.0).")
+    # None: see `tls_on`. Always on when tls_cert is given.
+    tls: bool | None = _flag(
+        None, "Serve over TLS (with a self-signed certificate made for the job in "
+        "JOB_DIR/tls unless --tls_cert is given). Default: on beyond loopback, off "
+        "on 127.0.0.1; --tls forces it on loopback too, --notls off (beyond loopback "
+        "only with --insecure).")
+    tls_cert: str | None = _flag(
+        None, "The services' certificate chain (PEM); turns TLS on.")
+    tls_key: str | None = _flag(None, "The private key of --tls_cert (PEM).")
+    tls_ca: str | None = _flag(
+        None, "The CA certificate (PEM) clients trust (default: the system's CAs).")
+    insecure: bool = _flag(
+        False, "Allow --bind beyond loopback without TLS: the job's token and data "
+        "cross the network in clear text.")
+    # The backends: launcher/backends/.
+    backend: str = _flag(
+        "local", "Where roles run: local (processes of this machine) or ray (Ray "
+        "actors on the nodes of a Ray cluster; needs `pip install "
+        "\"keras-elastic[ray]\"`, see docs/ray.md).", choices=BACKENDS)
+    ray_address: str | None = _flag(
+        None, "--backend ray: the cluster, auto, HOST:PORT (the head's GCS) or "
+        "ray://HOST:PORT (Ray Client). Default: RAY_ADDRESS, else a cluster started "
+        "on this machine, else a new local instance.")
+    # Ray resources per role, e.g. {"CPU": 2, "GPU": 1}; the flags are JSON text.
+    worker_resources: dict | None = _flag(
+        None, "--backend ray: Ray resources of each worker, as JSON, e.g. "
+        "'{\"CPU\": 2, \"GPU\": 1}' (default {\"CPU\": 1}).", parse=parse_resources)
+    ps_resources: dict | None = _flag(
+        None, "--backend ray: Ray resources of each parameter server (default "
+        "{\"CPU\": 1}).", parse=parse_resources)
+    master_resources: dict | None = _flag(
+        None, "--backend ray: Ray resources of the master (default {\"CPU\": 0}).",
+        parse=parse_resources)
+    # Not a flag: whether the launcher copies the workers' output to its own.
     echo_worker_output: bool = True
-    max_ps_restarts: int = 3
-    ps_checkpoint_secs: float = 30.0
-    ps_checkpoint_versions: int = 0
-    # Embedding tables in automatic checkpoints: a full save every this many
-    # (the others hold the rows changed since the previous one); 1: all full.
-    ps_checkpoint_full_every: int = 8
-    ps_checkpoints_to_keep: int = 2
-    max_master_restarts: int = 3
-    resume: bool = False          # continue the job of job_dir from its journal
-    # The workers' random generators start from it (common/seeding.py); None:
-    # chosen at random (a resumed job keeps its own).
-    seed: int | None = None
-    connect_timeout: float = cluster_env.DEFAULT_CONNECT_TIMEOUT
-    # Where the master and parameter servers listen, and the host the job's
-    # processes reach them at (None: `bind`); see docs/security.md.
-    bind: str = "127.0.0.1"
-    advertise: str | None = None
-    # None: on beyond loopback (unless insecure), off on loopback; True forces
-    # it on loopback too; False turns it off (refused beyond loopback unless
-    # insecure). Always on when tls_cert is given.
-    tls: bool | None = None
-    tls_cert: str | None = None   # None with TLS on: a self-signed one in JOB_DIR/tls
-    tls_key: str | None = None
-    tls_ca: str | None = None     # what clients trust (None: the system's CAs)
-    insecure: bool = False        # allows clear text beyond loopback
-    # Where roles run: "local" (this machine) or "ray" (see backends/ray.py).
-    backend: str = "local"
-    ray_address: str | None = None  # None: RAY_ADDRESS / a local cluster / a new one
-    # Ray resources per role, e.g. {"CPU": 2, "GPU": 1} (None: the defaults).
-    worker_resources: dict | None = None
-    ps_resources: dict | None = None
-    master_resources: dict | None = None
+
+    @classmethod
+    def from_flags(cls, value: Callable[[str], object]) -> LaunchConfig:
+        """The config of the flags as parsed: `value(name)` is flag `name`'s
+        value; a flag that cannot be read (`parse`) is a ValueError naming it.
+        Fields that are no flag keep their defaults."""
+        given = {}
+        for field in dataclasses.fields(cls):
+            if "help" in field.metadata:
+                parse = field.metadata["parse"]
+                raw = value(field.name)
+                given[field.name] = parse(raw, f"--{field.name}") if parse else raw
+        return cls(**given)
 
     @property
     def tls_on(self) -> bool:
@@ -180,31 +298,22 @@ class LaunchConfig:
                 self.max_workers or self.num_workers)
 
 
-def check_resources(request: object, flag: str) -> dict[str, float]:
-    """A resource request is a JSON object of names to numbers >= 0.
+def launch_flags() -> list[LaunchFlag]:
+    """The flags of `keras-elastic run`, one per `LaunchConfig` field made
+    with `_flag`, in field order.
 
-    >>> check_resources({"CPU": 2, "GPU": 1}, "--worker_resources")
-    {'CPU': 2, 'GPU': 1}
+    >>> flag = launch_flags()[0]
+    >>> flag.name, flag.kind.__name__, flag.default, flag.help
+    ('num_workers', 'int', 1, 'Workers to start.')
     """
-    if not isinstance(request, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-            and v >= 0 for k, v in request.items()):
-        raise ValueError(f"{flag} must be a JSON object of resource names to numbers "
-                         f">= 0, e.g. '{{\"CPU\": 2, \"GPU\": 1}}'; got {request!r}")
-    return request
-
-
-def parse_resources(text: str | None, flag: str) -> dict[str, float] | None:
-    """`--worker_resources` and the like: JSON text to a request (None: unset).
-
-    >>> parse_resources('{"CPU": 2, "worker_slot": 1}', "--worker_resources")
-    {'CPU': 2, 'worker_slot': 1}
-    """
-    if text is None or not text.strip():
-        return None
-    try:
-        request = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"{flag}={text!r} is not JSON ({e}); e.g. "
-                         f"{flag}='{{\"CPU\": 2, \"GPU\": 1}}'") from None
-    return check_resources(request, flag)
+    hints = typing.get_type_hints(LaunchConfig)
+    found = []
+    for field in dataclasses.fields(LaunchConfig):
+        if "help" not in field.metadata:
+            continue
+        kind = [t for t in typing.get_args(hints[field.name]) if t is not type(None)
+                ] or [hints[field.name]]
+        found.append(LaunchFlag(
+            field.name, str if field.metadata["parse"] else kind[0], field.default,
+            field.metadata["help"], field.metadata["choices"]))
+    return found

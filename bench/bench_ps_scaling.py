@@ -16,7 +16,7 @@ seconds of the server processes per push (from /proc: `proc_stats.py`) and
 per pushed MB, and how busy the servers and clients were (CPU seconds per
 second, of the machine's cores). Then the scaling efficiency from 1 to 2 and
 to 4 servers at each worker count (pushes/s with N servers / (N x pushes/s
-with 1)) and the per-push CPU cost, from which the sizing note of README.md
+with 1)) and the per-push CPU cost, from which the sizing note of docs/benchmarks.md
 is derived. On a machine with few cores the clients and servers share them:
 the per-push CPU cost is the figure that carries to other machines.
 

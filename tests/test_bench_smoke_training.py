@@ -54,9 +54,11 @@ def test_training(tmp_path):
 
 
 def test_embedding(tmp_path):
-    # (the README's 100-million-id command's flags, at smoke sizes)
-    out = run_smoke("bench_embedding", str(tmp_path), "--prefill_rows=5000",
-                    "--steps=6", "--plain_steps=3", "--warmup_steps=2")
+    # (docs/benchmarks.md's 100-million-id command's flags, at smoke sizes:
+    # --rows and --dim as --smoke sets them)
+    out = run_smoke("bench_embedding", str(tmp_path), "--rows=10000", "--dim=8",
+                    "--prefill_rows=5000", "--steps=6", "--plain_steps=3",
+                    "--warmup_steps=2")
     for exchange in ("sync", "pipelined"):
         one_positive(rf"^  keras-elastic, ke.layers.Embedding on PS, {exchange}\s+{NUM}"
                      r"\s+[\d.]+\s+[\d.]+\s", out)

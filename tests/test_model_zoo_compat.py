@@ -508,8 +508,10 @@ MODULES = {
 # More flags of a module's jobs: deepfm's two keras.layers.Embedding tables
 # (100 rows) go to the parameter servers, as ke.wrap(ps_embeddings_above=)
 # puts them in Python (issue 27).
+# A TTL longer than the job (its versions) keeps every row it uses.
 JOB_FLAGS = {"deepfm_ctr": ("--ps_embeddings_above=50", "--ps_embedding_admit_after=2",
-                            "--ps_embedding_max_rows=80")}
+                            "--ps_embedding_max_rows=80",
+                            "--ps_embedding_ttl_versions=100000")}
 
 
 @pytest.fixture(scope="module")

@@ -91,3 +91,41 @@ def test_every_subpackage_is_a_lazy_attribute():
                 if os.path.isfile(os.path.join(REPO, "keras_elastic", name,
                                                "__init__.py"))}
     assert packages | {"callbacks"} == set(keras_elastic._LAZY_MODULES)
+
+
+# -- docs/: the index and the links ---------------------------------------------
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_docs_index_lists_every_page():
+    pages = {os.path.basename(p) for p in glob.glob(os.path.join(REPO, "docs", "*.md"))}
+    index = open(os.path.join(REPO, "docs", "index.md")).read()
+    listed = {link for link in _LINK.findall(index) if not link.startswith("..")}
+    assert pages - {"index.md"} == listed, (
+        "docs/index.md must list each docs page once, and nothing else: "
+        f"missing {sorted(pages - {'index.md'} - listed)}, "
+        f"not a page {sorted(listed - pages)}")
+
+
+def test_relative_links_of_readme_and_docs_resolve():
+    """Every `[text](path)` of README.md and docs/ that is not a URL names a
+    file of the repository; a `#anchor` names one of its headings."""
+    def anchors(path: str) -> set[str]:
+        headings = re.findall(r"^#+ (.+)$", open(path).read(), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in headings}
+
+    broken = []
+    for path in [os.path.join(REPO, "README.md"),
+                 *glob.glob(os.path.join(REPO, "docs", "*.md"))]:
+        for link in _LINK.findall(open(path).read()):
+            if re.match(r"[a-z]+:", link):
+                continue
+            target, _, anchor = link.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(path), target)) \
+                if target else path
+            if not os.path.exists(resolved):
+                broken.append(f"{os.path.relpath(path, REPO)}: {link}")
+            elif anchor and resolved.endswith(".md") and anchor not in anchors(resolved):
+                broken.append(f"{os.path.relpath(path, REPO)}: {link} (no such heading)")
+    assert broken == [], broken

@@ -1,12 +1,20 @@
-"""Every flag the README documents is exercised by a test (issue 24), and the
-flags no other test used are exercised here, each through a real job.
+"""Every flag the README and docs/ document is given to a real command line by
+some test, and the flags no other test gave are given here, each to a real job.
 
-`test_every_flag_the_readme_documents_is_exercised_by_a_test` keeps the list
-from growing again: a flag written in the README must appear in some test.
+`test_every_documented_flag_is_given_on_a_command_line_by_a_test` keeps the list
+from growing again. A flag counts as given when a test's source (parsed with
+`ast`, so comments and docstrings never count) holds a string that is the flag
+itself or starts with `--flag=` as an argv element: an argument of a call
+(`launch(..., "--num_workers=2")`, `subprocess.run([...])`), an element of a
+list or tuple (an argv, a parametrize case), or a value assigned to a name.
+Strings compared with output (`assert "--tls" in result.stderr`), asserted
+messages and `match=` patterns do not count, nor does a flag's name as a dict
+key (`{"rows": ...}`).
 """
 
 from __future__ import annotations
 
+import ast
 import glob
 import json
 import os
@@ -20,26 +28,108 @@ from counting_jobs import check_exact, counting_job, write_data
 from tfrecord_data import make_arrays, write_shards
 
 TESTS = os.path.join(REPO, "tests")
+DOCUMENTS = [os.path.join(REPO, "README.md"),
+             *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
 
-# Flags of the README that only the benches take: their smoke modes are
-# issue 26's work ("every script under bench/ a smoke mode that a test runs").
-BENCH_ONLY = {"configs", "rounds"}
+# Flags the documents show that are not keras-elastic's to test, each with why.
+NOT_KERAS_ELASTIC = {
+    "dist": "pytest's (the README's test command)",
+    "logdir": "tensorboard's (the command the launcher's summary prints)",
+    "head": "`ray start --head` (docs/ray.md)",
+    "address": "`ray start --address` and `ray job submit --address` (docs/ray.md)",
+    "resources": "`ray start --resources` (docs/ray.md)",
+    "ps_per_node": "docs/ray.md says there is no such flag",
+    "restore_from": "the parameter-server process's, which the launcher passes "
+                    "on a recovery (docs/exactly_once.md); the recovery tests drive it",
+}
+# Flags of scripts under bench/ and tools/ that only those scripts take and no
+# test runs them with (each runs with --smoke: tests/test_bench_smoke_*.py).
+BENCH_ONLY = {"configs", "rounds", "names", "remaining"}
+
+_DOCUMENTED = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]+)(?![\w-])")
+_ARGV = re.compile(r"--([a-z][a-z0-9_]+)(?:=|$)")
 
 
-def readme_flags() -> set[str]:
-    text = open(os.path.join(REPO, "README.md")).read()
-    return set(re.findall(r"(?<![\w-])--([a-z][a-z0-9_]+)", text))
+def documented_flags() -> set[str]:
+    text = "".join(open(path).read() for path in DOCUMENTS)
+    return set(_DOCUMENTED.findall(text))
 
 
-def test_every_flag_the_readme_documents_is_exercised_by_a_test():
-    flags = readme_flags()
-    assert len(flags) > 50 and {"num_workers", "ps_checkpoint_versions"} <= flags
-    tests = "".join(open(path).read() for path in glob.glob(
-        os.path.join(TESTS, "**", "*.py"), recursive=True))
-    untested = sorted(f for f in flags - BENCH_ONLY
-                      if f"--{f}" not in tests and f'"{f}"' not in tests)
+def _argv_strings(tree: ast.AST):
+    """(string, node) of each string constant (an f-string by its leading
+    text) that stands where a command line's element stands."""
+    parent = {child: node for node in ast.walk(tree)
+              for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            first = node.values[0] if node.values else None
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                continue
+            text = first.value
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and not isinstance(parent.get(node), ast.JoinedStr)):
+            text = node.value
+        else:
+            continue
+        up = parent.get(node)
+        if isinstance(up, ast.Call) and node in up.args:
+            yield text, node
+        elif isinstance(up, ast.keyword) and up.arg != "match":
+            yield text, node
+        elif (isinstance(up, (ast.List, ast.Tuple, ast.Set))
+              and not isinstance(parent.get(up), ast.Compare)):
+            yield text, node
+        elif isinstance(up, (ast.Assign, ast.AnnAssign)) and up.value is node:
+            yield text, node
+
+
+def flags_given_by_tests(paths: list[str]) -> dict[str, list[str]]:
+    """flag -> the places (path:line) where a test gives it on a command line."""
+    given: dict[str, list[str]] = {}
+    for path in paths:
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for text, node in _argv_strings(tree):
+            match = _ARGV.match(text)
+            if match:
+                given.setdefault(match.group(1), []).append(
+                    f"{os.path.relpath(path, REPO)}:{node.lineno}")
+    return given
+
+
+def test_every_documented_flag_is_given_on_a_command_line_by_a_test():
+    flags = documented_flags()
+    assert len(flags) > 80 and {"num_workers", "ps_checkpoint_versions",
+                                "insecure", "rendezvous_timeout"} <= flags
+    assert not (NOT_KERAS_ELASTIC.keys() | BENCH_ONLY) - flags, (
+        "excepted flags the documents no longer show: drop them",
+        sorted((NOT_KERAS_ELASTIC.keys() | BENCH_ONLY) - flags))
+    given = flags_given_by_tests(glob.glob(os.path.join(TESTS, "**", "*.py"),
+                                           recursive=True))
+    untested = sorted(flags - given.keys() - NOT_KERAS_ELASTIC.keys() - BENCH_ONLY)
     assert untested == [], (
-        f"the README documents {untested} but no test uses them: add a test")
+        f"README.md and docs/ document {untested} but no test gives them on a "
+        "command line: add a test that does")
+
+
+def test_a_flag_only_in_comments_messages_or_dict_keys_is_not_given(tmp_path):
+    """The rule itself: what does not count, and what does."""
+    source = tmp_path / "test_x.py"
+    source.write_text(
+        '"""--docstring=1"""\n'
+        "# launch(job, '--comment=1')\n"
+        "TABLE = {'rows': 4}\n"
+        "def test():\n"
+        "    assert '--in_output' in result.stderr\n"
+        "    assert run(['--asserted_argv=1']) == ['--expected=2']\n"
+        "    with pytest.raises(ValueError, match='--matched must be'):\n"
+        "        pass\n"
+        "    check('--a_message must be >= 0')\n"
+        "    launch(job, '--argument=1', f'--fstring={x}', '--bare')\n"
+        "    subprocess.run([sys.executable, '--element', '2'])\n"
+        "    FLAG = '--assigned=3'\n")
+    assert sorted(flags_given_by_tests([str(source)])) == [
+        "argument", "asserted_argv", "assigned", "bare", "element", "fstring"]
 
 
 # -- the flags no other test used ----------------------------------------------
@@ -133,6 +223,40 @@ def test_a_job_with_the_users_own_certificate_key_and_ca(tmp_path, data):
     cluster = json.loads((tmp_path / "job" / "cluster.json").read_text())
     assert cluster["tls"]["ca"] == own.cert
     assert not (tmp_path / "job" / "tls").exists()  # nothing made for the job
+
+
+@pytest.mark.multiprocess
+def test_insecure_serves_clear_text_beyond_loopback(tmp_path, data):
+    """`--bind=0.0.0.0 --insecure`: the launcher, which refuses clear text
+    beyond loopback without it, starts the job; its services listen on every
+    interface in clear text (no certificate made, none in cluster.json), and
+    the job is exact."""
+    out, result = counting_job(
+        tmp_path, data, "--num_ps=1", "--bind=0.0.0.0", "--advertise=127.0.0.1",
+        "--insecure", epochs=1)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    check_exact(tmp_path, out, output, epochs=1)
+    cluster = json.loads((tmp_path / "job" / "cluster.json").read_text())
+    assert not cluster.get("tls"), cluster
+    assert not (tmp_path / "job" / "tls").exists()
+
+
+def test_a_master_started_by_hand_refuses_a_host_beyond_loopback_in_clear_text(tmp_path):
+    """`python -m keras_elastic.master --host=0.0.0.0` (docs/security.md): without
+    KERAS_ELASTIC_TLS=1 or KERAS_ELASTIC_INSECURE=1 it exits before serving."""
+    from keras_elastic.common import tls
+
+    env = subprocess_env()
+    for name in (tls.TLS_ENV, tls.INSECURE_ENV):
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_elastic.master", "--host=0.0.0.0", "--port=0",
+         f"--ready_file={tmp_path / 'ready'}"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "refusing to serve on 0.0.0.0 without TLS" in result.stderr, result.stderr
+    assert not (tmp_path / "ready").exists()
 
 
 @pytest.mark.parametrize("flag, instead", [

@@ -81,7 +81,7 @@ class FactorizationMachine(keras.layers.Layer):
 # an id gets rows once seen in 2 training batches (ids seen once, most of a
 # Zipf tail, stay on the initializer's row and cost no memory), and each
 # table keeps at most MAX_ROWS rows over the servers, the least recently used
-# removed past it. See README.md, "Sizing the tables".
+# removed past it. See docs/embeddings.md, "Memory per row, and sizing".
 ADMIT_AFTER = 2
 MAX_ROWS = 500_000
 

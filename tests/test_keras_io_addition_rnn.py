@@ -8,9 +8,10 @@ README's change: `import keras_elastic as ke` and `model =
 ke.wrap(keras.Sequential())`, the layers added to it after) run as a plain
 process, as an embedded elastic run and as a 2-worker job; the elastic
 metrics must stay within the tolerances below of plain Keras' (see
-tests/keras_io/harness.py). Every worker of a job runs the unseeded data code:
-their arrays must be the same (one fingerprint) without the script seeding
-anything.
+tests/keras_io/harness.py). The plain and embedded runs get the same seed
+from outside the script (below: why); the job's workers run the unseeded
+data code with the job's own seed: their arrays must be the same (one
+fingerprint) without the script seeding anything.
 """
 
 import pytest
@@ -34,24 +35,33 @@ SAME = {
     "iterations": EXACT,
     "shown": EXACT,
 }
-# The script seeds nothing: every run has other questions, another shuffle
-# and other initial weights, so a test compares two independent draws (one
-# plain run, one elastic run), whose difference spreads about 1.4 times as
-# much as one run. Measured (2026-11-28): 8 plain runs, validation loss
-# 1.213..1.281 (sd 0.022), validation accuracy 0.508..0.555 (sd 0.016),
-# training accuracy 0.529..0.546 (sd 0.006); 13 embedded elastic runs 1.222..
-# 1.280 (sd 0.021), 0.503..0.566 (sd 0.019), 0.519..0.548 (sd 0.009): the same
-# spread. A first bound of one run's range (0.06 on the loss, about 2 sd of
-# the difference) failed in the suite (plain 1.287 against elastic 1.371): a
-# bound so tight fails 1 run in 20 by chance. The bounds below are 4.5 sd of
-# the difference of two runs.
+# The script seeds nothing, so two runs draw other questions, shuffles and
+# weights. Measured first (2026-11-28) as 8 plain runs against 13 embedded
+# ones (validation loss sd 0.022 each); the suite then drew a plain run at
+# 1.423 (CI, 2026-11-29), 9 sd off that: after 8 iterations the model is in
+# its fastest learning, and when it takes off varies more than 8 runs
+# showed. So plain Keras and the embedded run are given the same seed from
+# outside (`seed=`: the harness seeds the global generators before the
+# unchanged script, as a launched worker's `import keras_elastic` does with
+# the job's seed): the same questions and initial weights, and a run that
+# repeats exactly on one machine (seed 1 twice: the same figures to the last
+# digit), so a failure can be rerun. What still differs is the elastic
+# path's own order of batches. Measured over seeds 1-7 (2026-11-29), the
+# difference embedded - plain: validation loss -0.047..+0.150 (sd 0.070),
+# validation accuracy -0.053..+0.039 (sd 0.033), training accuracy
+# -0.015..+0.010 (sd 0.010). The bounds are 3.5 sd of those (the loss's
+# first bound, 0.14, was 2 sd: seed 2 exceeds it).
+SEED = 1
 EMBEDDED = {
     **SAME,
+    "data_sha256": EXACT,  # the same seed: the same questions
     "val_accuracy": Tol(abs=0.11),
-    "val_loss": Tol(abs=0.14),
+    "val_loss": Tol(abs=0.25),
     "accuracy": Tol(abs=0.05),
 }
-# A 2-worker job: asynchronous updates on top of that, twice as loose.
+# A 2-worker job runs unseeded (the job's seed is drawn at random: every
+# worker must still build the same data), against the seeded plain run:
+# two independent draws plus asynchronous updates, twice as loose.
 JOB = {
     **SAME,
     "val_accuracy": Tol(abs=0.22),
@@ -70,7 +80,7 @@ def check_result(result):
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    return run_plain(NAME, tmp_path_factory.mktemp("plain"))
+    return run_plain(NAME, tmp_path_factory.mktemp("plain"), seed=SEED)
 
 
 def test_elastic_script_is_the_readme_change():
@@ -82,7 +92,7 @@ def test_plain_keras(plain):
 
 
 def test_embedded(plain, tmp_path):
-    result = run_embedded(NAME, tmp_path)
+    result = run_embedded(NAME, tmp_path, seed=SEED)
     check_result(result)
     assert_close(result, plain, EMBEDDED, "embedded")
 

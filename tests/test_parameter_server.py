@@ -118,6 +118,26 @@ def test_a_base_value_must_come_with_its_assign_and_match_its_variable(servers):
     np.testing.assert_array_equal(c.pull()["bn"], [0, 0])  # nothing applied
 
 
+def test_a_malformed_assignment_changes_nothing_before_it_is_refused():
+    """An assignment (values the script set) carrying a gradient is refused by
+    the update's checks (ps/update_checks.py), before the hyperparameters it
+    carries are set or the push is counted."""
+    store = ParameterStore()
+    store.init({"w": np.ones(2, np.float32)}, {"w": True}, SGD)
+    with pytest.raises(ValueError, match="an assignment push carries values only"):
+        store.push(Update(grads={"w": np.ones(2, np.float32)},
+                          assigns={"w": np.zeros(2, np.float32)},
+                          hyperparameters={"learning_rate": 0.1}, assignment=True))
+    assert store.hyperparameters() == {"learning_rate": 0.5}
+    assert (store.version, store.pushes) == (0, 0)
+    np.testing.assert_array_equal(store.values_since(-1)["w"], 1.0)
+    # Values only: applied, the model's version up by one.
+    assert store.push(Update(assigns={"w": np.zeros(2, np.float32)},
+                             assignment=True)).status == "applied"
+    assert store.version == 1
+    np.testing.assert_array_equal(store.values_since(0)["w"], 0.0)
+
+
 def test_keras_optimizer_with_slots_matches_local_apply(servers):
     config = keras.optimizers.serialize(keras.optimizers.Adam(0.01))
     c = PSClient([servers[0].address])

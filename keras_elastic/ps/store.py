@@ -62,6 +62,11 @@ from keras_elastic.ps.compiled_update import (
 )
 from keras_elastic.ps.embedding_table import EmbeddingTable
 from keras_elastic.ps.sparse_optimizers import sparse_optimizer_from_config
+from keras_elastic.ps.store_errors import (  # noqa: F401  (re-exported)
+    NOT_INITIALIZED,
+    UnknownOptimizerError,
+    UnknownVariableError,
+)
 from keras_elastic.ps.task_log import DUPLICATE, Applied, Range, TaskKey, TaskLog
 from keras_elastic.ps.update import Update
 from keras_elastic.ps.update_checks import check_update
@@ -71,27 +76,6 @@ SparseGrads = dict[str, tuple[np.ndarray, np.ndarray]]
 
 APPLIED = "applied"
 STALE = "stale"
-
-
-NOT_INITIALIZED = ("the parameter server has not been initialized: a worker must call "
-                   "init before pushing")
-
-
-class UnknownVariableError(errors.NotOwnedError):
-    """Names of variables this server does not hold (`names`)."""
-
-    def __init__(self, names: list[str]) -> None:
-        self.names = sorted(names)
-        super().__init__(f"this parameter server does not own {self.names}")
-
-
-class UnknownOptimizerError(errors.ServerStateError):
-    """A push for an optimizer group this server was not told about."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(f"this parameter server has no optimizer '{name}': the push "
-                         "must carry its spec (config and variables)")
 
 
 class PushResult(NamedTuple):

@@ -30,25 +30,22 @@ ValueError: the gradient of variable 'w' is float32 of shape [3], but ...
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from keras_elastic.common import errors
 from keras_elastic.common.variable_keys import namespace_of
 from keras_elastic.ps import hyperparameters as hp
+from keras_elastic.ps.store_errors import NOT_INITIALIZED, UnknownVariableError
 from keras_elastic.ps.task_log import check_ranges
 from keras_elastic.ps.update import Update
 
-if TYPE_CHECKING:  # (the store imports this module)
-    from keras_elastic.ps.store import ParameterStore
 
-
-def check_update(store: ParameterStore, update: Update) -> dict[str, float]:
-    """Raises unless `store` may apply `update` (see the module doc); returns
-    the update's hyperparameters, checked against its optimizer group."""
-    from keras_elastic.ps.store import NOT_INITIALIZED, UnknownVariableError
-
+def check_update(store: Any, update: Update) -> dict[str, float]:
+    """Raises unless `store` (a `ParameterStore`, which calls this) may apply
+    `update` (see the module doc); returns the update's hyperparameters,
+    checked against its optimizer group."""
     if not store.initialized:
         raise errors.ServerStateError(NOT_INITIALIZED)
     grads, assigns, bases, rows = (update.grads, update.assigns, update.bases,

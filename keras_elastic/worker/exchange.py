@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -43,21 +43,18 @@ from keras_elastic.ps.task_log import Range
 from keras_elastic.ps.update import Update
 from keras_elastic.worker.push_pipeline import PushPipeline
 
-if TYPE_CHECKING:  # (ModelSync makes and holds its exchange)
-    from keras_elastic.worker.model_sync import ModelSync
-
 MODES = ("sync", "pipelined")
 
 
 class Exchange:
     """One model's way to the servers (see the module doc). `sync`: the
-    `ModelSync` it serves (its servers, its training stream, the values it
-    holds, its timer)."""
+    `ModelSync` that makes and holds it (its servers, its training stream, the
+    values it holds, its timer)."""
 
     # The step applies its updates itself (after `allow`), sending nothing.
     applies_in_step = False
 
-    def __init__(self, sync: ModelSync) -> None:
+    def __init__(self, sync: Any) -> None:
         self.sync = sync
 
     def begin_step(self) -> None:
@@ -119,7 +116,7 @@ class SyncExchange(Exchange):
 class PipelinedExchange(Exchange):
     """Step k's push travels while step k+1 computes (worker/push_pipeline.py)."""
 
-    def __init__(self, sync: ModelSync) -> None:
+    def __init__(self, sync: Any) -> None:
         super().__init__(sync)
         self.pipeline = PushPipeline()
         self._completed_seq = -1

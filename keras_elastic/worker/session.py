@@ -484,10 +484,10 @@ class ElasticSession:
         sync.pull()
         reached()
         sync.pull_optimizer_state()  # what Keras saves of the model next
-        if sync.pipelined and sync.table_steps:
+        if sync.pipelined and sync.lookups.steps:
             logging.info("keras_elastic: the rows of %d of %d steps were looked up "
                          "ahead (while the step before computed)",
-                         sync.table_steps_ahead, sync.table_steps)
+                         sync.lookups.steps_ahead, sync.lookups.steps)
         return history
 
     # -- evaluate and predict -----------------------------------------------

@@ -23,9 +23,9 @@ same step with its tables' rows looked up in one exchange and their
 gradients pushed with the dense ones (`embedding_step`). With the pipelined
 exchange the train function takes each batch one step ahead, so that its
 rows are looked up while the step before it computes
-(`ModelSync.look_ahead`): the lookup leaves the step's critical path. A step of the user's
-own cannot take the gradient of rows that are not variables: such a model
-gets an error naming the layer.
+(`TableLookups.look_ahead`): the lookup leaves the step's critical path. A
+step of the user's own cannot take the gradient of rows that are not
+variables: such a model gets an error naming the layer.
 
 Catching up a task that some servers applied only in part
 (`worker/replay.py`) runs the same compiled step on the task's elements
@@ -89,7 +89,7 @@ class TrainFunction:
         with the model optimizer's update."""
         model, sync = self.model, self.sync
         x, y, sample_weight = keras_compat.unpack_x_y_sample_weight(data)
-        prefetched = sync.prefetch(x)
+        prefetched = sync.lookups.prefetch(x)
         with tf.GradientTape() as tape, embedding_step(tape, prefetched) as lookups:
             if keras_compat.call_has_training_arg(model):
                 y_pred = model(x, training=True)
@@ -142,7 +142,7 @@ class TrainFunction:
     def _take(self, iterator):
         """The next batch of `iterator`. With the pipelined exchange and
         server tables, the one after it is taken too (held by the iterator)
-        and its rows' lookup started (`ModelSync.look_ahead`), within the
+        and its rows' lookup started (`TableLookups.look_ahead`), within the
         pipeline's current segment only: the end of a segment (which reports
         its tasks) is reached only by the step that needs the batch after
         it."""
@@ -162,8 +162,9 @@ class TrainFunction:
                 except (StopIteration, tf.errors.OutOfRangeError):
                     following = None
             if following is not None:
-                self._held = (iterator, following, self.sync.look_ahead(following[1]))
-        self.sync.rows_ahead = ahead
+                self._held = (iterator, following,
+                              self.sync.lookups.look_ahead(following[1]))
+        self.sync.lookups.rows_ahead = ahead
         return batch
 
     def run(self, tags, data):

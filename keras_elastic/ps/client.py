@@ -563,93 +563,49 @@ class PSClient:
 
     def send(self, update: Update, targets: Sequence[int] | None = None
              ) -> PushReply:
-        """Sends `update` (ps/update.py), each server its part: each variable's
-        gradient and values (or its slices: a variable split over servers) to
-        its owner, each table row to the server owning its id; returns what
-        changed since this worker's last exchange and each server's answer.
-        `targets`: the servers pushed to (default: every server owning a part
-        of it, and every server that does not know the update's
-        hyperparameters yet: it gets an empty push carrying them). The
-        update's `ranges` go to every server pushed to (its task log decides
-        whether it applies its part)."""
-        grads, assigns, sparse = update.grads, update.assigns, update.rows
-        optimizer = update.optimizer
-        grad_parts: list[dict] = [{} for _ in self.addresses]
-        assign_parts: list[dict] = [{} for _ in self.addresses]
-        for name, g in grads.items():
-            for i, there, piece in self._place(name, g):
-                grad_parts[i][there] = piece
-        for table, (ids, rows) in sparse.items():
-            for i, at in enumerate(self._split_rows(ids)):
-                if at.size:
-                    grad_parts[i][f"{SPARSE_PREFIX}{table}/ids"] = ids[at]
-                    grad_parts[i][f"{SPARSE_PREFIX}{table}/grads"] = rows[at]
-        for name, v in assigns.items():
-            for i, there, piece in self._place(name, v):
-                assign_parts[i][ASSIGN_PREFIX + there] = piece
-        for name, v in update.bases.items():
-            if name not in assigns:
-                raise ValueError(f"a base value for '{name}', which the push does "
-                                 "not assign")
-            for i, there, piece in self._place(name, v):
-                assign_parts[i][BASE_PREFIX + there] = piece
+        """Sends `update` (ps/update.py), each server its part (`split`);
+        returns what changed since this worker's last exchange and each
+        server's answer. `targets`: the servers pushed to (default: every
+        server owning a part of it, and every server that does not know the
+        update's hyperparameters yet: it gets an empty push carrying them).
+        The update's `ranges` go to every server pushed to (its task log
+        decides whether it applies its part)."""
+        parts = self.split(update)
         ranges = list(update.ranges)
         # A gradient push without ranges could be applied twice if repeated.
         retry = bool(ranges) or not update.trains
         # What the client knows of a group's hyperparameters is kept under
         # "NAME/learning_rate" (as pulls report them), sent as "learning_rate".
-        prefix = f"{optimizer}/" if optimizer else ""
+        prefix = f"{update.optimizer}/" if update.optimizer else ""
         changes = [{k: float(v) for k, v in update.hyperparameters.items()
                     if known.get(prefix + k) != v}
                    for known in self.server_hyperparameters]
         spec = None if not update.optimizer_spec else ps_pb2.OptimizerSpec(
             config=update.optimizer_spec[0], variables=list(update.optimizer_spec[1]))
         extra: set[int] = set()  # servers pushed to for a change only
-
-        def header(i: int) -> ps_pb2.PushHeader:
-            return ps_pb2.PushHeader(worker_id=self.worker_id,
-                                     base_version=self.versions[i],
-                                     incarnation=self.incarnations[i],
-                                     ranges=[] if i in extra else ranges,
-                                     num_tensors=len(grad_parts[i]) + len(
-                                         assign_parts[i]),
-                                     hyperparameters=changes[i],
-                                     optimizer=optimizer, optimizer_spec=spec,
-                                     assignment=update.assignment and bool(
-                                         assign_parts[i]))
-
-        def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
-            size = sum(g.nbytes for g in grad_parts[i].values()) + sum(
-                v.nbytes for v in assign_parts[i].values())
-            if max(size, self._owned_bytes[i]) <= SMALL_PUSH_BYTES:
-                return push_small(i)
-
-            def requests():
-                yield ps_pb2.PushRequest(header=header(i)).SerializeToString()
-                yield from chunk_frames_all(2, grad_parts[i].items())
-                for n, v in assign_parts[i].items():
-                    yield from chunk_frames(2, n, v)
-            reply, values = self._call(i, "Push", lambda: read_stream(
-                self._streams[i].Push(requests(), timeout=600)),
-                retry or i in extra)
-            return self._received(i, reply, changes[i], prefix), values
-
-        def push_small(i: int) -> tuple[str, dict[str, np.ndarray]]:
-            request = bundle_bytes(header(i), [*grad_parts[i].items(),
-                                               *assign_parts[i].items()])
-            reply = self._call(i, "Push", lambda: self._streams[i].PushSmall(
-                request, timeout=600), retry or i in extra)
-            return (self._received(i, reply.header, changes[i], prefix),
-                    dict(decode_all(reply.tensors)))
-
         if targets is None:
-            targets = [i for i in range(self.num_ps)
-                       if grad_parts[i] or assign_parts[i]]
+            targets = [i for i in range(self.num_ps) if parts[i][0] or parts[i][1]]
             # Every server gets a change now, even one this push has nothing
             # for: its next update, maybe another worker's, uses the new value.
             extra = {i for i in range(self.num_ps) if changes[i]} - set(targets)
             targets += sorted(extra)
         targets = list(targets)
+
+        def push_one(i: int) -> tuple[str, dict[str, np.ndarray]]:
+            grads, assigns = parts[i]
+            header = ps_pb2.PushHeader(
+                worker_id=self.worker_id, base_version=self.versions[i],
+                incarnation=self.incarnations[i],
+                ranges=[] if i in extra else ranges,
+                num_tensors=len(grads) + len(assigns), hyperparameters=changes[i],
+                optimizer=update.optimizer, optimizer_spec=spec,
+                assignment=update.assignment and bool(assigns))
+            status, values = self._push(i, header, grads, assigns, retry or i in extra)
+            if changes[i] and status == "applied":  # set with the push
+                self.server_hyperparameters[i].update(
+                    {prefix + k: v for k, v in changes[i].items()})
+            return status, values
+
         action = targets and update.trains and faults.due("mid_push")
         if action:
             # Fault injection (tests): the first server gets the push, then this
@@ -663,16 +619,61 @@ class PSClient:
             merged.update(values)
         return PushReply(self._assemble(merged), statuses)
 
-    def _received(self, i: int, header, changes: dict[str, float] | None = None,
-                  prefix: str = "") -> str:
+    def split(self, update: Update) -> list[tuple[dict[str, np.ndarray],
+                                                  dict[str, np.ndarray]]]:
+        """Each server's part of `update`: (its gradients and table rows, its
+        values and bases), named as its push carries them: each variable (or
+        its slices, for a variable split over servers) to its owner, each
+        table row to the server owning its id."""
+        grad_parts: list[dict] = [{} for _ in self.addresses]
+        assign_parts: list[dict] = [{} for _ in self.addresses]
+        for name, g in update.grads.items():
+            for i, there, piece in self._place(name, g):
+                grad_parts[i][there] = piece
+        for table, (ids, rows) in update.rows.items():
+            for i, at in enumerate(self._split_rows(ids)):
+                if at.size:
+                    grad_parts[i][f"{SPARSE_PREFIX}{table}/ids"] = ids[at]
+                    grad_parts[i][f"{SPARSE_PREFIX}{table}/grads"] = rows[at]
+        for name, v in update.assigns.items():
+            for i, there, piece in self._place(name, v):
+                assign_parts[i][ASSIGN_PREFIX + there] = piece
+        for name, v in update.bases.items():
+            if name not in update.assigns:
+                raise ValueError(f"a base value for '{name}', which the push does "
+                                 "not assign")
+            for i, there, piece in self._place(name, v):
+                assign_parts[i][BASE_PREFIX + there] = piece
+        return list(zip(grad_parts, assign_parts))
+
+    def _push(self, i: int, header: ps_pb2.PushHeader, grads: dict[str, np.ndarray],
+              assigns: dict[str, np.ndarray], retry: bool
+              ) -> tuple[str, dict[str, np.ndarray]]:
+        """One server's push: in one message when small, else streamed in
+        chunks; (its status, the values its reply carries)."""
+        size = sum(g.nbytes for g in grads.values()) + sum(
+            v.nbytes for v in assigns.values())
+        if max(size, self._owned_bytes[i]) <= SMALL_PUSH_BYTES:
+            request = bundle_bytes(header, [*grads.items(), *assigns.items()])
+            reply = self._call(i, "Push", lambda: self._streams[i].PushSmall(
+                request, timeout=600), retry)
+            return self._received(i, reply.header), dict(decode_all(reply.tensors))
+
+        def requests():
+            yield ps_pb2.PushRequest(header=header).SerializeToString()
+            yield from chunk_frames_all(2, grads.items())
+            for n, v in assigns.items():
+                yield from chunk_frames(2, n, v)
+        reply, values = self._call(i, "Push", lambda: read_stream(
+            self._streams[i].Push(requests(), timeout=600)), retry)
+        return self._received(i, reply), values
+
+    def _received(self, i: int, header) -> str:
+        """A push's status from its reply header (its version noted)."""
         self._took(i, header)
         if header.status == "stale":
             self.dropped_pushes += 1
-        status = header.status or ("applied" if header.accepted else "stale")
-        if changes and status == "applied":  # set with the push
-            self.server_hyperparameters[i].update(
-                {prefix + k: v for k, v in changes.items()})
-        return status
+        return header.status or ("applied" if header.accepted else "stale")
 
     def claim(self, dataset: str, epoch: int, task_id: int, lease: int
               ) -> list[TaskClaim] | None:

@@ -66,7 +66,7 @@ def row_owner(ids: np.ndarray, num_ps: int) -> np.ndarray:
     and a table restores onto any number of them.
 
     >>> row_owner(np.arange(6), 2).tolist()
-    [1, 0, 0, 1, 1, 0]
+    [1, 1, 0, 1, 0, 0]
     """
     if num_ps <= 0:
         raise ValueError(f"num_ps must be positive, got {num_ps}")

@@ -1,12 +1,13 @@
 """Every `>>>` example in keras_elastic's docstrings runs as written (Keras'
 docstrings are runnable; ours must not drift from the code).
 
-Every module under keras_elastic/ whose source holds `>>>` is a case; its
-doctests (the module's, its classes' and functions' docstrings) run in a
-fresh temporary working directory of their own (examples write relative
-paths: `job/`, `ckpts/`) and the environment the test started with, and none
-may be skipped (`# doctest: +SKIP`) but those of the
-modules in SKIPS, each with its reason.
+Every module under keras_elastic/ whose source holds `>>>` is a case. Each
+of its docstrings (the module's, its classes' and functions') runs in an
+empty temporary working directory of its own (examples write relative paths:
+`job/`, `ckpts/`) and in the environment the test started with. No example
+may be skipped (`# doctest: +SKIP`) but in the modules of SKIPS, each with
+its reason; examples that need servers start them in the process (a master
+or a parameter server on 127.0.0.1, the embedded cluster, closed after).
 """
 
 from __future__ import annotations

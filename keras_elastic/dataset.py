@@ -181,9 +181,32 @@ class ElasticDataset:
 
         Example:
 
-        >>> train = ke.ElasticDataset.from_tfds(            # doctest: +SKIP
-        ...     "mnist", split="train", data_dir="~/tensorflow_datasets",
-        ...     as_supervised=True, batch_size=64, shuffle=True)
+        >>> import numpy as np
+        >>> import tensorflow_datasets as tfds
+        >>> class Pairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        ...     VERSION = tfds.core.Version("1.0.0")  # 20 examples: x [i, -i], label i % 2
+        ...     code_path = None                      # defined here, not in a file
+        ...     def _info(self):
+        ...         features = tfds.features.FeaturesDict({
+        ...             "x": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+        ...             "label": tfds.features.ClassLabel(num_classes=2)})
+        ...         return tfds.core.DatasetInfo(builder=self, features=features,
+        ...                                      supervised_keys=("x", "label"))
+        ...     def _split_generators(self, dl_manager):
+        ...         return {"train": self._generate_examples()}
+        ...     def _generate_examples(self):
+        ...         for i in range(20):
+        ...             yield i, {"x": [i, -i], "label": i % 2}
+        >>> tfds.disable_progress_bar()
+        >>> Pairs(data_dir="tensorflow_datasets").download_and_prepare()
+        Downloading and preparing dataset ...
+        Dataset pairs downloaded and prepared to tensorflow_datasets/pairs/1.0.0. ...
+        >>> import keras_elastic as ke
+        >>> train = ke.ElasticDataset.from_tfds(
+        ...     Pairs, split="train[:80%]", data_dir="tensorflow_datasets",
+        ...     as_supervised=True, batch_size=4, shuffle=True)
+        >>> train.source.shards()
+        [('.../pairs-train.tfrecord-00000-of-00001[0:16]', 16)]
         """
         from keras_elastic.data.tfds import TFDSSource, load_builder
 

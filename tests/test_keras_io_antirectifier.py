@@ -5,9 +5,10 @@ tests/keras_io/antirectifier.py (plain Keras) and antirectifier_elastic.py (the
 README's change: `import keras_elastic as ke` and `model = ke.wrap(build_model())`)
 run as a plain process, as an embedded elastic run and as a 2-worker job; the
 elastic metrics must stay within the tolerances below of plain Keras' (see
-tests/keras_io/harness.py). The job's tolerances come from asynchronous SGD's
-own spread on this example, measured and reproduced without keras_elastic by
-tests/keras_io/antirectifier_async_reference.py.
+tests/keras_io/harness.py). The job's tolerances were checked against
+asynchronous SGD's own spread on this example: measured in jobs, and
+reproduced without keras_elastic by
+tests/keras_io/antirectifier_async_reference.py (see JOB).
 """
 
 import json
@@ -41,27 +42,33 @@ EMBEDDED = {
     "val_sparse_categorical_accuracy": Tol(abs=0.06),
     "epochs_run": EXACT,
 }
-# A 2-worker job updates the servers asynchronously: each gradient is computed
-# on weights the other worker's update has changed since (a staleness of one
-# update). With 10 steps an epoch at this learning rate that alone makes the
-# loss climb in some epochs and the final figures spread, with a long low tail.
-# Measured (2026-11-28, 2 cores):
-# - 27 jobs: final test accuracy 0.751-0.919, median 0.892, 3 below 0.81;
-#   final validation accuracy 0.813-0.964; the best epoch's validation
-#   accuracy (18 jobs with their epoch lines) 0.938-0.964;
-# - the same updates without keras_elastic, in one process
-#   (keras_io/antirectifier_async_reference.py, seeds 1-15): final test
-#   accuracy 0.818-0.896, validation 0.867-0.969; with no stale gradient
-#   (seeds 1-8) 0.875-0.916 and 0.947-0.982, as plain Keras (seeds 1-8: test
-#   accuracy 0.892-0.926).
+# A 2-worker job updates the servers asynchronously: a gradient may be
+# computed on weights another worker's update has changed since. How much:
+# the server's version minus the version each gradient was computed on,
+# measured at every applied push (a probe in ParameterStore.push; 16 jobs,
+# 2026-11-29, 2 cores, 1 to 3 jobs at once): of 1,600 updates 85% had
+# staleness 0, 11% 1, 3.3% 2, 0.7% 3-6 (73-94% zero per job). A job's
+# updates are nearly sequential, not the "one update late, every step" that
+# keras_io/antirectifier_async_reference.py models with --staleness=1.
+# Measured, final test accuracy (plain Keras: 0.906; other batch orders and
+# initial weights 0.889-0.926):
+# - the reference, every gradient one update late: 45 seeds 0.818-0.912,
+#   median 0.879; none below 0.806 (plain - 0.10);
+# - the reference replaying 3 of those jobs' measured staleness
+#   (--staleness_trace, 8 seeds each): 0.875-0.912, as with none (0.875-0.916);
+# - the 16 jobs: 0.842-0.906, median 0.89; validation 0.924-0.960.
+# So asynchronous SGD's staleness does not make this example's final figures
+# spread past 0.10: the 0.20 these bounds had (from 27 jobs of 2026-11-28:
+# 0.751-0.919, 3 below 0.81) is not explained by it, and that tail did not
+# recur in the 16 jobs on the code of 2026-11-29; the tighter bounds are back.
+# A job past them is a finding: its staleness trace (measured as above)
+# replayed by the reference tells whether asynchrony explains it.
 # A 1-worker job has no stale gradient: test accuracy 0.882, validation
 # 0.964, the same in every run (test_job_of_one_worker).
-# So the job's best epoch is held to plain Keras' closely, and its last
-# epoch only within asynchronous SGD's spread (0.20: 59 of 297 test images).
 JOB = {
     "best_val_sparse_categorical_accuracy": Tol(abs=0.05),
-    "test_accuracy": Tol(abs=0.20),
-    "val_sparse_categorical_accuracy": Tol(abs=0.20),
+    "test_accuracy": Tol(abs=0.10),
+    "val_sparse_categorical_accuracy": Tol(abs=0.12),
     "epochs_run": EXACT,
 }
 
@@ -102,11 +109,13 @@ def test_best_epoch_values_reads_keras_epoch_summaries():
 
 def test_async_reference_runs(tmp_path):
     """The reference behind JOB's tolerances runs (one seed, two epochs) and
-    trains: the loss falls, with and without the stale gradient."""
-    for staleness in (0, 1):
+    trains: the loss falls, with and without the stale gradient, and
+    replaying a job's measured staleness."""
+    trace = tmp_path / "staleness.txt"
+    trace.write_text("0\n2\n0\n1\n6\n0\n")
+    for staleness in ("--staleness=0", "--staleness=1", f"--staleness_trace={trace}"):
         proc = subprocess.run(
-            [sys.executable, REFERENCE, "--seeds=1", "--epochs=2",
-             f"--staleness={staleness}"],
+            [sys.executable, REFERENCE, "--seeds=1", "--epochs=2", staleness],
             cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
             timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -53,16 +53,26 @@ EMBEDDED = {
 #   0.97-4.8: a last epoch can undo the denoising (run 20 of the 63972f4
 #   repeat in docs/stability.md: val_loss 0.236 -> 0.583, denoised MSE 0.113
 #   against the noisy input's 0.082) while its best epoch does not.
+# How much asynchrony a job gets varies, and the denoising figures follow it:
+# the staleness of every applied update measured on the server (the server's
+# version minus the gradient's; a probe in ParameterStore.push), 9 jobs
+# (2026-11-29, 2 cores, 3 jobs at once): in the 36 updates of the denoising
+# fit, 0 to 22 were stale (staleness summed: 0-32), and the denoised MSE over
+# plain Keras' rose with it: sum 0: 1.01; 2: 1.11; 9-11: 1.07-1.34; 19-21:
+# 1.28-2.02; 32: 2.51 (denoising loss 1.00 -> 1.45, best val_loss 1.01 ->
+# 1.42). The first fit's figures stayed within 1.15 (loss) and 1.12
+# (reconstruction MSE) with up to 19 of its 36 updates stale.
 # So a job is held by what asynchronous SGD keeps: the first fit's figures,
 # the denoising fit's training loss and its best epoch (what
 # `EarlyStopping(restore_best_weights=True)` keeps; an untrained model: 0.69,
 # 3.0x); not by the denoising fit's last epoch. Earlier, on a machine loaded
-# further, reconstruction MSE 1.9x. A job that did not train is outside every
-# bound.
+# further, reconstruction MSE 1.9x (the 2.0 it was given with the denoised
+# MSE's bound, 2026-11-27, was that one's: 1.5 holds every job measured). A
+# job that did not train is outside every bound.
 JOB = {
     "loss": Tol(rel=0.25),
     "val_loss": Tol(rel=0.5),
-    "reconstruction_mse": Tol(rel=2.0),
+    "reconstruction_mse": Tol(rel=1.5),
     "denoise_loss": Tol(rel=0.8),
     "denoise_best_val_loss": Tol(rel=0.6),
     "noisy_mse": Tol(rel=1e-6),

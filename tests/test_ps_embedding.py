@@ -551,6 +551,16 @@ def test_admission_and_a_row_bound_in_a_fit(start_cluster, num_ps):
             batches_seen[i] = batches_seen.get(i, 0) + 1
     once = {i for i, n in batches_seen.items() if n == 1}
     assert once and not once & set(held.tolist())
+    # Ids seen in two batches or more were admitted: those of the last batch
+    # (the most recently used, which the bound keeps) are held, and every row
+    # held was trained away from the initializer's row it was made with.
+    twice = {i for i, n in batches_seen.items() if n >= 2}
+    recent = twice & set(np.unique(ids[-32:]).tolist())
+    assert recent and recent <= set(held.tolist()) <= twice
+    values = np.concatenate([t.export()[1] for t in tables])
+    start = initial_rows(keras.initializers.serialize(layer.embeddings_initializer),
+                         held, DIM, "float32")
+    assert (np.abs(values - start).max(axis=1) > 0).all()
     assert all(len(t) <= -(-40 // num_ps) for t in tables)
     stats = [s.table_stats[layer.table_name] for s in cluster.ps.status_all()]
     assert sum(s["rows"] for s in stats) == len(held)

@@ -72,8 +72,19 @@ def with_local_tables(model: keras.Model) -> keras.Model:
     (sharing every other layer) whose such layers are `keras.layers.Embedding`
     layers holding the whole table, read from the parameter servers.
 
-    >>> with_local_tables(model)          # doctest: +SKIP
-    <Functional name=functional, built=True>
+    >>> import numpy as np
+    >>> import keras_elastic as ke
+    >>> inputs = keras.Input((2,), dtype="int64")
+    >>> table = ke.layers.Embedding(10, 3, name="table")(inputs)
+    >>> model = ke.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(table)))
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> _ = model.predict(np.array([[1, 2]]), verbose=0)  # connects it (embedded)
+    >>> local = with_local_tables(model)
+    >>> layer = local.get_layer("table")    # a keras.layers.Embedding
+    >>> isinstance(layer, ke.layers.Embedding), tuple(layer.embeddings.shape)
+    (False, (10, 3))
+    >>> with_local_tables(local) is local   # no table on the servers: itself
+    True
     """
     from keras_elastic.layers.embedding import Embedding
 

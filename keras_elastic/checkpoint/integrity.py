@@ -13,11 +13,20 @@ files and their sizes only.
 
 Example:
 
->>> from keras_elastic.checkpoint import integrity, layout
+>>> import tensorflow as tf
+>>> from keras_elastic.checkpoint import CheckpointWriter, integrity, layout
+>>> writer = CheckpointWriter("ckpts", {"v": tf.Variable(tf.range(10.0))})
+>>> for name in ("ckpt-0003", "ckpt-0004"):
+...     _ = writer.save(name)
+>>> with open("ckpts/ckpt-0004/ckpt.data-00000-of-00001", "r+b") as f:
+...     _ = f.seek(3)
+...     _ = f.write(b"?")                   # one byte changed on disk
 >>> info, skipped = integrity.newest_intact(layout.list_checkpoints("ckpts"))
-...                                                      # doctest: +SKIP
->>> [(s.name, faults) for s, faults in skipped]          # doctest: +SKIP
-[('ckpt-0004', ['ckpt.data-00000-of-00001: CRC-32 ... differs from ...'])]
+>>> info.name
+'ckpt-0003'
+>>> [(s.name, faults) for s, faults in skipped]
+[('ckpt-0004', ["ckpt.data-00000-of-00001: CRC-32 ... differs from the
+manifest's ... (the file changed after it was written)"])]
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ difference instead of a partial or shape-mismatched restore.
 
 Example:
 
+>>> import keras
 >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 >>> model_signature(model)
 {'0000/kernel': [2, 1], '0001/bias': [1]}

@@ -10,8 +10,10 @@ or with another one, UNAUTHENTICATED, logging the method and the caller.
 Example:
 
 >>> token = job_token()                 # this process's token (made if none)
->>> write_token_file("/tmp/job")        # doctest: +SKIP
->>> read_token_file("/tmp/job") == token  # doctest: +SKIP
+>>> os.makedirs("job")
+>>> write_token_file("job")
+'job/token'
+>>> read_token_file("job") == token
 True
 """
 
@@ -54,8 +56,9 @@ def write_token_file(job_dir: str, token: str | None = None) -> str:
     """Writes `token` (default: `job_token()`) to `JOB_DIR/token`, readable by
     its owner only; returns the path.
 
-    >>> write_token_file("/tmp/job")        # doctest: +SKIP
-    '/tmp/job/token'
+    >>> os.makedirs("job-a")
+    >>> write_token_file("job-a", "3f1c9a")
+    'job-a/token'
     """
     path = os.path.join(job_dir, TOKEN_FILE)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -73,8 +76,15 @@ def read_token_file(job_dir: str) -> str:
     """The token of the job in `job_dir`; ValueError if the file is missing,
     unreadable, empty, or readable by others than its owner.
 
-    >>> read_token_file("/tmp/job")         # doctest: +SKIP
-    '3f1c...'
+    >>> os.makedirs("job-b")
+    >>> path = write_token_file("job-b", "3f1c9a")
+    >>> read_token_file("job-b")
+    '3f1c9a'
+    >>> os.chmod(path, 0o644)
+    >>> read_token_file("job-b")
+    Traceback (most recent call last):
+    ...
+    ValueError: the job token job-b/token is accessible to other users (mode ...
     """
     path = os.path.join(job_dir, TOKEN_FILE)
     try:
@@ -95,8 +105,10 @@ def read_token_file(job_dir: str) -> str:
 class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses (UNAUTHENTICATED) calls whose metadata lacks `token`.
 
+    >>> from concurrent import futures
     >>> interceptor = TokenInterceptor(job_token())
-    >>> server = grpc.server(pool, interceptors=[interceptor])  # doctest: +SKIP
+    >>> server = grpc.server(futures.ThreadPoolExecutor(2),
+    ...                      interceptors=[interceptor])
     """
 
     def __init__(self, token: str, log_every: float = 10.0,

@@ -2,8 +2,8 @@
 
 Example:
 
->>> os.environ.update(to_env("127.0.0.1:5000", ["127.0.0.1:5001"], 3))  # doctest: +SKIP
->>> read().worker_id                                                   # doctest: +SKIP
+>>> os.environ.update(to_env("127.0.0.1:5000", ["127.0.0.1:5001"], 3))
+>>> read().worker_id
 3
 """
 

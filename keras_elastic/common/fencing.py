@@ -138,8 +138,12 @@ def fence(channel: grpc.Channel, generation: int, timeout: float = 30.0) -> int:
     """Moves the server behind `channel` into `generation`; returns its
     generation now.
 
-    >>> fence(make_channel("127.0.0.1:5001"), 2)     # doctest: +SKIP
+    >>> from keras_elastic.common.rpc import make_channel
+    >>> from keras_elastic.ps.server import ParameterServer
+    >>> server = ParameterServer(generation=1)     # a server of generation 1
+    >>> fence(make_channel(server.address), 2)
     2
+    >>> server.stop()
     """
     from keras_elastic.proto import fencing_pb2, fencing_pb2_grpc
 

@@ -15,8 +15,15 @@ workers still check every record's CRC when they index a file.
 
 Example:
 
->>> check_tfrecord_file("data/train-00000.tfrecord")      # doctest: +SKIP
->>> check_tfrecord_file("data/README.md")                  # doctest: +SKIP
+>>> import tensorflow as tf
+>>> os.makedirs("data")
+>>> with tf.io.TFRecordWriter("data/train-00000.tfrecord") as writer:
+...     writer.write(b"a record")
+>>> check_tfrecord_file("data/train-00000.tfrecord")
+>>> with open("data/README.md", "w") as f:
+...     f.write("label,pixels")
+12
+>>> check_tfrecord_file("data/README.md")
 Traceback (most recent call last):
 ...
 keras_elastic.common.file_formats.FileFormatError: data/README.md is not a \
@@ -123,7 +130,10 @@ def check_tfrecord_file(path: str) -> None:
 
     Example:
 
-    >>> check_tfrecord_file("data/train-00000.tfrecord")  # doctest: +SKIP
+    >>> import tensorflow as tf
+    >>> with tf.io.TFRecordWriter("train-00000.tfrecord") as writer:
+    ...     writer.write(b"a record")
+    >>> check_tfrecord_file("train-00000.tfrecord")
     """
     try:
         size = os.path.getsize(path)
@@ -178,7 +188,10 @@ def check_data_files(files: list[str]) -> str:
 
     Example:
 
-    >>> check_data_files(["d/train-00000.tfrecord"])  # doctest: +SKIP
+    >>> import tensorflow as tf
+    >>> with tf.io.TFRecordWriter("train-00000.tfrecord") as writer:
+    ...     writer.write(b"a record")
+    >>> check_data_files(["train-00000.tfrecord"])
     'tfrecord'
     """
     array_records = [f for f in files if is_array_record_path(f)]

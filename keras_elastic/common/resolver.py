@@ -12,10 +12,15 @@ A server is named by its *role*: "master" or "ps/<index>".
 
 Example:
 
->>> resolver = ClusterResolver("/tmp/job")                # doctest: +SKIP
->>> resolver.role_of("10.0.0.7:40125")                    # doctest: +SKIP
+>>> os.makedirs("job")
+>>> with open("job/cluster.json", "w") as f:   # what the launcher writes
+...     json.dump({"master": "10.0.0.7:40123", "ps": ["10.0.0.7:40125"]}, f)
+>>> resolver = ClusterResolver("job")
+>>> resolver.role_of("10.0.0.7:40125")
 'ps/0'
->>> resolver.lookup("ps/0")                                # doctest: +SKIP
+>>> with open("job/cluster.json", "w") as f:   # ps/0 restarted elsewhere
+...     json.dump({"master": "10.0.0.7:40123", "ps": ["10.0.0.9:35011"]}, f)
+>>> resolver.roles(max_age=0)["ps/0"]
 '10.0.0.9:35011'
 """
 

@@ -26,8 +26,10 @@ Example:
 
 >>> server = make_server()
 >>> address = bind(server)
->>> server.start()          # doctest: +SKIP
+>>> server.start()
 >>> channel = make_channel(address)
+>>> server.stop(grace=None).wait()
+True
 """
 
 from __future__ import annotations
@@ -167,8 +169,12 @@ def check_bind(host: str, tls_on: bool, insecure: bool) -> None:
     """Refuses (ValueError) to serve beyond loopback in clear text, unless
     `insecure` says the user wants that.
 
-    >>> check_bind("0.0.0.0", tls_on=False, insecure=False)  # doctest: +SKIP
+    >>> check_bind("127.0.0.1", tls_on=False, insecure=False)
+    >>> check_bind("0.0.0.0", tls_on=False, insecure=False)
+    Traceback (most recent call last):
+    ...
     ValueError: refusing to serve on 0.0.0.0 without TLS: ...
+    >>> check_bind("0.0.0.0", tls_on=False, insecure=True)
     """
     if not tls.is_loopback(host) and not tls_on and not insecure:
         raise ValueError(
@@ -305,9 +311,14 @@ class ResolvingChannel(grpc.Channel):
     """A channel to one role of a job ("master", "ps/0") that follows it to
     its new address when the job's cluster file says it moved.
 
-    >>> channel = make_channel(os.environ["KERAS_ELASTIC_MASTER"])  # doctest: +SKIP
-    >>> channel.role, channel.address                              # doctest: +SKIP
+    >>> os.makedirs("job")
+    >>> with open("job/cluster.json", "w") as f:   # what the launcher writes
+    ...     json.dump({"master": "10.0.0.7:40123", "ps": ["10.0.0.9:35011"]}, f)
+    >>> channel = make_channel("10.0.0.7:40123",
+    ...                        resolver=resolver_mod.ClusterResolver("job"))
+    >>> channel.role, channel.address
     ('master', '10.0.0.7:40123')
+    >>> channel.close()
     """
 
     def __init__(self, address: str, role: str,

@@ -15,8 +15,10 @@ Example:
 
 >>> from keras_elastic.common import rpc
 >>> from keras_elastic.proto import ps_pb2
+>>> from keras_elastic.ps.servicer import ParameterServerServicer
+>>> from keras_elastic.ps.store import ParameterStore
 >>> server = rpc.make_server()
->>> add_service(server, servicer,                      # doctest: +SKIP
+>>> add_service(server, ParameterServerServicer(ParameterStore()),
 ...             ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"])
 """
 
@@ -113,8 +115,11 @@ def add_service(server: grpc.Server, servicer: object,
     the servicer's `RAW_REQUESTS` ({method: parser of its request's bytes})
     replaces protobuf's parsing where given.
 
+    >>> from keras_elastic.common import rpc
+    >>> from keras_elastic.master.servicer import MasterServicer
     >>> from keras_elastic.proto import master_pb2
-    >>> add_service(server, MasterServicer(),            # doctest: +SKIP
+    >>> server = rpc.make_server()
+    >>> add_service(server, MasterServicer(),
     ...             master_pb2.DESCRIPTOR.services_by_name["Master"])
     """
     raw = getattr(servicer, "RAW_REQUESTS", {})

@@ -16,9 +16,9 @@ the name proves as much as an address would.
 
 Example:
 
->>> config = make_self_signed("/tmp/job/tls", ["10.0.0.5"])   # doctest: +SKIP
->>> os.environ.update(config.to_env())                         # doctest: +SKIP
->>> TLSConfig.from_env() == config                             # doctest: +SKIP
+>>> config = make_self_signed("job/tls", ["10.0.0.5"])
+>>> os.environ.update(config.to_env())     # what the launcher gives its processes
+>>> TLSConfig.from_env() == config
 True
 """
 
@@ -78,8 +78,11 @@ class TLSConfig:
     def from_env(cls) -> TLSConfig | None:
         """The process's TLS settings, or None when TLS is off.
 
-        >>> TLSConfig.from_env()                # doctest: +SKIP
-        TLSConfig(cert='/tmp/job/tls/cert.pem', key=..., ca=...)
+        >>> TLSConfig.from_env() is None        # TLS off
+        True
+        >>> os.environ.update(make_self_signed("job/tls", []).to_env())
+        >>> TLSConfig.from_env()
+        TLSConfig(cert='job/tls/cert.pem', key=..., ca=...)
         """
         if os.environ.get(TLS_ENV, "") not in ("1", "true"):
             return None
@@ -125,9 +128,9 @@ def make_self_signed(directory: str, hosts: list[str], days: int = 365,
     the certificate also names it and clients check that name (services whose
     addresses are not known yet).
 
-    >>> make_self_signed("/tmp/job/tls", ["node-3.example.com"])  # doctest: +SKIP
-    TLSConfig(cert='/tmp/job/tls/cert.pem', key='/tmp/job/tls/key.pem', ca=...)
-    >>> make_self_signed("/tmp/job/tls", [], server_name=JOB_SERVER_NAME)  # doctest: +SKIP
+    >>> make_self_signed("job/tls", ["node-3.example.com"])
+    TLSConfig(cert='job/tls/cert.pem', key='job/tls/key.pem', ca=...)
+    >>> make_self_signed("job/tls", [], server_name=JOB_SERVER_NAME)
     TLSConfig(..., server_name='keras-elastic.job')
     """
     from cryptography import x509

@@ -14,6 +14,7 @@ worker makes the same calls, hence numbers its models the same way.
 
 Example:
 
+>>> import keras
 >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
 >>> variable_keys(model)
 ['0000/kernel', '0001/bias']

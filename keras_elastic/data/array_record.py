@@ -11,11 +11,20 @@ Uses the `array_record` package (installed with keras-elastic).
 
 Example:
 
->>> src = ArrayRecordSource("data/train-*.array_record")   # doctest: +SKIP
->>> src.shards()                                           # doctest: +SKIP
-[('data/train-00000.array_record', 1000), ('data/train-00001.array_record', 797)]
->>> src.read(src.shards()[0][0], 10, 12)                   # doctest: +SKIP
-array([b'...', b'...'], dtype=object)
+>>> import os
+>>> from array_record.python.array_record_module import ArrayRecordWriter
+>>> os.makedirs("data")
+>>> for shard, n in enumerate([20, 17]):
+...     writer = ArrayRecordWriter(f"data/train-{shard:05d}.array_record",
+...                                "group_size:1")
+...     for i in range(n):
+...         writer.write(f"record {shard}.{i}".encode())
+...     writer.close()
+>>> src = ArrayRecordSource("data/train-*.array_record")
+>>> src.shards()
+[('data/train-00000.array_record', 20), ('data/train-00001.array_record', 17)]
+>>> src.read(src.shards()[0][0], 10, 12)
+array([b'record 0.10', b'record 0.11'], dtype=object)
 """
 
 from __future__ import annotations
@@ -65,9 +74,14 @@ class ArrayRecordSource(DataSource):
 
     Example:
 
-    >>> src = ArrayRecordSource("data/train-*.array_record")  # doctest: +SKIP
-    >>> src.read(src.shards()[0][0], 10, 12)                  # doctest: +SKIP
-    array([b'...', b'...'], dtype=object)
+    >>> from array_record.python.array_record_module import ArrayRecordWriter
+    >>> writer = ArrayRecordWriter("train.array_record", "group_size:1")
+    >>> for i in range(20):
+    ...     writer.write(b"%d" % i)
+    >>> writer.close()
+    >>> src = ArrayRecordSource("train.array_record")
+    >>> src.read("train.array_record", 10, 12)
+    array([b'10', b'11'], dtype=object)
     """
 
     def __init__(self, patterns: str | Sequence[str]) -> None:

@@ -31,7 +31,11 @@ def as_source(data: Any, index_dir: str | None = None) -> DataSource:
     >>> import numpy as np
     >>> as_source({"x": np.zeros((4, 2))}).shards()
     [('arrays', 4)]
-    >>> as_source("data/train-*.array_record")  # doctest: +SKIP
+    >>> from array_record.python.array_record_module import ArrayRecordWriter
+    >>> writer = ArrayRecordWriter("train-00000.array_record", "group_size:1")
+    >>> writer.write(b"a record")
+    >>> writer.close()
+    >>> as_source("train-*.array_record")
     <keras_elastic.data.array_record.ArrayRecordSource object at ...>
     """
     if isinstance(data, DataSource):

@@ -23,9 +23,32 @@ is not prepared in `data_dir` is an error.
 
 Example:
 
->>> train = ke.ElasticDataset.from_tfds("mnist", split="train",       # doctest: +SKIP
-...                                     data_dir="~/tensorflow_datasets",
-...                                     as_supervised=True, batch_size=64)
+>>> import numpy as np
+>>> import tensorflow_datasets as tfds
+>>> class Pairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+...     VERSION = tfds.core.Version("1.0.0")  # 20 examples: x [i, -i], label i % 2
+...     code_path = None                      # defined here, not in a file
+...     def _info(self):
+...         features = tfds.features.FeaturesDict({
+...             "x": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+...             "label": tfds.features.ClassLabel(num_classes=2)})
+...         return tfds.core.DatasetInfo(builder=self, features=features,
+...                                      supervised_keys=("x", "label"))
+...     def _split_generators(self, dl_manager):
+...         return {"train": self._generate_examples()}
+...     def _generate_examples(self):
+...         for i in range(20):
+...             yield i, {"x": [i, -i], "label": i % 2}
+>>> tfds.disable_progress_bar()
+>>> Pairs(data_dir="tensorflow_datasets").download_and_prepare()
+Downloading and preparing dataset ...
+Dataset pairs downloaded and prepared to tensorflow_datasets/pairs/1.0.0. ...
+>>> import keras_elastic as ke
+>>> train = ke.ElasticDataset.from_tfds(Pairs, split="train",
+...                                     data_dir="tensorflow_datasets",
+...                                     as_supervised=True, batch_size=4)
+>>> train.source.shards()
+[('tensorflow_datasets/pairs/1.0.0/pairs-train.tfrecord-00000-of-00001', 20)]
 """
 
 from __future__ import annotations
@@ -75,9 +98,11 @@ def load_builder(name_or_builder: Any, data_dir: str | None = None) -> Any:
 
     Example:
 
-    >>> builder = load_builder("mnist", "~/tensorflow_datasets")  # doctest: +SKIP
-    >>> builder.info.splits["train"].shard_lengths                # doctest: +SKIP
-    [60000]
+    >>> load_builder("mnist", "tensorflow_datasets")   # not prepared there
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: TFDS dataset 'mnist' is not prepared in \
+tensorflow_datasets/mnist/3.0.1: prepare it first ...
     """
     tfds = _tfds()
     if data_dir is not None:
@@ -149,8 +174,11 @@ def scan_tfrecord_headers(path: str, num_records: int) -> np.ndarray:
 
     Example:
 
-    >>> scan_tfrecord_headers("train.tfrecord-00000-of-00001", 3)  # doctest: +SKIP
-    array([   0,  314,  628,  942])
+    >>> with tf.io.TFRecordWriter("train.tfrecord-00000-of-00001") as writer:
+    ...     for i in range(3):
+    ...         writer.write(b"x" * 298)       # 298 bytes of data, 16 of framing
+    >>> scan_tfrecord_headers("train.tfrecord-00000-of-00001", 3)
+    array([  0, 314, 628, 942])
     """
     offsets = np.empty(num_records + 1, dtype=np.int64)
     local = "://" not in path
@@ -211,9 +239,14 @@ class HeaderIndexedTFRecords(TFRecordSource):
 
     Example:
 
+    >>> with tf.io.TFRecordWriter("ds-train.tfrecord-00000-of-00001") as writer:
+    ...     for i in range(3):
+    ...         writer.write(b"record %d" % i)
     >>> src = HeaderIndexedTFRecords({"ds-train.tfrecord-00000-of-00001": 3})
-    >>> src.shards()                       # doctest: +SKIP
+    >>> src.shards()                       # no file read yet
     [('ds-train.tfrecord-00000-of-00001', 3)]
+    >>> src.read("ds-train.tfrecord-00000-of-00001", 1, 3)
+    array([b'record 1', b'record 2'], dtype=object)
     """
 
     def __init__(self, counts: Mapping[str, int]) -> None:
@@ -235,10 +268,30 @@ class TFDSSource(DataSource):
 
     Example:
 
-    >>> builder = load_builder("mnist", "~/tensorflow_datasets")  # doctest: +SKIP
-    >>> src = TFDSSource(builder, "train[:10%]", as_supervised=True)  # doctest: +SKIP
-    >>> src.shards()                                             # doctest: +SKIP
-    [('.../mnist-train.tfrecord-00000-of-00001[0:6000]', 6000)]
+    >>> import numpy as np
+    >>> import tensorflow_datasets as tfds
+    >>> class Pairs(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    ...     VERSION = tfds.core.Version("1.0.0")  # 20 examples: x [i, -i], label i % 2
+    ...     code_path = None                      # defined here, not in a file
+    ...     def _info(self):
+    ...         features = tfds.features.FeaturesDict({
+    ...             "x": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+    ...             "label": tfds.features.ClassLabel(num_classes=2)})
+    ...         return tfds.core.DatasetInfo(builder=self, features=features,
+    ...                                      supervised_keys=("x", "label"))
+    ...     def _split_generators(self, dl_manager):
+    ...         return {"train": self._generate_examples()}
+    ...     def _generate_examples(self):
+    ...         for i in range(20):
+    ...             yield i, {"x": [i, -i], "label": i % 2}
+    >>> tfds.disable_progress_bar()
+    >>> Pairs(data_dir="tensorflow_datasets").download_and_prepare()
+    Downloading and preparing dataset ...
+    Dataset pairs downloaded and prepared to tensorflow_datasets/pairs/1.0.0. ...
+    >>> builder = load_builder(Pairs, "tensorflow_datasets")
+    >>> src = TFDSSource(builder, "train[:10%]", as_supervised=True)
+    >>> src.shards()
+    [('.../pairs-train.tfrecord-00000-of-00001[0:2]', 2)]
     """
 
     def __init__(self, builder: Any, split: str = "train", decode: bool = True,

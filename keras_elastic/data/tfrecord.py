@@ -41,9 +41,16 @@ class TFRecordSource(DataSource):
 
     Example:
 
-    >>> src = TFRecordSource("data/train-*.tfrecord")  # doctest: +SKIP
-    >>> src.read(src.shards()[0][0], 0, 2)              # doctest: +SKIP
-    array([b'...', b'...'], dtype=object)
+    >>> os.makedirs("data")
+    >>> for shard in range(2):
+    ...     with tf.io.TFRecordWriter(f"data/train-{shard:05d}.tfrecord") as w:
+    ...         for i in range(3):
+    ...             w.write(f"record {shard}.{i}".encode())
+    >>> src = TFRecordSource("data/train-*.tfrecord")
+    >>> src.shards()
+    [('data/train-00000.tfrecord', 3), ('data/train-00001.tfrecord', 3)]
+    >>> src.read(src.shards()[1][0], 1, 3)
+    array([b'record 1.1', b'record 1.2'], dtype=object)
     """
 
     def __init__(self, patterns: str | Sequence[str],

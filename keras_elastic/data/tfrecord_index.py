@@ -8,9 +8,15 @@ file's path, size and modification time.
 
 Example:
 
->>> offsets = load_or_build_index("data/train-00000.tfrecord")  # doctest: +SKIP
+>>> import tensorflow as tf
+>>> with tf.io.TFRecordWriter("train-00000.tfrecord") as writer:
+...     for i in range(4096):
+...         writer.write(b"%d" % i)
+>>> offsets = load_or_build_index("train-00000.tfrecord")
 >>> len(offsets) - 1   # number of records; the last entry is the file size
 4096
+>>> int(offsets[-1]) == os.path.getsize("train-00000.tfrecord")
+True
 """
 
 from __future__ import annotations

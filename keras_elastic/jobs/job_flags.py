@@ -343,7 +343,12 @@ def check_train_checkpoint_dir(path: str) -> None:
 
     Example:
 
-    >>> check_train_checkpoint_dir("/tmp/new-job-ckpts")  # doctest: +SKIP
+    >>> check_train_checkpoint_dir("new-job-ckpts")   # nothing there yet: fine
+    >>> open("a-file", "w").close()
+    >>> check_train_checkpoint_dir("a-file")
+    Traceback (most recent call last):
+    ...
+    ValueError: --checkpoint_dir=a-file is a file, not a directory: ...
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"--checkpoint_dir={path} is a file, not a directory: a "

@@ -15,11 +15,22 @@ Mode`, ...) served while it loads (see `elasticdl_compat.py`).
 
 Example:
 
->>> check_model_def("examples.digits.model_def:custom_model")  # doctest: +SKIP
-'/path/to/examples/digits/model_def.py'
+>>> source = "def custom_model(): ...\\ndef dataset_fn(records, mode): ...\\n"
+>>> with open("digits_model.py", "w") as f:
+...     _ = f.write(source)
+>>> check_model_def("digits_model:custom_model")
+'.../digits_model.py'
+>>> os.makedirs("model_zoo/mnist")
+>>> with open("model_zoo/mnist/mnist_functional_api.py", "w") as f:
+...     _ = f.write(source)
 >>> check_model_def("mnist.mnist_functional_api.custom_model",
-...                 model_zoo="model_zoo")                     # doctest: +SKIP
-'/path/to/model_zoo/mnist/mnist_functional_api.py'
+...                 model_zoo="model_zoo")
+'.../model_zoo/mnist/mnist_functional_api.py'
+>>> check_model_def("digits_model:other_model")
+Traceback (most recent call last):
+...
+keras_elastic.jobs.model_def.ModelDefError: --model_def: module 'digits_model' \
+(...) does not define 'other_model' (the model function)
 """
 
 from __future__ import annotations

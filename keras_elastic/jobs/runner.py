@@ -53,8 +53,11 @@ def unused_hooks(module, compiled_by_user: bool, dataset_fn_name: str,
 
     Example:
 
-    >>> unused_hooks(module, True, "feed", None)  # doctest: +SKIP
-    [('loss', 'the model function returned a compiled model ...')]
+    >>> import types
+    >>> module = types.SimpleNamespace(loss=lambda labels, outputs: 0.0,
+    ...                                feed=lambda dataset, mode, metadata: dataset)
+    >>> unused_hooks(module, True, "feed", None)
+    [('loss', 'the model function returned a compiled model (its own loss, ...')]
     """
     from keras_elastic.jobs.model_def import dataset_fn_names
 
@@ -84,8 +87,12 @@ def module_callbacks(module, name: str = "callbacks") -> list:
 
     Example:
 
-    >>> module_callbacks(module)  # doctest: +SKIP
-    [<LearningRateScheduler ...>]
+    >>> import types
+    >>> import keras
+    >>> module = types.SimpleNamespace(callbacks=lambda: [
+    ...     keras.callbacks.LearningRateScheduler(lambda epoch: 0.1 / (epoch + 1))])
+    >>> [type(c).__name__ for c in module_callbacks(module)]
+    ['LearningRateScheduler']
     """
     import keras
 

@@ -6,9 +6,11 @@ service, wait for its ready file), which works on any backend.
 
 Example:
 
+>>> import os
 >>> from keras_elastic.launcher.processes import start_service
->>> master, info = start_service("master", "keras_elastic.master", [],
-...                              "/tmp/job")           # doctest: +SKIP
+>>> os.makedirs("job")
+>>> master, info = start_service("master", "keras_elastic.master", [], "job")
+>>> master.terminate()
 """
 
 from __future__ import annotations

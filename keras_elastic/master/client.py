@@ -2,9 +2,20 @@
 
 Example:
 
->>> client = MasterClient("127.0.0.1:40123", worker_id=0)  # doctest: +SKIP
->>> client.register_worker()                                # doctest: +SKIP
->>> task = client.get_task("training", epoch=0)             # doctest: +SKIP
+>>> import numpy as np
+>>> import keras_elastic as ke
+>>> from keras_elastic.master.server import MasterServer
+>>> server = MasterServer()                  # a master in this process
+>>> client = MasterClient(server.address, worker_id=0)
+>>> client.register_worker()                 # this worker's id
+0
+>>> data = ke.ElasticDataset((np.zeros((8, 2)), np.zeros(8)), batch_size=4)
+>>> client.register_dataset(data.registration(1)).num_tasks_per_epoch
+2
+>>> task = client.get_task("training", epoch=0)
+>>> task.shard, task.start, task.end           # records 0-3 of the arrays
+('arrays', 0, 4)
+>>> server.stop()
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ so new records follow a clean one; anything else that cannot be read raises
 
 Example:
 
->>> journal = Journal("/tmp/job/master.journal")        # doctest: +SKIP
->>> seq = journal.append({"t": "done", "ds": "training", "epoch": 0})  # doctest: +SKIP
->>> journal.wait(seq)            # durable from here on  # doctest: +SKIP
->>> Journal.read("/tmp/job/master.journal")             # doctest: +SKIP
+>>> journal = Journal("master.journal")
+>>> seq = journal.append({"t": "done", "ds": "training", "epoch": 0})
+>>> journal.wait(seq)            # durable from here on
+>>> journal.close()
+>>> Journal.read("master.journal")
 [{'t': 'done', 'ds': 'training', 'epoch': 0}]
 """
 

@@ -57,8 +57,10 @@ class NumpyWriter(PredictionWriter):
 
     Example:
 
-    >>> writer = NumpyWriter("/tmp/preds")                        # doctest: +SKIP
-    >>> writer.write(TaskRange(0, "a", 0, 2), np.zeros((2, 10)))  # doctest: +SKIP
+    >>> writer = NumpyWriter("preds")
+    >>> writer.write(TaskRange(0, "a", 0, 2), np.zeros((2, 10)))
+    >>> sorted(os.listdir("preds"))
+    ['part-00000000.npz']
     """
 
     def __init__(self, output_dir: str) -> None:

@@ -3,8 +3,8 @@
 Example:
 
 >>> server = ParameterServer()
->>> server.address      # doctest: +SKIP
-'127.0.0.1:40125'
+>>> server.address
+'127.0.0.1:...'
 >>> server.stop()
 """
 

@@ -7,7 +7,7 @@ serving over real gRPC on 127.0.0.1, so a notebook or a laptop needs no setup.
 
 Example:
 
->>> cluster = get_cluster()          # doctest: +SKIP
+>>> cluster = get_cluster()          # an embedded one: no job around
 >>> cluster.embedded, cluster.worker_id
 (True, 0)
 """
@@ -152,7 +152,10 @@ def is_chief(cluster: Cluster | None = None) -> bool:
 
     Example:
 
-    >>> if ke.worker.is_chief():                     # doctest: +SKIP
+    >>> import keras
+    >>> import keras_elastic as ke
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> if ke.worker.is_chief():   # always, in a plain process
     ...     model.save("model.keras")
     """
     cluster = cluster if cluster is not None else get_cluster()

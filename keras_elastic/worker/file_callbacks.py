@@ -106,10 +106,15 @@ servers get those.
 
 Example:
 
->>> jc = JobCallbacks(model, [keras.callbacks.CSVLogger("log.csv")],  # doctest: +SKIP
-...                   get_cluster())
->>> jc.resume_epoch                          # doctest: +SKIP
->>> keras_fit(..., callbacks=jc.callbacks)   # doctest: +SKIP
+>>> from keras_elastic.worker.cluster import get_cluster
+>>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+>>> jc = JobCallbacks(model, [keras.callbacks.CSVLogger("log.csv")],
+...                   get_cluster())      # an embedded cluster: a plain process
+>>> jc.resume_epoch is None               # no BackupAndRestore to resume from
+True
+>>> [type(c).__name__ for c in jc.callbacks]   # a plain process: as given
+['CSVLogger']
+>>> jc.close()
 """
 
 from __future__ import annotations
@@ -136,7 +141,9 @@ def scratch_dir(cluster) -> str:
     launcher sets), else one under the system's temporary directory, named
     after the master's address.
 
-    >>> scratch_dir(cluster)             # doctest: +SKIP
+    >>> from keras_elastic.worker.cluster import get_cluster
+    >>> os.environ["KERAS_ELASTIC_JOB_DIR"] = "/jobs/mnist"   # the launcher's
+    >>> scratch_dir(get_cluster())
     '/jobs/mnist/callback-files'
     """
     from keras_elastic.common import cluster_env
@@ -755,8 +762,19 @@ def merge_csv(temp: str, real: str, separator: str = ",") -> int:
 
     Example:
 
-    >>> merge_csv("logs/.ke-worker-1/csv-2/log.csv", "logs/log.csv")  # doctest: +SKIP
+    >>> os.makedirs("logs/.ke-worker-1/csv-2")
+    >>> with open("logs/log.csv", "w") as f:                 # the chief's
+    ...     _ = f.write("epoch,loss\\n0,0.9\\n1,0.5\\n")
+    >>> with open("logs/.ke-worker-1/csv-2/log.csv", "w") as f:  # another's
+    ...     _ = f.write("epoch,loss\\n0,0.9\\n1,0.5\\n2,0.4\\n3,0.3\\n")
+    >>> merge_csv("logs/.ke-worker-1/csv-2/log.csv", "logs/log.csv")
     3
+    >>> print(open("logs/log.csv").read(), end="")
+    epoch,loss
+    0,0.9
+    1,0.5
+    2,0.4
+    3,0.3
     """
     os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
     try:

@@ -19,8 +19,13 @@ by `worker/file_callbacks.py`), Keras saves as it always does.
 
 Example (what the script does; nothing to change):
 
->>> model.save("my_model.keras")        # doctest: +SKIP
->>> restored = keras.models.load_model("my_model.keras")   # doctest: +SKIP
+>>> import keras
+>>> import keras_elastic as ke
+>>> model = ke.wrap(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+>>> model.save("my_model.keras")       # a plain process: Keras' own save
+>>> restored = keras.models.load_model("my_model.keras")
+>>> [w.shape for w in restored.get_weights()]
+[(2, 1), (1,)]
 """
 
 from __future__ import annotations

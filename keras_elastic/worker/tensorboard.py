@@ -26,8 +26,17 @@ the log dir in `JOB_DIR/tensorboard.json`; the launcher's summary prints the
 
 Example:
 
->>> tb = keras.callbacks.TensorBoard("logs")               # doctest: +SKIP
->>> model.fit(train, validation_data=val, callbacks=[tb])  # doctest: +SKIP
+>>> import os
+>>> import keras
+>>> import numpy as np
+>>> import keras_elastic as ke
+>>> model = ke.wrap(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+>>> model.compile(optimizer="sgd", loss="mse")
+>>> x, y = np.zeros((8, 2)), np.zeros(8)
+>>> tb = keras.callbacks.TensorBoard("logs")
+>>> _ = model.fit(x, y, validation_data=(x, y), callbacks=[tb], verbose=0)
+>>> sorted(os.listdir("logs"))         # a plain process: Keras' layout
+['train', 'validation']
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ imports Ray only when chosen (an optional extra: `pip install
 
 Example:
 
->>> backend = make_backend(LaunchConfig(backend="local"))   # doctest: +SKIP
->>> backend.name                                           # doctest: +SKIP
-'local'
+>>> from keras_elastic.launcher.config import LaunchConfig
+>>> backend = make_backend(LaunchConfig(backend="local"))
+>>> backend.name, backend.describe()
+('local', 'local processes, services on 127.0.0.1')
 """
 
 from __future__ import annotations

@@ -81,8 +81,12 @@ class LogFollower:
     """Echoes what a process on another machine appends to its log file (on
     shared storage), like `tail -f`, from a daemon thread.
 
-    >>> follower = LogFollower("worker-0", "/job/worker-0.log")  # doctest: +SKIP
-    >>> follower.stop()                                         # doctest: +SKIP
+    >>> follower = LogFollower("worker-0", "worker-0.log", interval=60)
+    >>> with open("worker-0.log", "w") as log:   # what the worker appends
+    ...     log.write("Epoch 1/2\\n")
+    10
+    >>> follower.stop()                          # echoes what is left
+    [worker-0] Epoch 1/2
     """
 
     def __init__(self, name: str, log_path: str, interval: float = 0.2) -> None:
@@ -132,10 +136,16 @@ class RoleHandle(abc.ABC):
     "worker"), `log_path`, and `lost_reason` (why the role was lost without
     exiting, e.g. "lost with its node 5f3c...", else None).
 
-    >>> handle = backend.start("worker-0", ["python", "train.py"], log, env,
-    ...                        kind="worker")            # doctest: +SKIP
-    >>> handle.poll() is None                             # doctest: +SKIP
+    >>> import os, sys
+    >>> from keras_elastic.launcher.backends import LocalBackend
+    >>> handle = LocalBackend().start(
+    ...     "worker-0", [sys.executable, "-c", "import time; time.sleep(60)"],
+    ...     "worker-0.log", dict(os.environ), kind="worker")
+    >>> handle.poll() is None                 # running
     True
+    >>> handle.kill()
+    >>> handle.poll() is None
+    False
     """
 
     name: str
@@ -187,9 +197,15 @@ class RoleHandle(abc.ABC):
 class Backend(abc.ABC):
     """Where a job's roles run.
 
-    >>> backend = LocalBackend()                           # doctest: +SKIP
-    >>> backend.check(job_dir)                             # doctest: +SKIP
-    >>> handle = backend.start("ps-0", argv, log, env, kind="ps")  # doctest: +SKIP
+    >>> import os, sys
+    >>> from keras_elastic.launcher.backends import LocalBackend
+    >>> backend = LocalBackend()
+    >>> backend.check("job")                  # this machine runs any job
+    >>> handle = backend.start("ps-0", [sys.executable, "-c", "input()"],
+    ...                        "ps-0.log", dict(os.environ), kind="ps")
+    >>> handle.kind, handle.log_path
+    ('ps', 'ps-0.log')
+    >>> handle.terminate()
     """
 
     name: str = "?"

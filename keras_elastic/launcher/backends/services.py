@@ -27,10 +27,11 @@ def start_service(name: str, module: str, args: Sequence[str], job_dir: str,
     this machine); waits until it serves; returns its handle and the ready
     file's content (`{"address": ..., "pid": ...}`).
 
-    >>> handle, info = start_service("master", "keras_elastic.master", [],
-    ...                              "/tmp/job")          # doctest: +SKIP
-    >>> info["address"]                                    # doctest: +SKIP
-    '127.0.0.1:40123'
+    >>> os.makedirs("job")
+    >>> handle, info = start_service("master", "keras_elastic.master", [], "job")
+    >>> info["address"]
+    '127.0.0.1:...'
+    >>> handle.terminate()
     """
     return start_services([(name, module, args)], job_dir, timeout, echo, backend,
                           kind)[0]
@@ -44,9 +45,13 @@ def start_services(services: Sequence[tuple[str, str, Sequence[str]]], job_dir: 
     then all are waited for (their start-ups overlap). If one fails, the others
     are killed and ProcessStartError names the first that failed.
 
+    >>> os.makedirs("job")
     >>> started = start_services([("master", "keras_elastic.master", []),
-    ...                           ("ps-0", "keras_elastic.ps", ["--ps_index=0"])],
-    ...                          "/tmp/job")              # doctest: +SKIP
+    ...                           ("master-b", "keras_elastic.master", [])], "job")
+    >>> [info["address"] for _, info in started]
+    ['127.0.0.1:...', '127.0.0.1:...']
+    >>> for handle, _ in started:
+    ...     handle.terminate()
     """
     if backend is None:
         backend = LocalBackend()

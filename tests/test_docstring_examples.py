@@ -22,11 +22,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_elastic"
 
 # Modules whose examples may still be skipped, and why.
-SKIPS = {
-    # Being refactored (issue 41, items 1-2): its examples (PSClient against a
-    # server, waits()) are to be made runnable with it.
-    "keras_elastic.ps.client": "being refactored: examples rewritten with it",
-}
+SKIPS: dict[str, str] = {}
 
 
 def modules_with_examples() -> list[str]:

@@ -19,11 +19,19 @@ pushes those servers applied; forgotten when a server restarts or restores);
 a server the push carries no tensor for gets an empty push with the change
 (see `ps/hyperparameters.py`).
 
-Example:
+Example (a parameter server in this process, on 127.0.0.1):
 
->>> client = PSClient(["127.0.0.1:40125"])                     # doctest: +SKIP
->>> client.init({"w": (w0, True)}, keras.optimizers.serialize(opt))  # doctest: +SKIP
->>> new_values = client.send(Update(grads={"w": grad_w})).values  # doctest: +SKIP
+>>> import numpy as np
+>>> from keras_elastic.ps import ParameterServer
+>>> server = ParameterServer()
+>>> client = PSClient([server.address])
+>>> sgd = {"class_name": "SGD", "config": {"learning_rate": 0.5}}
+>>> client.init({"w": (np.ones(2, "float32"), True)}, sgd)["w"].tolist()
+[1.0, 1.0]
+>>> reply = client.send(Update(grads={"w": np.ones(2, "float32")}))
+>>> reply.statuses, reply.values["w"].tolist()
+({0: 'applied'}, [0.5, 0.5])
+>>> client.close(); server.stop(0)
 """
 
 from __future__ import annotations
@@ -319,8 +327,15 @@ class PSClient:
         heartbeats carry them to the master, where the launcher's liveness
         policy reads them (`launcher/policy.ServiceLiveness`).
 
-        >>> client.waits()        # doctest: +SKIP
-        ({'ps-1': 12.5}, {'ps-1': 12.1})
+        >>> from keras_elastic.ps import ParameterServer
+        >>> server = ParameterServer()
+        >>> client = PSClient([server.address])
+        >>> client.waits(at_least=0.0)  # no call in flight
+        ({}, {})
+        >>> client.close(); server.stop(0)
+
+        (A worker whose push to server 1 has waited 12.5 s, the server
+        unreachable for the last 12.1 s: `({'ps-1': 12.5}, {'ps-1': 12.1})`.)
         """
         now = time.monotonic()
         waiting: dict[str, float] = {}

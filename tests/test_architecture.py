@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import collections
 import os
+import re
 import subprocess
 import sys
 
@@ -297,6 +298,38 @@ def test_the_docs_list_the_import_rules():
     assert text == with_rules_table(text), (
         "docs/architecture.md's table of import rules differs from ALLOWED: "
         "run `python tests/test_architecture.py` to rewrite it")
+
+
+def may_import(docstring: str) -> set[str] | None:
+    """The packages a package's docstring says it may import: the sentence
+    "May import: a, b, c." ("keras_elastic (the public API)": its
+    `__init__`; "nothing": none); None if it has none."""
+    found = re.search(r"May import:([^.]*(?:\.[a-z_][^.]*)*)\.(?:\s|$)", docstring)
+    if found is None:
+        return None
+    names = re.split(r",|\band\b", " ".join(found.group(1).split()))
+    if [n.strip() for n in names] == ["nothing"]:
+        return set()
+    return {"__init__" if n.strip() == "keras_elastic (the public API)" else n.strip()
+            for n in names if n.strip()}
+
+
+def test_the_packages_docstrings_say_what_the_rules_say():
+    """Each package's docstring's "May import:" sentence lists ALLOWED's
+    packages for it (a copy a reader finds where the code is; checked here)."""
+    checked, wrong = [], {}
+    for package in sorted(ALLOWED):
+        path = os.path.join(ROOT, "keras_elastic", package, "__init__.py")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            said = may_import(ast.get_docstring(ast.parse(f.read())) or "")
+        assert said is not None, f"{path}: its docstring has no 'May import:' sentence"
+        checked.append(package)
+        if said != ALLOWED[package]:
+            wrong[package] = (sorted(said), sorted(ALLOWED[package]))
+    assert not wrong, f"docstring vs ALLOWED: {wrong}"
+    assert len(checked) >= 13, checked
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path):

@@ -5,6 +5,8 @@ component of a dataset's elements its own way, including padded batches of
 `tf.SparseTensor`s (which `Dataset.padded_batch` rejects) and your own
 batching logic as a reducer.
 
+May import: common.
+
 ```python
 import tensorflow as tf
 import keras_elastic.batching as kb

@@ -4,8 +4,8 @@
 sharding callbacks; `PeriodicEvaluation` evaluates every N model versions
 during training.
 
-May import: keras_elastic.checkpoint, .dataset, .worker and keras_elastic.model
-(the top of the library): callbacks are what a user's script adds to `fit`.
+May import: common, checkpoint, dataset, worker, model. Callbacks are the top
+of the library: what a user's script adds to `fit`.
 Nothing below imports them; the worker finds a restoring checkpoint callback
 through `worker.ps_checkpoint.RestoringCheckpoint`, which it implements.
 

@@ -1,4 +1,6 @@
-"""Sharded, validated, crash-safe checkpoints (seed 001).
+"""Sharded, validated, crash-safe checkpoints.
+
+May import: common, layers.
 
 Write checkpoints through any `tf.train.experimental.ShardingCallback`, with
 the callback's shards checked before anything is written, each checkpoint

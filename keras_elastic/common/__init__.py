@@ -1,2 +1,5 @@
 """Pieces shared by every service: tensor codec, gRPC helpers, the job token
-(auth), TLS, timers."""
+(auth), TLS, timers.
+
+May import: proto.
+"""

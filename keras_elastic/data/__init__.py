@@ -9,8 +9,8 @@ their footers, no index); `TFDSSource` reads the files of a prepared
 TensorFlow Datasets split (counts from its dataset info) and decodes them with
 the dataset's features (`ElasticDataset.from_tfds`).
 
-May import: keras_elastic.common. `source.py` is the interface, `factory.py`
-(`as_source`) chooses among the sources.
+May import: common. `source.py` is the interface, `factory.py` (`as_source`)
+chooses among the sources.
 """
 
 from keras_elastic.data.array_record import ArrayRecordSource

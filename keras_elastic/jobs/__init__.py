@@ -16,9 +16,9 @@ callbacks, learning_rate_scheduler, PredictionOutputsProcessor; see
 (`elasticdl_compat.py`); ElasticDL's flags are mapped or refused with what to
 use instead (`job_flags.py`).
 
-May import: keras_elastic (the public API), keras_elastic.checkpoint,
-keras_elastic.prediction, keras_elastic.common (the data file checks of
-`common/file_formats.py`, made at launch without TensorFlow).
+May import: keras_elastic (the public API), common, prediction, checkpoint,
+callbacks, model, dataset. Of common: the data file checks of
+`common/file_formats.py`, made at launch without TensorFlow.
 `model_def.py` and `job_flags.py` import no TensorFlow, so the launcher checks
 the flags before any process starts.
 """

@@ -1,7 +1,8 @@
 """Keras layers whose state lives on the parameter servers.
 
-May import: keras_elastic.common.keras_compat (TensorFlow and Keras only); the worker
-connects a layer to the parameter servers (`worker/model_sync.py`).
+May import: common. Of it `common/keras_compat.py` (TensorFlow and Keras
+only); the worker connects a layer to the parameter servers
+(`worker/table_lookup.py`).
 
 `ke.layers.Embedding` is a drop-in for `keras.layers.Embedding` whose table is
 partitioned by id over the parameter servers; `convert_embeddings` swaps the

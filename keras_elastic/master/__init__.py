@@ -1,6 +1,6 @@
 """The master: cuts data into tasks, hands them out per epoch, tracks workers.
 
-May import: keras_elastic.common, keras_elastic.proto. Never TensorFlow: the
+May import: common, proto. Never TensorFlow: the
 master runs without it.
 """
 

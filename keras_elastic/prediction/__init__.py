@@ -7,6 +7,8 @@ temporary name and renames it into place, so a task that is run again (its
 first worker died) replaces its part and every record has exactly one output.
 `read_predictions(output_dir)` puts them back together in input order.
 
+May import: common.
+
 Example:
 
 ```python

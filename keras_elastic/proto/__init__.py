@@ -1,5 +1,7 @@
 """Protocol buffers and gRPC stubs of the keras-elastic services.
 
+May import: nothing.
+
 The `*_pb2.py` / `*_pb2_grpc.py` modules are generated from the `.proto` files
 beside this file by `grpcio-tools` when the package is installed (`setup.py`)
 or built (Bazel's `//:proto_modules`), so that the generated code matches the

@@ -1,6 +1,6 @@
 """Parameter servers: own the variables, apply gradients with a Keras optimizer.
 
-May import: keras_elastic.common, keras_elastic.proto, keras_elastic.checkpoint.
+May import: common, proto, checkpoint.
 The client (`ps.client`), the partitioning and the task log import no
 TensorFlow: the launcher uses them.
 """

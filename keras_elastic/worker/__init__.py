@@ -1,10 +1,11 @@
 """The worker side: the cluster connection, the task-fed input stream, the link
 between a Keras model and the parameter servers.
 
-May import: keras_elastic.common, .data, .dataset, .checkpoint, .prediction,
-.master and .ps (their clients; their servers only to start the embedded
-cluster). Never keras_elastic.callbacks, the model or the CLI above it (a
-checkpoint callback is found by `ps_checkpoint.RestoringCheckpoint`).
+May import: common, proto, data, batching, prediction, layers, checkpoint,
+master, ps, dataset. Of master and ps: their clients, their servers only to
+start the embedded cluster. Never keras_elastic.callbacks, the model or the
+CLI above it (a checkpoint callback is found by
+`ps_checkpoint.RestoringCheckpoint`).
 """
 
 from keras_elastic.common.variable_keys import variable_keys

@@ -1,6 +1,6 @@
 """`ElasticDataset`: data that the master hands out, task by task.
 
-The worker's pipeline (seed 000, "a shared dataset"):
+The worker's pipeline (one dataset shared by the tasks a worker trains):
 
 ```
 master task -> records of the task (seek, no scan) -> dataset_fn(records, mode)

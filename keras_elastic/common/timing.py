@@ -1,4 +1,5 @@
-"""Per-phase wall-clock timers (the table of seed 000)."""
+"""Per-phase wall-clock timers: the phase table of a worker's steps that the
+benches and the job summary print."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-# The phases of seed 000's table, in display order.
+# The phases of the table, in display order.
 PHASES = ("get_batch", "input_wait", "compute", "pull", "push")
 
 PHASE_HELP = {

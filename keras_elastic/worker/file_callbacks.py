@@ -1,108 +1,17 @@
 """Keras' file-writing callbacks in an elastic job: the chief writes the files.
 
-Every worker of a launched job runs the user's callbacks, so two workers'
-`keras.callbacks.BackupAndRestore("backup")` would write (and lock) the same
-HDF5 file, and their `ModelCheckpoint`s and `CSVLogger`s the same files.
-`ke.Model.fit` gives Keras the callbacks through `JobCallbacks`, which follows
-Keras' multi-worker convention (tf_keras' `distributed_file_utils`): the
-*chief* writes the user's real paths, every other worker temporary paths of
-its own, which it deletes when `fit` ends. Unlike tf_keras, which puts them
-next to the real files, they go to the job directory, never into the user's
-directories: a script that lists its checkpoint directory (keras-io's
-`make_or_restore_model` takes the newest entry of it) sees only its own files.
-
-```
-<dir>/model-03.keras             the chief's: the user's real paths
-<job_dir>/callback-files/worker-<id>/checkpoint-<i>/model-03.keras
-                                 worker <id>'s temporary files for the callback
-                                 at position <i> of the list ("csv-<i>",
-                                 "backup-<i>" alike)
-```
-
-(`scratch_dir`: without a job directory, a directory under the system's
-temporary one, named after the master's address.)
-
-The chief is `keras_elastic.worker.cluster.is_chief`, held by the master: the
-first worker to register while it lives, then the smallest alive id (a plain,
-embedded process always is). A helper callback, first in
-the list, asks the master at `on_train_begin`, at every `on_epoch_begin` (one
-status call per epoch, none per batch) and at `on_train_end`, and points the
-adapted callbacks at the real or the temporary paths. Non-chief workers still
-run every callback (its state, e.g. `ModelCheckpoint.best`, stays the chief's),
-so a worker that becomes chief carries on where the chief was.
-
-`fit` returns on every worker only once the chief's callbacks of the fit
-are through (a helper callback, last in the list, waits at train end for the
-chief's mark on the master: `MasterClient.set_mark`), so a script that reads
-the newest checkpoint after `fit` (keras-io's `make_or_restore_model`) reads
-the same, complete file on every worker, as after a plain Keras `fit`. A
-non-chief waiting sees the chief die and takes over (below); it stops waiting
-after the liveness timeout, with a warning.
-
-When a worker becomes the chief (the chief died: the smallest alive id takes
-over at its next epoch begin, or at its train end after the last epoch), it
-first *promotes* what it wrote meanwhile, so the real paths hold what a
-chief that never died would have written:
-
-- `ModelCheckpoint`: a non-chief keeps its saves in its temporary directory
-  until it sees that the chief wrote them too (at each epoch begin it deletes
-  a save whose real file exists once a real file of the series is at least
-  as new as the save: the chief saved after it, or saved again since);
-  promoted, the saves left are moved to their real paths (replacing the
-  equivalent file the old chief may have written: every worker saves the
-  same model, the servers' values after the epoch barrier). Later saves go
-  to the real paths.
-- `CSVLogger`: its temporary file is closed; the rows of it whose epoch is
-  after the real file's last row are appended to the real file (all of it,
-  header included, if the real file is missing or empty; a torn last line a
-  dying chief left is dropped first); the callback then reopens the real file
-  in append mode (no second header) and goes on. Rows of epochs the real file
-  already holds are not written again. (Every worker logs the same job
-  metrics per epoch, except a worker that logs its own for an epoch whose
-  tasks went back to the master's queue: see `worker/task_reporter.py`.)
-- `BackupAndRestore`: the files of its temporary backup are moved into the
-  real `backup_dir`; later backups go there.
-
-In a job the callbacks' files are opened as follows. `CSVLogger` opens its
-file at the first epoch begin (not at train begin): the chief truncates it
-(or appends, with `append=True`) when that epoch is 0, and appends when it
-is later (a relaunched or joining worker that is the chief continues the
-job's file); other workers write a fresh temporary file.
-`BackupAndRestore` never restores inside Keras' `fit` in an elastic `fit`
-(its Keras `on_train_begin`, which would load the backup and set
-`model._initial_epoch`, does not run): `ke.Model.fit` reads the backup
-before registering the dataset (`resume_epoch`, which the master honours for
-the dataset's first registration only: a fresh job or an embedded rerun of a
-script that crashed) and loads its weights into the built model before the
-parameter servers are initialized (`restore_weights`; a worker joining a
-running job then takes the servers' values instead). Its backups are Keras'
-(`save_freq`, `double_checkpoint`), written by the chief to `backup_dir`; at
-train end the chief deletes `backup_dir` when `delete_checkpoint` is set, the
-others always delete their temporary backup.
-
-Temporary directories are deleted at train end, and also when `fit` fails
-(`JobCallbacks.close`); those of workers that died (SIGKILL leaves them) are
-deleted by the chief at its train end. A promotion moves files from the job
-directory to the real paths: a rename on one filesystem, else a copy to a
-temporary name beside the real file and a rename (never a half-written real
-file). An embedded cluster behaves exactly
-like plain Keras (the real paths; `BackupAndRestore` restores the way Keras
-does, through `resume_epoch` and `restore_weights`). Set
-`callback.keras_elastic_per_worker = False` to give a callback to Keras
-unchanged in a job too (then every worker writes its paths).
-
-Limits: a non-chief keeps a copy of a save until the chief's files show it
-was written (one or two saves of each `ModelCheckpoint`; tf_keras deletes it
-at once, and can then promote nothing); a chief killed in the middle of a
-save, after the other workers saw its file, leaves that file cut. Continuing
-a CSV file matches rows by epoch number: with `append=True` and several
-`fit` calls logging to one file, a chief lost before the new `fit` wrote its
-first row leaves the new rows whose epoch the earlier `fit` already logged
-out of the file. Only local paths are adapted: a callback writing a remote
-path (`gs://...`) runs as given, on every worker (with a warning). A backup's
-optimizer variables are the worker's own (its `iterations` counts the steps;
-its slots stay as built, the servers hold the real ones): restored, the
-servers get those.
+Every worker of a job runs the user's callbacks; `JobCallbacks` (what
+`ke.Model.fit` gives Keras) follows Keras' multi-worker convention: the
+chief writes the user's real paths, every other worker temporary paths of
+its own under the job directory (`<job_dir>/callback-files/worker-<id>/`),
+deleted when `fit` ends. A worker that becomes the chief first promotes what
+it wrote meanwhile (`ModelCheckpoint` saves, `CSVLogger` rows,
+`BackupAndRestore` files), so the real paths hold what a chief that never
+died would have written; `fit` returns on every worker once the chief's
+callbacks are through. `BackupAndRestore` resumes through the master
+(`resume_epoch`, `restore_weights`). An embedded cluster behaves exactly as
+plain Keras. The whole design, its file layout and its limits:
+docs/file_callbacks.md.
 
 Example:
 

@@ -15,6 +15,8 @@ MODULES = [
     "keras_elastic.launcher.config",
     "keras_elastic.launcher.policy",
     "keras_elastic.launcher.report",
+    "keras_elastic.master.journal",
+    "keras_elastic.master.membership",
     "keras_elastic.master.status",
     "keras_elastic.worker.session",
 ]

@@ -449,7 +449,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def _rendezvous_ready(self) -> bool:
         """Whether tasks may be handed out (the start rendezvous is met)."""
-        return self._rendezvous.ready(
+        return self._rendezvous.met or self._rendezvous.ready(
             len(self._membership.workers),
             lambda: any(ds.ledger for ds in self._datasets.values()), time.monotonic())
 

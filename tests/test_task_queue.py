@@ -160,7 +160,7 @@ def test_a_frozen_master_process_does_not_count_its_stall_as_worker_silence():
     servicer = MasterServicer(heartbeat_timeout=30.0)
     servicer.stop()  # the test drives the watcher itself, with its own clock
     servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=0), None)
-    start = servicer._workers[0]["last_seen"]
+    start = servicer._membership.workers[0].last_seen
     assert servicer.check_liveness(start + 1, 1.0) == []
     # The watcher's next tick comes 100 s late: the whole process was frozen.
     assert servicer.check_liveness(start + 101, 1.0) == []
@@ -175,7 +175,7 @@ def test_a_frozen_master_process_does_not_count_its_stall_as_worker_silence():
         now += 1
         lost += servicer.check_liveness(now, 1.0)
     assert lost == [0]
-    assert servicer._workers[0]["state"] == "lost"
+    assert servicer._membership.workers[0].state == "lost"
 
 
 def test_a_task_held_far_longer_than_the_datasets_tasks_take_is_overdue(monkeypatch):
@@ -231,7 +231,7 @@ def test_the_master_names_a_worker_without_progress(monkeypatch):
     task, _, _ = ds.next_task(worker=1, epoch=0, waiting={})
     now = task_queue.time.monotonic()
     for w in (0, 1):
-        servicer._workers[w]["last_seen"] = now + 10  # heartbeats keep coming
+        servicer._membership.workers[w].last_seen = now + 10  # heartbeats keep coming
     assert servicer.check_liveness(now + 4.0, 1.0) == []
     assert servicer.status()["workers"]["overdue"] == {}
     assert servicer.check_liveness(now + 5.5, 1.0) == []
@@ -240,7 +240,7 @@ def test_the_master_names_a_worker_without_progress(monkeypatch):
     # The launcher reports it dead: lost, its task requeued.
     servicer.ReportWorkerDead(master_pb2.WorkerRequest(
         worker_id=1, reason="no progress"), None)
-    assert servicer._workers[1]["state"] == "lost"
+    assert servicer._membership.workers[1].state == "lost"
     assert ds.requeued == 1 and task.task_id not in ds.doing
     workers = servicer.status()["workers"]
     assert workers["lost_ids"] == [1] and workers["overdue"] == {}

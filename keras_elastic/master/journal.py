@@ -8,10 +8,11 @@ that lock), and an answer that makes a change irrevocable waits until its
 record is durable (`wait`): what a worker acts on survives a crash of the
 master.
 
-`read` gives the records back for a restarted master to replay. A torn last
-record (the process died while writing it) is dropped, and cut off the file
-so new records follow a clean one; anything else that cannot be read raises
-`JournalCorruptError` naming the file and the byte offset.
+`read` gives the records back for a restarted master, and `JournalReplay`
+rebuilds the master's state from them (its docstring lists the record kinds).
+A torn last record (the process died while writing it) is dropped, and cut
+off the file so new records follow a clean one; anything else that cannot be
+read raises `JournalCorruptError` naming the file and the byte offset.
 
 Example:
 
@@ -25,15 +26,26 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import struct
 import threading
+import time
 import zlib
 
+import numpy as np
 from absl import logging
 
-from keras_elastic.common import errors
+from keras_elastic.common import disk, errors, fencing
+from keras_elastic.master.membership import Membership
+from keras_elastic.master.task_queue import (
+    LEDGER_FIELDS,
+    DatasetSpec,
+    DatasetTasks,
+    LeaseClock,
+    rollback_training,
+)
 
 _HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
 # A record longer than this is not a record (a corrupt length field).
@@ -108,6 +120,20 @@ class Journal:
     def error(self) -> BaseException | None:
         """The write error that stopped the journal (None while it works)."""
         return self._error
+
+    def describe_failure(self, error: BaseException) -> str:
+        """One line for the journal's failure: the path, what went wrong, the
+        space left (a full disk). Whichever caller notices first (the
+        flushing thread, an append, a wait) says it the same way, from the
+        journal's own error rather than the wrapper an append or a wait
+        raises (`error`: its words when no write failed, a sync that timed
+        out)."""
+        cause = self._error
+        if cause is None:
+            return str(error)
+        if disk.is_disk_condition(cause):
+            return disk.describe_write_error(self.path, cause)
+        return f"the master journal {self.path} cannot be written: {cause}"
 
     @property
     def durable(self) -> int:
@@ -247,3 +273,126 @@ class Journal:
                     f.truncate(offset)
             break
         return records
+
+
+def encode_states(states: dict[str, np.ndarray] | None) -> dict | None:
+    """Metric states as a "done" record holds them: {name: [dtype, shape,
+    base64 of the bytes]} (None for none)."""
+    if not states:
+        return None
+    return {name: [str(v.dtype), list(v.shape), base64.b64encode(
+        np.ascontiguousarray(v).tobytes()).decode()] for name, v in states.items()}
+
+
+def decode_states(encoded: dict | None) -> dict[str, np.ndarray] | None:
+    """The metric states of a "done" record (`encode_states`' inverse)."""
+    if not encoded:
+        return None
+    return {name: np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype)
+                                ).reshape(shape).copy()
+            for name, (dtype, shape, data) in encoded.items()}
+
+
+class JournalReplay:
+    """Rebuilds the master's state from its journal's records (a restarted
+    master): the workers (`membership`), the datasets with their epochs,
+    ledgers, evaluation rounds and failures (`datasets`), the lease clock
+    (`leases`) and how many masters started on the journal (`starts`).
+
+    The records, each a JSON object with its kind `t` and the generation `g`
+    of the master that wrote it:
+
+    - `start` {time}: a master started on the journal.
+    - `worker` {id, state: alive | exited | lost, time (alive), reason (lost)}.
+    - `dataset` {spec (`DatasetSpec` as a dict), resume, resume_epoch,
+      resume_done, warning}: a dataset registered.
+    - `done` {ds, rows (ledger entries as lists of `LEDGER_FIELDS`), states
+      (`encode_states`)}: tasks completed.
+    - `failed` {ds, epoch, task_id, worker, error}: a task failed.
+    - `rollback` {progress, reason, lease}: the training datasets went back
+      to `progress`; every later lease is above `lease`.
+
+    A record of a generation older than one already seen was written by a
+    master replaced meanwhile: it is skipped (`skipped`, `fence`).
+
+    >>> replay = JournalReplay().run([
+    ...     {"t": "start", "time": 0.0, "g": 0},
+    ...     {"t": "worker", "id": 0, "state": "alive", "time": 0.0, "g": 0}])
+    >>> replay.starts, replay.membership.alive()
+    (1, [0])
+    """
+
+    def __init__(self, max_task_retries: int = 3, membership: Membership | None = None,
+                 leases: LeaseClock | None = None,
+                 datasets: dict[str, DatasetTasks] | None = None) -> None:
+        self.max_task_retries = max_task_retries
+        self.membership = membership if membership is not None else Membership()
+        self.leases = leases if leases is not None else LeaseClock()
+        self.datasets = datasets if datasets is not None else {}
+        self.starts = 0
+        self.fence = 0  # the newest generation seen
+        self.skipped = 0  # records of replaced masters
+
+    def run(self, records: list[dict], path: str = "",
+            generation: fencing.Generation | None = None) -> JournalReplay:
+        """Replays `records` (of the journal at `path`, for messages); moves
+        `generation` to the newest one they carry. Raises ValueError naming
+        the record that cannot be replayed."""
+        for i, record in enumerate(records):
+            kind = record.get("t")
+            if record.get("g", 0) < self.fence:
+                self.skipped += 1  # written by a master replaced meanwhile
+                continue
+            self.fence = max(self.fence, record.get("g", 0))
+            try:
+                self.apply(record)
+            except (IndexError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"master journal {path}: record {i} ({kind}) cannot "
+                                 f"be replayed: {type(e).__name__}: {e}") from None
+        if self.skipped:
+            logging.warning("master journal %s: %d record(s) of a replaced master "
+                            "skipped (older generation than %d)", path, self.skipped,
+                            self.fence)
+        if generation is not None:
+            generation.fence(self.fence)
+        for ds in self.datasets.values():
+            ds.finish_replay()
+        if records:
+            alive = self.membership.alive()
+            self.membership.heard_all(time.monotonic())
+            logging.warning(
+                "master restarted from its journal %s (%d records, start %d): %s; "
+                "workers %s alive; tasks that were in flight are handed out again",
+                path, len(records), self.starts + 1, ", ".join(
+                    f"'{n}' at epoch {ds.epoch} with {len(ds.done)} task(s) done"
+                    for n, ds in self.datasets.items()) or "no dataset", alive)
+        return self
+
+    def apply(self, record: dict) -> None:
+        """Replays one record (of a generation not fenced off)."""
+        kind = record.get("t")
+        if kind == "start":
+            self.starts += 1
+        elif kind == "worker":
+            self.membership.restore(record["id"], record["state"], time.monotonic(),
+                                    joined=record.get("time", 0))
+        elif kind == "dataset":
+            spec = DatasetSpec.from_json(record["spec"])
+            ds = DatasetTasks(spec, self.max_task_retries, self.leases.next)
+            ds.warning = record.get("warning", "")
+            if record.get("resume"):
+                ds.restore_progress(record["resume_epoch"], set(record["resume_done"]))
+            self.datasets[spec.name] = ds
+        elif kind == "done":
+            entries = [dict(zip(LEDGER_FIELDS, row)) for row in record["rows"]]
+            self.datasets[record["ds"]].replay_done(entries,
+                                                    decode_states(record.get("states")))
+            self.leases.observe(max((e.get("lease", 0) for e in entries), default=0))
+        elif kind == "failed":
+            self.datasets[record["ds"]].replay_failed(
+                record["epoch"], record["task_id"], record["worker"], record["error"])
+        elif kind == "rollback":
+            rollback_training(self.datasets, record["progress"])
+            self.leases.observe(record.get("lease", 0))
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")

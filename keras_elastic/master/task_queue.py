@@ -47,9 +47,10 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+from absl import logging
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +289,49 @@ def sizing_warning(spec: DatasetSpec, num_workers: int) -> str:
             f"workers will idle. Set {fix}.")
 
 
+def resumed_task_size(name: str, num_done: int, resumed: int, records_per_task: int,
+                      batch_size: int) -> int:
+    """The task size a resume of dataset `name` with `num_done` done tasks must
+    keep (0: any), its checkpoint saying `resumed` records per task (0: not
+    said) and this run asking for `records_per_task` (0: the master chooses):
+    the done tasks' ids name record ranges of that size. Raises ValueError when
+    this run asks for another size.
+
+    >>> resumed_task_size("train", num_done=3, resumed=64, records_per_task=0,
+    ...                   batch_size=16)
+    64
+    """
+    if not num_done:
+        return 0
+    size = resumed
+    if not size and records_per_task == 0:
+        # A checkpoint from before automatic sizing: the default then was
+        # 32 minibatches per task.
+        size = MAX_MINIBATCHES_PER_TASK * batch_size
+        logging.warning(
+            "dataset '%s' resumes with %d task(s) done but its checkpoint does not "
+            "say their size: assuming %d records per task (32 minibatches, the "
+            "default when it was saved)", name, num_done, size)
+    if size and records_per_task and records_per_task != size:
+        raise ValueError(
+            f"dataset '{name}' resumes a checkpoint whose done tasks "
+            f"were cut with {size} records per task, but this run asks for "
+            f"{records_per_task}: the done task ids would name other "
+            "records. Resume with the checkpoint's minibatches_per_task (or None, "
+            "which takes the checkpoint's).")
+    return size
+
+
+def size_tasks(spec: DatasetSpec, num_workers: int, resumed: int = 0) -> DatasetSpec:
+    """`spec` with its task size chosen, when its workers let the master choose
+    (`auto`): a resumed checkpoint's size (`resumed`, see `resumed_task_size`)
+    or `auto_records_per_task` for `num_workers`; else `spec` as it is."""
+    if not spec.auto:
+        return spec
+    return dataclasses.replace(spec, records_per_task=resumed or auto_records_per_task(
+        spec.shards, spec.batch_size, num_workers, spec.records_per_epoch))
+
+
 def cut_tasks(shards: tuple[tuple[str, int], ...], records_per_task: int) -> list[Task]:
     """Cuts every shard into ranges of `records_per_task` records."""
     if records_per_task <= 0:
@@ -390,6 +434,22 @@ class _Counter:
     def __call__(self) -> int:
         self.last += 1
         return self.last
+
+
+class LeaseClock:
+    """The master's leases: they grow with time (microseconds), so a
+    restarted master never hands out a lease below one that parameter
+    servers have seen (`observe` the leases a journal names)."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def next(self) -> int:
+        self.last = max(self.last + 1, time.time_ns() // 1000)
+        return self.last
+
+    def observe(self, lease: int) -> None:
+        self.last = max(self.last, lease)
 
 
 # The fields of a ledger entry (one completed task), in journal-row order.
@@ -745,3 +805,33 @@ class DatasetTasks:
             "doing_by_worker": {str(w): sum(f.worker == w for f in self.doing.values())
                                 for w in {f.worker for f in self.doing.values()}},
         }
+
+
+def rollback_training(datasets: dict[str, DatasetTasks],
+                      progress: dict | None) -> dict[str, int]:
+    """Sends the training datasets back to `progress` ({dataset: {"epoch",
+    "done_task_ids"}}, None: to where they started); returns {dataset:
+    completions undone}."""
+    undone = {}
+    for name, ds in datasets.items():
+        if ds.spec.mode != "training":
+            continue
+        point = (progress or {}).get(name)
+        if point is None:
+            undone[name] = ds.rollback()
+        else:
+            undone[name] = ds.rollback(int(point["epoch"]), set(point["done_task_ids"]))
+    return undone
+
+
+def overdue_workers(datasets: Iterable[DatasetTasks], now: float,
+                    floor: float) -> dict[int, float]:
+    """{worker: the limit (seconds) its hold passed} of the workers holding a
+    task of `datasets` longer than its dataset's tasks take (`task_timeout`,
+    never less than `floor`) at monotonic time `now`."""
+    overdue: dict[int, float] = {}
+    for ds in datasets:
+        limit = task_timeout(ds.durations, floor)
+        for worker_id in ds.overdue(now, floor):
+            overdue[worker_id] = max(limit, overdue.get(worker_id, 0.0))
+    return overdue

@@ -4,7 +4,7 @@ between a Keras model and the parameter servers.
 May import: keras_elastic.common, .data, .dataset, .checkpoint, .prediction,
 .master and .ps (their clients; their servers only to start the embedded
 cluster). Never keras_elastic.callbacks, the model or the CLI above it (a
-checkpoint callback is found by `ps_checkpoint.RestoringCheckpoint`).
+checkpoint callback is found by `checkpoint_resume.RestoringCheckpoint`).
 """
 
 from keras_elastic.common.variable_keys import variable_keys

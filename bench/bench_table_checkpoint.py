@@ -2,7 +2,7 @@
 
 A parameter store holds one table of `--rows` rows of width `--dim` with
 Adagrad (rows and accumulators), filled through its own lookups and pushes.
-The bench times a full save of the server's part (`ps/checkpointing.save_shard`,
+The bench times a full save of the server's part (`ps/checkpoint_part.save_shard`,
 every row), then changes `--changed` of the rows (a push of their gradients)
 and times an incremental save against the full one (the rows changed since),
 and the store lock's hold for each (the copy under the lock). Prints both, the
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    from keras_elastic.ps.checkpointing import save_shard, snapshot
+    from keras_elastic.ps.checkpoint_part import save_shard, snapshot
     from keras_elastic.ps.store import ParameterStore
 
     store = ParameterStore()

@@ -24,7 +24,7 @@ import keras_elastic as ke
 from keras_elastic.checkpoint.ps_manifest import write_ps_manifest
 from keras_elastic.common.variable_keys import model_variables, variable_keys
 from keras_elastic.ps import ParameterServer, PSClient
-from keras_elastic.ps.checkpointing import init_from_checkpoint, restore_shard, save_shard
+from keras_elastic.ps.checkpoint_part import init_from_checkpoint, restore_shard, save_shard
 from keras_elastic.ps.store import ParameterStore
 from keras_elastic.ps.update import Update
 from keras_elastic.worker.hyperparameters import HyperparameterError

@@ -9,7 +9,7 @@ from tfrecord_data import make_arrays
 
 import keras_elastic as ke
 from keras_elastic.checkpoint import ps_layout
-from keras_elastic.ps.checkpointing import named_variables
+from keras_elastic.ps.checkpoint_part import named_variables
 
 CKPT = "{}/ckpt/"  # a directory (trailing slash): ckpt-0001, ckpt-0002, ...
 

@@ -16,7 +16,7 @@ from keras_elastic.checkpoint.ps_manifest import write_ps_manifest
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.common import variable_slices
 from keras_elastic.ps import ParameterServer, PSClient
-from keras_elastic.ps.checkpointing import init_from_checkpoint
+from keras_elastic.ps.checkpoint_part import init_from_checkpoint
 from keras_elastic.ps.partition import (
     PARTITION_BYTES_ENV,
     Spec,

@@ -15,7 +15,7 @@ from keras_elastic.checkpoint.errors import CheckpointError
 from keras_elastic.checkpoint.manifest import read_manifest
 from keras_elastic.checkpoint.reader import resolve
 from keras_elastic.ps import ParameterServer, PSClient
-from keras_elastic.ps.checkpoints import save_checkpoint
+from keras_elastic.ps.checkpoint_coordinator import save_checkpoint
 from keras_elastic.ps.update import Update
 
 TABLE = {"dim": 4, "dtype": "float32", "input_dim": None, "initializer": "uniform",
@@ -158,7 +158,7 @@ def test_automatic_checkpoints_save_tables_in_full_every_n_and_after_a_resume(
     # (servers restored or restarted) makes the next one full again.
     from types import SimpleNamespace
 
-    from keras_elastic.launcher.ps_checkpoints import AutoCheckpointer
+    from keras_elastic.launcher.auto_checkpointer import AutoCheckpointer
 
     client, rng = _client(servers), np.random.default_rng(3)
     checkpointer = AutoCheckpointer(str(tmp_path / "auto"), [s.address for s in servers],

@@ -7,7 +7,7 @@ during training.
 May import: common, checkpoint, dataset, worker, model. Callbacks are the top
 of the library: what a user's script adds to `fit`.
 Nothing below imports them; the worker finds a restoring checkpoint callback
-through `worker.ps_checkpoint.RestoringCheckpoint`, which it implements.
+through `worker.checkpoint_resume.RestoringCheckpoint`, which it implements.
 
 Example:
 

@@ -21,7 +21,7 @@ from keras_elastic.checkpoint.signature import (
 )
 from keras_elastic.checkpoint.validation import check_sharding_callback
 from keras_elastic.checkpoint.writer import CheckpointWriter
-from keras_elastic.worker.ps_checkpoint import RestoringCheckpoint
+from keras_elastic.worker.checkpoint_resume import RestoringCheckpoint
 from keras_elastic.worker.session import session_of
 
 _DIRECTORY_PATTERNS = {"epoch": "ckpt-{epoch:04d}",
@@ -404,7 +404,7 @@ class ShardedModelCheckpoint(keras.callbacks.ModelCheckpoint, RestoringCheckpoin
         if cluster is not None:
             # An elastic job: the parameter servers hold the model and the
             # optimizer slots; one worker has every server save its share.
-            from keras_elastic.worker.ps_checkpoint import (
+            from keras_elastic.worker.checkpoint_resume import (
                 is_chief,
                 save_parameter_servers,
             )

@@ -14,7 +14,7 @@ its replacement, the slot waits (`pending_slots`) and is filled, within the
 restart budget, as soon as room appears. When nodes join, the launcher scales
 up toward `max_workers` while workers fit.
 
-Parameter servers are saved automatically (`ps_checkpoints.py`). A server
+Parameter servers are saved automatically (`auto_checkpointer.py`). A server
 that dies is restarted (on its address locally, wherever the backend places it
 on a cluster: clients re-read `cluster.json`) from the latest of those checkpoints;
 the other servers restore it too and the master rolls training back to its
@@ -53,6 +53,11 @@ from absl import logging
 
 from keras_elastic.checkpoint.errors import NoIntactCheckpointError
 from keras_elastic.common import auth, cluster_env, disk, fencing, rpc, tls
+from keras_elastic.launcher.auto_checkpointer import (
+    INIT,
+    AutoCheckpointer,
+    latest_checkpoint,
+)
 from keras_elastic.launcher.backends import (
     Backend,
     RoleHandle,
@@ -77,11 +82,6 @@ from keras_elastic.launcher.policy import (
     blame_overdue,
     desired_workers,
     scale_steps,
-)
-from keras_elastic.launcher.ps_checkpoints import (
-    INIT,
-    AutoCheckpointer,
-    latest_checkpoint,
 )
 from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
 from keras_elastic.launcher.report import Artifacts, progress_line, summary_text

@@ -39,10 +39,10 @@ from absl import logging
 from keras_elastic.checkpoint.errors import NoIntactCheckpointError
 from keras_elastic.common import fencing, rpc
 from keras_elastic.common.errors import ClusterError
+from keras_elastic.launcher.auto_checkpointer import AutoCheckpointer
 from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
-from keras_elastic.launcher.ps_checkpoints import AutoCheckpointer
 from keras_elastic.master.client import MasterClient
-from keras_elastic.ps.checkpoints import restore_servers
+from keras_elastic.ps.checkpoint_coordinator import restore_servers
 from keras_elastic.ps.client import PSClient
 
 

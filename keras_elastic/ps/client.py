@@ -726,7 +726,7 @@ class PSClient:
                  timeout: float = 3600, table_base: str = ""
                  ) -> list[ps_pb2.SaveResponse]:
         """Has every server write its part of a checkpoint into `directory`
-        (`sharding_callback`: `ps.checkpointing.encode_callback(...)`, empty
+        (`sharding_callback`: `ps.checkpoint_part.encode_callback(...)`, empty
         for ShardByTaskPolicy); returns the parts, in server order.
         `table_base`: an earlier checkpoint of the same servers; their tables'
         rows changed since it are saved, not every row (incremental)."""

@@ -36,7 +36,7 @@ class ParameterServer:
         if restore_from:
             # A server restarted after a crash: its state comes back before it
             # serves anybody.
-            from keras_elastic.ps.checkpointing import init_from_checkpoint
+            from keras_elastic.ps.checkpoint_part import init_from_checkpoint
 
             info = init_from_checkpoint(self.store, ps_index, num_ps, restore_from)
             logging.info("parameter server %d restored %d variables from %s",

@@ -261,14 +261,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                                           optimizer_state=state,
                                           namespace=header.namespace)
                 if created and header.restore_from:
-                    from keras_elastic.ps.checkpointing import restore_shard
+                    from keras_elastic.ps.checkpoint_part import restore_shard
 
                     restore_shard(self.store, self.ps_index, self.num_ps,
                                   header.restore_from)
                 if created and self.after_init is not None:
                     self.after_init(self.store)
                 if created and self.init_checkpoint_dir:
-                    from keras_elastic.ps.checkpointing import save_shard
+                    from keras_elastic.ps.checkpoint_part import save_shard
 
                     save_shard(self.store, self.ps_index, self.num_ps,
                                self.init_checkpoint_dir, extra={"initial": True})
@@ -453,7 +453,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             paused=self.paused, hyperparameters=store.hyperparameters())
 
     def Save(self, request, context):
-        from keras_elastic.ps.checkpointing import save_shard
+        from keras_elastic.ps.checkpoint_part import save_shard
 
         extra = {f: getattr(request, f) for f in ("epoch", "batch", "step")
                  if request.HasField(f)}
@@ -476,7 +476,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                           f"parameter server {self.ps_index} could not save: {e}")
 
     def Restore(self, request, context):
-        from keras_elastic.ps.checkpointing import restore_shard
+        from keras_elastic.ps.checkpoint_part import restore_shard
 
         try:
             return ps_pb2.RestoreResponse(**restore_shard(

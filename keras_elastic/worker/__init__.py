@@ -5,7 +5,7 @@ May import: common, proto, data, batching, prediction, layers, checkpoint,
 master, ps, dataset. Of master and ps: their clients, their servers only to
 start the embedded cluster. Never keras_elastic.callbacks, the model or the
 CLI above it (a checkpoint callback is found by
-`ps_checkpoint.RestoringCheckpoint`).
+`checkpoint_resume.RestoringCheckpoint`).
 """
 
 from keras_elastic.common.variable_keys import variable_keys

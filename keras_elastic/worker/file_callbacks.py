@@ -119,7 +119,7 @@ class JobCallbacks:
 
     # -- construction -------------------------------------------------------
     def _adapt(self, index: int, callback):
-        from keras_elastic.worker.ps_checkpoint import RestoringCheckpoint
+        from keras_elastic.worker.checkpoint_resume import RestoringCheckpoint
 
         if getattr(callback, "keras_elastic_per_worker", True) is False:
             return callback

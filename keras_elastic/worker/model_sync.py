@@ -213,7 +213,7 @@ class ModelSync:
     def _initialize_shared(self, optimizer, config, restore_from: str) -> None:
         """`initialize` with the store in this process: it takes this model's
         variables and optimizer themselves."""
-        from keras_elastic.ps.checkpointing import restore_shard
+        from keras_elastic.ps.checkpoint_part import restore_shard
 
         store = self.local_store
         store.init_shared(dict(zip(self.keys, self.variables)), optimizer,

@@ -49,9 +49,9 @@ from keras_elastic.dataset import ElasticDataset
 from keras_elastic.layers import embedding as embedding_module
 from keras_elastic.layers.embedding import Embedding
 from keras_elastic.worker import chief, remote_optimizer
+from keras_elastic.worker.checkpoint_resume import resume_info
 from keras_elastic.worker.cluster import get_cluster, is_chief
 from keras_elastic.worker.model_sync import ModelSync
-from keras_elastic.worker.ps_checkpoint import resume_info
 from keras_elastic.worker.task_reporter import JobMetrics, TaskReporter
 from keras_elastic.worker.task_stream import TaskStream
 from keras_elastic.worker.tensorboard import per_worker as per_worker_tensorboard
@@ -560,7 +560,7 @@ class ElasticSession:
         prediction mode): each task's outputs written once (its
         `output_dir` or `output_writer`), or kept and returned without one."""
         from keras_elastic.prediction.writer import NumpyWriter
-        from keras_elastic.worker.prediction import predict_elastic
+        from keras_elastic.worker.prediction_loop import predict_elastic
 
         cluster = get_cluster()
         dataset.registered(cluster.master.register_dataset(dataset.registration(

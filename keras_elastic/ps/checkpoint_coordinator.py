@@ -2,8 +2,8 @@
 server's share, and the one that puts the servers back to a checkpoint.
 
 Every writer of a parameter-server checkpoint uses `save_checkpoint`: a
-worker's `ShardedModelCheckpoint` (`worker/ps_checkpoint.py`) and the
-launcher's automatic checkpoints (`launcher/ps_checkpoints.py`). It has every
+worker's `ShardedModelCheckpoint` (`worker/checkpoint_resume.py`) and the
+launcher's automatic checkpoints (`launcher/auto_checkpointer.py`). It has every
 server write its part into a hidden directory, writes the manifest over the
 parts (with the master's progress read before the saves), renames the
 directory into place, and prunes old checkpoints; a save that fails leaves
@@ -12,7 +12,9 @@ that did not restart (`launcher/launcher.py`): pause them, restore them.
 
 The layout and manifest of a checkpoint are `keras_elastic.checkpoint`'s
 (`ps_layout.py`, `ps_manifest.py`); a server writes and reads its own part
-(`ps/checkpointing.py`). No TensorFlow here: the launcher uses it.
+(`ps/checkpoint_part.py`). No TensorFlow here: the launcher uses it. Every
+module of a parameter-server checkpoint, by role: docs/architecture.md
+("Parameter-server checkpoints, by role").
 
 Example:
 
@@ -51,7 +53,7 @@ def save_checkpoint(client: PSClient, directory: str, name: str,
 
     `progress`: the master's progress read before the saves (every task it
     lists as done is wholly in every part; see `ps_manifest.py`).
-    `sharding_callback`: `ps.checkpointing.encode_callback(...)` ("" for
+    `sharding_callback`: `ps.checkpoint_part.encode_callback(...)` ("" for
     ShardByTaskPolicy). `epoch`/`batch`/`step`: what the manifest records of
     the save. `automatic`: one of the launcher's recovery points. `extra`:
     more manifest fields. `max_to_keep`: then prunes the oldest checkpoints

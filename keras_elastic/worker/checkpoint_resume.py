@@ -22,8 +22,8 @@ from typing import Any
 from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import SaveInfo
 from keras_elastic.checkpoint.ps_manifest import training_progress
-from keras_elastic.ps.checkpointing import encode_callback
-from keras_elastic.ps.checkpoints import save_checkpoint
+from keras_elastic.ps.checkpoint_coordinator import save_checkpoint
+from keras_elastic.ps.checkpoint_part import encode_callback
 from keras_elastic.worker.cluster import Cluster, is_chief  # noqa: F401 (re-exported)
 
 

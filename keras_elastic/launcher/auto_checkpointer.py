@@ -44,7 +44,7 @@ from keras_elastic.checkpoint import layout
 from keras_elastic.checkpoint.manifest import read_manifest
 from keras_elastic.checkpoint.ps_manifest import training_progress, write_ps_manifest
 from keras_elastic.master.client import MasterClient
-from keras_elastic.ps.checkpoints import save_checkpoint
+from keras_elastic.ps.checkpoint_coordinator import save_checkpoint
 from keras_elastic.ps.client import PSClient
 
 INIT = "init"

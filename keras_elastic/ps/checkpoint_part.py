@@ -3,10 +3,11 @@
 Saving asks every server to write its variables, optimizer variables and task
 log as one part, through the job's sharding callback (validated like any
 `keras_elastic.checkpoint` save); whoever asked (a worker's
-`ShardedModelCheckpoint`, or the launcher's automatic checkpoints) then writes
-the checkpoint's manifest. The values and the task log are copied in one step
-under the server's lock (so they agree), and written to disk after the lock
-is released: pushes wait only for the copy.
+`ShardedModelCheckpoint`, or the launcher's automatic checkpoints, both
+through `ps/checkpoint_coordinator.py`) then writes the checkpoint's
+manifest. The values and the task log are copied in one step under the
+server's lock (so they agree), and written to disk after the lock is
+released: pushes wait only for the copy.
 
 Restoring reads each name this server owns from whichever part holds it, so the
 number of servers may change; an embedding table's rows are read from every

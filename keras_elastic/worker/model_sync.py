@@ -2,12 +2,13 @@
 
 Each variable of the model gets a key that is stable across processes (its
 position among the model's weights and its short name, not the layer names
-Keras numbers per process), which decides its parameter server. `exchange` is
-what an optimizer's apply in the compiled train step calls (through
-`tf.py_function`; see worker/remote_optimizer.py): it pushes the gradients of
-one update and the non-trainable values (and the optimizer's learning rate
-when the worker changed it: see worker/hyperparameters.py), and returns the
-newest value of every variable.
+Keras numbers per process), which decides its parameter server. `hand_over`
+is what an optimizer's apply in the compiled train step calls (through
+`tf.py_function`; see worker/remote_optimizer.py): the step's tensors become
+one `Update` (ps/update.py: the gradients, the non-trainable values, the
+optimizer's learning rate when the worker changed it), which the model's
+exchange (worker/exchange.py) sends; it returns the newest value of every
+variable.
 """
 
 from __future__ import annotations
@@ -515,7 +516,7 @@ class ModelSync:
         what the step's non-trainable updates start from."""
         return [tf.identity(v.value) for v in self.non_trainable]
 
-    def exchange(self, push, tags, *tensors) -> list[np.ndarray]:
+    def hand_over(self, push, tags, *tensors) -> list[np.ndarray]:
         """The step hands over one update (what an optimizer's apply computed);
         returns every variable's value for the step to assign. `push` (a
         `remote_optimizer.Push`) says what `tensors` are: the gradients of
@@ -536,7 +537,7 @@ class ModelSync:
         return out
 
     def update_of(self, push, tensors) -> Update:
-        """The `Update` of the step's tensors (see `exchange`), without its task
+        """The `Update` of the step's tensors (see `hand_over`), without its task
         ranges (the exchange adds them when it sends it)."""
         # The learning rate the worker's callbacks set (sent to the servers
         # that do not hold it yet, with this push), read in the step.

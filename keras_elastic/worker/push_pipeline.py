@@ -1,7 +1,7 @@
 """The pipelined exchange: step k's push travels while step k+1 computes.
 
 With `model.compile(..., exchange="pipelined")` the train step does not wait
-for its push's reply. `ModelSync.exchange` hands the push to this pipeline's
+for its push's reply. `ModelSync.hand_over` hands the push to this pipeline's
 thread and returns at once with the newest values that have *arrived* (those
 of the previous push's reply), so:
 

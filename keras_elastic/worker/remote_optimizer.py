@@ -9,7 +9,7 @@ hooked, in place: its `apply` (which `apply_gradients` and `minimize` call)
 - inside one (`worker/step_context.py`) pushes the gradients to the
   parameter servers with the batch's task ranges, named as this update of
   the step, takes the new values of every variable back and assigns them
-  (`ModelSync.exchange`, through one `tf.py_function`), then counts the
+  (`ModelSync.hand_over`, through one `tf.py_function`), then counts the
   optimizer's `iterations` as Keras does.
 
 So a model's own `train_step` runs unchanged, with any number of optimizers
@@ -144,7 +144,7 @@ class RemoteOptimizer:
             t for _, ids, g in rows for t in (ids, tf.convert_to_tensor(g))]
         if rate is not None:
             inputs.append(tf.convert_to_tensor(rate.value))
-        values = tf.py_function(functools.partial(sync.exchange, push), inputs,
+        values = tf.py_function(functools.partial(sync.hand_over, push), inputs,
                                 Tout=[v.dtype for v in sync.variables])
         if not sync.variables:  # (only server tables: the call is an Operation)
             values = []

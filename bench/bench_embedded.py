@@ -1,6 +1,6 @@
 """The embedded cluster against plain Keras `fit`, on four kinds of model.
 
-Issue 23, item 6: a `ke.wrap` model trained in a plain script (the embedded
+A `ke.wrap` model trained in a plain script (the embedded
 cluster: master and one parameter server in the process, over gRPC on
 127.0.0.1) should run at >= 0.9x the speed of plain `keras.Model.fit`. Each
 kind of model trains on the same seeded NumPy arrays, for the same epochs,

@@ -1,6 +1,6 @@
 """Small jobs: the keras-io ports as 2-worker jobs against plain Keras, in one run.
 
-Issue 40, item 3: a user's small Keras script made elastic with the README's
+A user's small Keras script made elastic with the README's
 lines should run as a job about as fast as its work allows. For each port in
 tests/keras_io/ (`<name>.py`, plain Keras, and `<name>_elastic.py`, the
 README's change), this runs, in a fresh temporary directory each:

@@ -29,7 +29,7 @@ Configurations, each a fresh model trained for one epoch over the same files:
              generation), the worker's call deadlines from a 60 s liveness
              timeout, and the launcher's health prober probing both services
              every 2 s from this process; its ratio to "processes" is printed
-             (issue 25: liveness must not cost speed);
+             (liveness must not cost speed);
 - embedded:  the same with the embedded cluster (master and PS in this process);
 - ray:       master, PS and the worker as Ray actors (the launcher's Ray backend,
              `keras_elastic/launcher/backends/ray.py`) on a local one-node Ray

@@ -46,6 +46,7 @@ from keras_elastic.launcher.policy import (
     FAIL_UNFIXABLE,
     IGNORE,
     WAIT_FOR_ROOM,
+    Decision,
     FailurePolicy,
     JobView,
     WorkerDeath,
@@ -145,62 +146,77 @@ class WorkerGroup:
                 self.finished_ok.append(worker_id)
                 logging.info("worker %d finished", worker_id)
                 continue
-            self.lost += 1
-            reason = proc.describe_exit(code)
-            tail = proc.tail()
-            done = last_status.tasks_done if last_status else 0
-            # A role lost with its node is not the script failing the same way.
-            cause = exit_cause(tail) if not proc.lost_reason else None
-            self.failures.append(WorkerDeath(
-                worker_id, proc.lost_reason or cause.text, done,
-                exception=cause.exception_name if cause else "",
-                where=cause.where if cause else ""))
-            logging.warning("worker %d %s; log: %s", worker_id, reason, proc.log_path)
-            self._report_dead(worker_id, reason)
-            decision = self.policy.on_worker_death(JobView(
-                deaths=self.failures, job_over=self.job_over(),
-                restarts_used=self.restarts, pending_slots=self.pending_slots,
-                room_for_worker=self._room_for_worker()))
-            if decision.action == IGNORE:
-                continue
-            if decision.action == FAIL_BUDGET:
-                causes = {d.cause for d in self.failures}
-                same = (f" Every worker that died failed the same way: "
-                        f"{causes.pop()}" if len(causes) == 1 else "")
-                return (
-                    f"worker {worker_id} {reason} and the job has used all "
-                    f"{self.config.max_worker_restarts} worker restarts "
-                    f"(--max_worker_restarts).{same} Its log ({proc.log_path}) ends "
-                    f"with:\n{tail}")
-            if decision.action == FAIL_UNFIXABLE:
-                return (
-                    f"worker {worker_id} {reason}: {self.failures[-1].cause} "
-                    f"Relaunching the same script cannot fix that, so the job stops "
-                    f"(restart {self.restarts} of {self.config.max_worker_restarts} "
-                    f"used). Its log ({proc.log_path}) ends with:\n{tail}")
-            if decision.action == FAIL_SAME_FAILURE:
-                death = self.failures[-1]
-                how = (f"raised {death.exception} at {death.where}" if decision.streak
-                       == 2 and death.script_error else "failed the same way with no "
-                       "task done in between")
-                return (
-                    f"worker {worker_id} {reason}: the last {decision.streak} workers "
-                    f"all {how}, so relaunching cannot help (restart {self.restarts} "
-                    f"of {self.config.max_worker_restarts} used). Its log "
-                    f"({proc.log_path}) ends with:\n{tail}")
-            if decision.action == WAIT_FOR_ROOM:
-                self.pending_slots += 1
-                self.services.write_cluster_file()
-                logging.warning("no room for a new worker on %s now: worker %d is "
-                                "relaunched when a node has room", self.backend.name,
-                                worker_id)
-                continue
-            self.restarts += 1
-            new_id = self.start_worker()
-            logging.warning("relaunched worker %d as worker %d (restart %d of %d)",
-                            worker_id, new_id, self.restarts,
-                            self.config.max_worker_restarts)
+            error = self._died(worker_id, proc, code, last_status)
+            if error:
+                return error
         return None
+
+    def _died(self, worker_id: int, proc: RoleHandle, code: int,
+              last_status: JobStatus | None) -> str | None:
+        """A worker died (exit `code`): recorded, told to the master, then
+        what the failure policy decides is done; returns why the job fails."""
+        self.lost += 1
+        reason = proc.describe_exit(code)
+        tail = proc.tail()
+        done = last_status.tasks_done if last_status else 0
+        # A role lost with its node is not the script failing the same way.
+        cause = exit_cause(tail) if not proc.lost_reason else None
+        self.failures.append(WorkerDeath(
+            worker_id, proc.lost_reason or cause.text, done,
+            exception=cause.exception_name if cause else "",
+            where=cause.where if cause else ""))
+        logging.warning("worker %d %s; log: %s", worker_id, reason, proc.log_path)
+        self._report_dead(worker_id, reason)
+        decision = self.policy.on_worker_death(JobView(
+            deaths=self.failures, job_over=self.job_over(),
+            restarts_used=self.restarts, pending_slots=self.pending_slots,
+            room_for_worker=self._room_for_worker()))
+        if decision.action == IGNORE:
+            return None
+        if decision.action in (FAIL_BUDGET, FAIL_UNFIXABLE, FAIL_SAME_FAILURE):
+            return self._failure_text(decision, worker_id, reason, proc.log_path, tail)
+        if decision.action == WAIT_FOR_ROOM:
+            self.pending_slots += 1
+            self.services.write_cluster_file()
+            logging.warning("no room for a new worker on %s now: worker %d is "
+                            "relaunched when a node has room", self.backend.name,
+                            worker_id)
+            return None
+        self.restarts += 1
+        new_id = self.start_worker()
+        logging.warning("relaunched worker %d as worker %d (restart %d of %d)",
+                        worker_id, new_id, self.restarts,
+                        self.config.max_worker_restarts)
+        return None
+
+    def _failure_text(self, decision: Decision, worker_id: int, reason: str,
+                      log_path: str, tail: str) -> str:
+        """Why the job fails after worker `worker_id`'s death, by the policy's
+        `decision` (FAIL_BUDGET, FAIL_UNFIXABLE or FAIL_SAME_FAILURE)."""
+        if decision.action == FAIL_BUDGET:
+            causes = {d.cause for d in self.failures}
+            same = (f" Every worker that died failed the same way: "
+                    f"{causes.pop()}" if len(causes) == 1 else "")
+            return (
+                f"worker {worker_id} {reason} and the job has used all "
+                f"{self.config.max_worker_restarts} worker restarts "
+                f"(--max_worker_restarts).{same} Its log ({log_path}) ends "
+                f"with:\n{tail}")
+        if decision.action == FAIL_UNFIXABLE:
+            return (
+                f"worker {worker_id} {reason}: {self.failures[-1].cause} "
+                f"Relaunching the same script cannot fix that, so the job stops "
+                f"(restart {self.restarts} of {self.config.max_worker_restarts} "
+                f"used). Its log ({log_path}) ends with:\n{tail}")
+        death = self.failures[-1]
+        how = (f"raised {death.exception} at {death.where}" if decision.streak
+               == 2 and death.script_error else "failed the same way with no "
+               "task done in between")
+        return (
+            f"worker {worker_id} {reason}: the last {decision.streak} workers "
+            f"all {how}, so relaunching cannot help (restart {self.restarts} "
+            f"of {self.config.max_worker_restarts} used). Its log "
+            f"({log_path}) ends with:\n{tail}")
 
     def fence_lost(self, status: JobStatus) -> None:
         """Kills the workers the master declared lost whose process still runs

@@ -64,6 +64,8 @@ ALLOWED: dict[str, set[str]] = {
 # flags and the master hands out tasks on machines that may not have it).
 WITHOUT_TENSORFLOW = ["keras_elastic.master.server", "keras_elastic.launcher.launcher",
                       "keras_elastic.launcher.recovery",
+                      "keras_elastic.launcher.services",
+                      "keras_elastic.launcher.worker_group",
                       "keras_elastic.jobs.model_def", "keras_elastic.jobs.job_flags",
                       "keras_elastic.ps.client", "keras_elastic.cli"]
 

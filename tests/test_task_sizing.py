@@ -197,13 +197,13 @@ def test_elastic_dataset_defaults_to_the_masters_choice(master):
 
 def test_the_launcher_gives_the_master_its_effective_maximum():
     from keras_elastic.launcher import LaunchConfig
-    from keras_elastic.launcher.launcher import Launcher
+    from keras_elastic.launcher.services import JobServices
 
     def master_args(**config):
         fake = types.SimpleNamespace(
             config=LaunchConfig(**config), journal_path="/tmp/j", generation=0,
             backend=types.SimpleNamespace(service_host=lambda: "127.0.0.1"))
-        return Launcher._master_args(fake)
+        return JobServices._master_args(fake)
 
     assert "--max_workers=3" in master_args(num_workers=3)  # --max_workers=0
     assert "--max_workers=5" in master_args(num_workers=2, max_workers=5)

@@ -17,12 +17,13 @@ server must be replaced, and when a job is resumed.
 
 The order is what makes a recovery exact, so it lives here, in one place;
 the launcher only decides *whether* (restart budgets) and records *what
-happened*. The sequences see the launcher through `ServiceHost`.
+happened*. The sequences see the job's services (`services.JobServices`)
+through `ServiceHost`.
 
 Example:
 
 ```python
-recovery = Recovery(launcher)
+recovery = Recovery(services, num_ps=1)
 record = recovery.recover_ps(0, "exited with code -9")
 ```
 """
@@ -51,7 +52,7 @@ class RecoveryFailed(ClusterError):
 
 
 class ServiceHost(Protocol):
-    """What the recovery sequences use of the launcher."""
+    """What the recovery sequences use of the job's services."""
 
     backend: Backend
     checkpointer: AutoCheckpointer
@@ -71,7 +72,7 @@ class ServiceHost(Protocol):
 
     def _ps_args(self, i: int, port: int = 0) -> list[str]: ...
 
-    def _write_cluster_file(self) -> None: ...
+    def write_cluster_file(self) -> None: ...
 
 
 def _port(address: str) -> int:
@@ -107,7 +108,7 @@ class Recovery:
         address = host._advertised(info["address"])
         if address != host.master_address:
             self._master_moved(address)
-        host._write_cluster_file()
+        host.write_cluster_file()
         self.fence_all()
         return {"reason": reason, "generation": host.generation,
                 "seconds": round(time.time() - started, 2), "at": time.time()}
@@ -167,7 +168,7 @@ class Recovery:
                 host.checkpointer.set_ps_addresses(host.ps_addresses)
             # Clients waiting for it find its address there (it is paused
             # until the rollback below is done), and the new generation.
-            host._write_cluster_file()
+            host.write_cluster_file()
             self.fence_all()
             undone = {}
             if checkpoint is not None:
@@ -181,7 +182,7 @@ class Recovery:
                     checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
                     prepare=lambda client: restore_servers(client, others,
                                                            checkpoint.path))
-            host._write_cluster_file()
+            host.write_cluster_file()
             return {"ps": i, "reason": reason, "generation": host.generation,
                     "checkpoint": getattr(checkpoint, "path", None),
                     "completions_undone": undone,

@@ -1,0 +1,421 @@
+"""The job's services: the master and the parameter servers, started and kept
+alive (the workers are `worker_group.py`'s; the loop over both, `launcher.py`).
+
+`JobServices` holds what the job's processes must know of them and what the
+launcher does to them:
+
+- their flags (`_master_args`, `_ps_args`) and their start, all at once;
+- the job token and TLS (`_setup_security`), and the addresses they are
+  reached at (`_advertised`: a cluster's node address for a bound one);
+- `cluster.json` (`write_cluster_file`: where every role is, the job's
+  generation and seed, what a joining client trusts) and where a cluster
+  placed each role (`note_placements`);
+- their health: an exit, or no answer to health checks for
+  `--liveness_timeout` (`liveness.py`), is a loss; a lost service is killed
+  (fencing) and, within its restart budget (`policy.py`), recovered by the
+  sequences of `recovery.py` (`check_master`, `check_ps`);
+- the automatic parameter-server checkpoints (`auto_checkpointer.py`).
+
+The workers enter only through `workers`, a callable giving the running
+workers and the slots waiting for room, for `cluster.json`.
+
+Example:
+
+```python
+services = JobServices(config, job_dir, backend, Artifacts(job_dir), policy,
+                       generation=0, seed=7, workers=lambda: ({}, 0))
+services.start()
+error = services.check_master() or services.check_ps()   # None: all is well
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+
+from absl import logging
+
+from keras_elastic.common import auth, rpc, tls
+from keras_elastic.launcher.auto_checkpointer import (
+    INIT,
+    AutoCheckpointer,
+    latest_checkpoint,
+)
+from keras_elastic.launcher.backends import (
+    Backend,
+    RoleHandle,
+    start_service,
+    start_services,
+)
+from keras_elastic.launcher.config import LaunchConfig
+from keras_elastic.launcher.liveness import HealthProber
+from keras_elastic.launcher.policy import FailurePolicy, ServiceLiveness
+from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
+from keras_elastic.launcher.report import Artifacts
+from keras_elastic.master.client import MasterClient
+
+JOURNAL_FILE = "master.journal"
+
+
+class JobServices:
+    """The master and the parameter servers of one job (module docstring)."""
+
+    def __init__(self, config: LaunchConfig, job_dir: str, backend: Backend,
+                 artifacts: Artifacts, policy: FailurePolicy, generation: int,
+                 seed: int, workers: Callable[[], tuple[dict[int, RoleHandle], int]]
+                 ) -> None:
+        self.config = config
+        self.job_dir = job_dir
+        self.backend = backend
+        self.artifacts = artifacts
+        self.policy = policy
+        # The job's generation (common/fencing.py): one more at each recovery
+        # of a service; a resumed job goes on from its last.
+        self.generation = generation
+        self.seed = seed
+        self._workers = workers
+        self.journal_path = os.path.join(job_dir, JOURNAL_FILE)
+        self.master_proc: RoleHandle | None = None
+        self.ps_procs: list[RoleHandle] = []
+        self.master: MasterClient | None = None
+        self.tls_config: tls.TLSConfig | None = None
+        self.placements: list[dict] = []  # {"role", "node", "at"}
+        self._placed: dict[str, str] = {}
+        self.ps_restarts = 0
+        self.master_restarts = 0
+        self.master_recoveries: list[dict] = []
+        self.recoveries: list[dict] = []
+        self.resumed_from: dict | None = None
+        self.checkpointer: AutoCheckpointer | None = None
+        self.recovery = Recovery(self, config.num_ps)
+        interval = min(2.0, config.liveness_timeout / 5)
+        self.prober = HealthProber(ServiceLiveness(config.liveness_timeout, interval),
+                                   interval)
+        self.tls_on = self._tls_wanted()
+        if not self.tls_on:
+            rpc.check_bind(backend.routable_host() or "127.0.0.1", False,
+                           config.insecure)
+
+    def _tls_wanted(self) -> bool:
+        """TLS beyond loopback unless --insecure (see LaunchConfig.tls_on)."""
+        if self.config.tls_cert:
+            return True
+        if self.config.tls is not None:
+            return self.config.tls
+        return not self.backend.loopback_only() and not self.config.insecure
+
+    # -- start ----------------------------------------------------------------
+    def _setup_security(self) -> None:
+        """The job token (JOB_DIR/token) and TLS settings, put in this process's
+        environment: its clients use them, its children inherit them."""
+        auth.write_token_file(self.job_dir)
+        self.tls_config = None
+        if self.config.tls_cert:
+            # A cluster's services listen on their nodes' addresses: the
+            # certificate must name them (docs/ray.md).
+            self.tls_config = tls.TLSConfig(
+                os.path.abspath(self.config.tls_cert), os.path.abspath(self.config.tls_key),
+                self.config.tls_ca and os.path.abspath(self.config.tls_ca))
+        elif self.tls_on:
+            # The nodes' addresses are not known in advance on a cluster: the
+            # certificate names the job (tls.JOB_SERVER_NAME), which clients check.
+            by_name = self.backend.tls_by_name
+            hosts = [] if by_name else [self.config.advertise or self.config.bind,
+                                        self.config.bind]
+            self.tls_config = tls.make_self_signed(
+                os.path.join(self.job_dir, "tls"), hosts,
+                server_name=tls.JOB_SERVER_NAME if by_name else None)
+        if self.tls_config is not None:
+            os.environ.update(self.tls_config.to_env())
+        elif self.config.insecure:
+            os.environ[tls.INSECURE_ENV] = "1"
+
+    def _advertised(self, address: str) -> str:
+        """A service's bound address as the job's processes reach it."""
+        return self.backend.advertised(address)
+
+    def _start_service(self, name: str, module: str, args: list[str]
+                       ) -> tuple[RoleHandle, dict]:
+        return start_service(name, module, args, self.job_dir, backend=self.backend,
+                             kind=name.split("-")[0])
+
+    def _ps_args(self, i: int, port: int = 0) -> list[str]:
+        return [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
+                f"--host={self.backend.service_host()}",
+                f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
+                f"--generation={self.generation}",
+                f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
+
+    def _master_args(self, port: int = 0) -> list[str]:
+        return [f"--host={self.backend.service_host()}", f"--port={port}",
+                f"--journal={self.journal_path}",
+                f"--heartbeat_timeout={self.config.heartbeat_timeout}",
+                f"--progress_timeout={self.config.liveness_timeout}",
+                f"--generation={self.generation}",
+                f"--max_task_retries={self.config.max_task_retries}",
+                f"--max_workers={self.config.bounds[1]}",
+                f"--min_workers={self.config.num_workers}",
+                f"--rendezvous_timeout={self.config.rendezvous_timeout}"]
+
+    def start(self) -> None:
+        """Starts the master and the servers (from the latest automatic
+        checkpoint, paused, on --resume), writes cluster.json, then starts
+        the automatic checkpoints and the health checks. Raises
+        NoIntactCheckpointError (--resume with only damaged checkpoints)."""
+        self._setup_security()
+        self.ps_checkpoint_dir = os.path.join(self.job_dir, "ps_checkpoints")
+        os.makedirs(os.path.join(self.ps_checkpoint_dir, INIT), exist_ok=True)
+        resume_from = None
+        if self.config.resume:
+            resume_from = latest_checkpoint(self.ps_checkpoint_dir, self.config.num_ps)
+        services = [("master", "keras_elastic.master", self._master_args())]
+        for i in range(self.config.num_ps):
+            args = self._ps_args(i)
+            if resume_from is not None:
+                args += [f"--restore_from={resume_from.path}", "--paused"]
+            services.append((f"ps-{i}", "keras_elastic.ps", args))
+        # All at once: their start-ups (imports) overlap.
+        (self.master_proc, info), *servers = start_services(
+            services, self.job_dir, backend=self.backend)
+        self.master_address = self._advertised(info["address"])
+        self.ps_procs = [proc for proc, _ in servers]
+        self.ps_addresses = [self._advertised(ps_info["address"])
+                             for _, ps_info in servers]
+        # Short retries: while the master is down the loop must go on (and
+        # restart it); workers retry for --connect_timeout.
+        self.master = MasterClient(self.master_address, reconnect_timeout=3.0)
+        self.write_cluster_file()
+        if self.config.resume:
+            self.resumed_from = self.recovery.resume(resume_from)
+        self.checkpointer = AutoCheckpointer(
+            self.ps_checkpoint_dir, self.ps_addresses, self.master,
+            every_secs=self.config.ps_checkpoint_secs,
+            every_versions=self.config.ps_checkpoint_versions,
+            full_every=self.config.ps_checkpoint_full_every,
+            keep=self.config.ps_checkpoints_to_keep)
+        self.checkpointer.start()
+        self.prober.set_targets({"master": self.master_address, **{
+            f"ps-{i}": a for i, a in enumerate(self.ps_addresses)}})
+        self.prober.start()
+        logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
+                     ", ".join(self.ps_addresses))
+
+    # -- cluster.json -----------------------------------------------------------
+    def write_cluster_file(self) -> None:
+        """JOB_DIR/cluster.json: where the services are (clients re-read it
+        when a service they lost moved), pids and nodes of every role."""
+        workers, pending_slots = self._workers()
+        roles = {"master": self.master_proc, **{f"ps-{i}": p for i, p in
+                                                 enumerate(self.ps_procs)},
+                 **{f"worker-{i}": p for i, p in workers.items()}}
+        self.artifacts.write("cluster.json", {
+            "master": self.master_address, "ps": self.ps_addresses,
+            "generation": self.generation,
+            "seed": self.seed,
+            # Lost workers whose replacement waits for room on the backend.
+            "worker_slots_pending": pending_slots,
+            "ps_pids": [p.pid for p in self.ps_procs],
+            "worker_pids": {str(i): p.pid for i, p in workers.items()},
+            "master_pid": self.master_proc.pid,
+            "launcher_pid": os.getpid(),
+            "backend": self.backend.name,
+            "nodes": {name: p.node for name, p in roles.items()},
+            # What a joining client trusts (ca None: the system's CAs;
+            # server_name: the name job-made certificates carry).
+            "tls": self._tls_for_clients()})
+
+    def _tls_for_clients(self) -> dict | None:
+        if self.tls_config is None:
+            return None
+        given = {"ca": self.tls_config.ca}
+        if self.tls_config.server_name:
+            given["server_name"] = self.tls_config.server_name
+        return given
+
+    def note_placements(self) -> None:
+        """Records where roles landed (a cluster places them some time after
+        they are started) and rewrites cluster.json when one did."""
+        workers, _ = self._workers()
+        roles = [self.master_proc, *self.ps_procs, *workers.values()]
+        changed = False
+        for role in roles:
+            node = role.node
+            if node is not None and self._placed.get(role.name) != node:
+                self._placed[role.name] = node
+                self.placements.append({"role": role.name, "node": node,
+                                        "at": time.time()})
+                changed = True
+        if changed:
+            self.write_cluster_file()
+
+    # -- health and recovery ------------------------------------------------------
+    def _exit_or_lost(self, role: str, proc: RoleHandle) -> tuple[int, str] | None:
+        """(exit code, reason) if the service `role` exited, or answered no
+        health check for --liveness_timeout seconds: then it is killed first
+        (fencing: a frozen process must not wake up into the job after it
+        was replaced), and waited for. None while it lives and answers."""
+        code = proc.poll()
+        if code is not None:
+            return code, proc.describe_exit(code)
+        why = self.prober.why(role)
+        if why is None:
+            return None
+        logging.warning("%s (pid %s) %s: killing it", role, proc.pid, why)
+        proc.kill()
+        deadline = time.monotonic() + 30
+        while (code := proc.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return (-9 if code is None else code), f"{why} and was killed"
+
+    def check_master(self) -> str | None:
+        """Restarts the master if it is lost; returns why the job fails (the
+        restart budget spent, or the restart failed), None otherwise."""
+        exited = self._exit_or_lost("master", self.master_proc)
+        if exited is None:
+            return None
+        self.master_proc.close()
+        _, reason = exited
+        if not self.policy.restart_service("master", self.master_restarts):
+            return (f"the master {reason} and was already restarted "
+                    f"{self.master_restarts} time(s) (--max_master_restarts="
+                    f"{self.config.max_master_restarts}); its log "
+                    f"({self.master_proc.log_path}) ends with:\n"
+                    f"{self.master_proc.tail()}")
+        self.master_restarts += 1
+        logging.warning("the master %s; restarting it from its journal (restart %d "
+                        "of %d)", reason, self.master_restarts,
+                        self.config.max_master_restarts)
+        try:
+            record = self.recovery.restart_master(reason)
+        except RecoveryFailed as e:
+            return str(e)
+        self.prober.set_target("master", self.master_address)
+        self.prober.recovered()
+        self.master_recoveries.append(record)
+        logging.warning("the master is back in %.1f s", record["seconds"])
+        return None
+
+    def check_ps(self) -> str | None:
+        """Recovers each lost parameter server; returns why the job fails,
+        None otherwise."""
+        for i, proc in enumerate(self.ps_procs):
+            exited = self._exit_or_lost(f"ps-{i}", proc)
+            if exited is not None:
+                error = self._recover_ps(i, exited[1])
+                if error:
+                    return error
+        return None
+
+    def _recover_ps(self, i: int, reason: str) -> str | None:
+        """Restarts parameter server `i` on its address from the latest
+        automatic checkpoint; the other servers and the master go back to it.
+        Returns why the job fails, None otherwise."""
+        proc = self.ps_procs[i]
+        proc.close()
+        if not self.policy.restart_service("ps", self.ps_restarts):
+            return (f"parameter server {i} {reason} and was already restarted "
+                    f"{self.ps_restarts} time(s) (--max_ps_restarts="
+                    f"{self.config.max_ps_restarts}); its log ({proc.log_path}) "
+                    f"ends with:\n{proc.tail()}")
+        self.ps_restarts += 1
+        logging.warning("parameter server %d %s; restarting it (restart %d of %d)", i,
+                        reason, self.ps_restarts, self.config.max_ps_restarts)
+        try:
+            record = self.recovery.recover_ps(i, reason)
+        except RecoveryFailed as e:
+            return str(e)
+        self.prober.set_target(f"ps-{i}", self.ps_addresses[i])
+        self.prober.recovered()  # (the other servers were paused meanwhile)
+        if record is not None:
+            self.recoveries.append(record)
+            logging.warning("parameter server %d is back from %s in %.1f s; tasks "
+                            "undone: %s", i, record["checkpoint"] or "nothing (it was "
+                            "never initialized)", record["seconds"],
+                            record["completions_undone"])
+        return None
+
+    # -- the end --------------------------------------------------------------
+    def table_stats(self) -> dict[str, dict[str, int]]:
+        """The embedding tables' counters summed over the servers (rows,
+        admitted, evicted, dropped, bytes); {} without tables or servers."""
+        if self.checkpointer is None or not self.ps_addresses:
+            return {}
+        try:
+            statuses = self.checkpointer.client().status_all(timeout=30)
+        except (ConnectionError, ValueError) as e:
+            logging.warning("embedding table counters unavailable: %s", e)
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for status in statuses:
+            for name, counters in status.table_stats.items():
+                total = out.setdefault(name, dict.fromkeys(counters, 0))
+                for key, value in counters.items():
+                    total[key] += value
+        return out
+
+    def stop_background(self) -> None:
+        """Stops the health prober and the automatic checkpoints (their
+        threads log): the job's last line is then the launcher's last word."""
+        self.prober.stop()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+            self.checkpointer = None
+
+    def stop(self) -> None:
+        """Closes the launcher's master client and ends the servers (the
+        background threads first: `stop_background`)."""
+        if self.master is not None:
+            self.master.close()
+        for proc in self.ps_procs:
+            proc.terminate()
+        if self.master_proc is not None:
+            self.master_proc.terminate()
+
+
+def check_journal(config: LaunchConfig, job_dir: str) -> None:
+    """Refuses --resume without a job in `job_dir`, and a new job where one
+    ran (ValueError)."""
+    journal_path = os.path.join(job_dir, JOURNAL_FILE)
+    if config.resume and not os.path.isfile(journal_path):
+        raise ValueError(f"--resume: {job_dir} holds no job to continue (no "
+                         f"{JOURNAL_FILE}); start the job without --resume")
+    if not config.resume and os.path.isfile(journal_path):
+        raise ValueError(f"{job_dir} holds an earlier job ({JOURNAL_FILE}): "
+                         "pass --resume to continue it, or give a new --job_dir")
+
+
+def job_seed(config: LaunchConfig, job_dir: str) -> int:
+    """The job's seed (common/seeding.py): `--seed`, else a resumed job's own
+    (its last cluster.json), else a random one."""
+    last = None
+    if config.resume:
+        try:
+            with open(os.path.join(job_dir, "cluster.json")) as f:
+                last = json.load(f).get("seed")
+        except (OSError, ValueError, AttributeError):
+            last = None
+    if config.seed is not None:
+        if last is not None and int(last) != config.seed:
+            logging.warning("--seed=%d: the job resumed used seed %s; workers whose "
+                            "data depends on it build other data than before",
+                            config.seed, last)
+        return config.seed
+    if last is not None:
+        return int(last)
+    return secrets.randbelow(2 ** 31)
+
+
+def first_generation(config: LaunchConfig, job_dir: str) -> int:
+    """The job's first generation: 0, or one more than a resumed job's last
+    (its last cluster.json's; 0 if none)."""
+    if not config.resume:
+        return 0
+    try:
+        with open(os.path.join(job_dir, "cluster.json")) as f:
+            return int(json.load(f).get("generation", 0)) + 1
+    except (OSError, ValueError, TypeError):
+        return 1

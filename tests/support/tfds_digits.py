@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import tensorflow_datasets as tfds
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "examples", "digits"))
 import prepare_data  # noqa: E402
 

@@ -2,7 +2,7 @@
 lines: bench/bench_batching.py, bench/bench_checkpoint.py. No timing is
 checked. (In-process benches: no master, PS or worker process.)"""
 
-from bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
+from support.bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
 
 pytestmark = skip_without_bench
 

@@ -3,7 +3,7 @@ job, and its row of the report (wall seconds, ratio, the job's phases). No
 timing is checked."""
 
 import pytest
-from bench_smoke import NUM, figures, run_smoke, skip_without_bench
+from support.bench_smoke import NUM, figures, run_smoke, skip_without_bench
 
 pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 

@@ -9,8 +9,15 @@ import subprocess
 import sys
 
 import pytest
-from bench_smoke import BENCH_DIR, NUM, figures, one_positive, run_smoke, skip_without_bench
 from conftest import REPO, subprocess_env
+from support.bench_smoke import (
+    BENCH_DIR,
+    NUM,
+    figures,
+    one_positive,
+    run_smoke,
+    skip_without_bench,
+)
 
 pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from bench_smoke import (
+from conftest import REPO, subprocess_env
+from support.bench_smoke import (
     BENCH_DIR,
     NUM,
     figures,
@@ -16,7 +17,6 @@ from bench_smoke import (
     run_smoke,
     skip_without_bench,
 )
-from conftest import REPO, subprocess_env
 
 pytestmark = [skip_without_bench, pytest.mark.multiprocess]
 

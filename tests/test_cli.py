@@ -9,9 +9,11 @@ import sys
 
 import pytest
 from conftest import subprocess_env
-from tfrecord_data import make_arrays, write_shards
+from support.tfrecord_data import make_arrays, write_shards
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+# The --model_def modules (cli_model_def.py, job_script.py) are in tests/scripts/.
+ZOO = "--model_zoo=" + os.path.join(TESTS, "scripts")
 
 
 def cli(*args, cwd=TESTS, timeout=60):
@@ -42,21 +44,21 @@ def data(tmp_path):
     ([], "--model_def is required"),
     (["--model_def=cli_model_def"], "must look like 'package.module:function'"),
     (["--model_def=no_such_module:f"], "cannot find module 'no_such_module'"),
-    (["--model_def=cli_model_def:missing"],
-     "module 'cli_model_def' (" + os.path.join(TESTS, "cli_model_def.py") +
+    ([ZOO, "--model_def=cli_model_def:missing"],
+     "module 'cli_model_def' (" + os.path.join(TESTS, "scripts", "cli_model_def.py") +
      ") does not define 'missing' (the model function)"),
-    (["--model_def=job_script:main"],
+    ([ZOO, "--model_def=job_script:main"],
      "does not define 'dataset_fn' (dataset_fn(records, mode))"),
-    (["--model_def=cli_model_def:custom_model"], "`keras-elastic train` needs "
+    ([ZOO, "--model_def=cli_model_def:custom_model"], "`keras-elastic train` needs "
      "--training_data"),
-    (["--model_def=cli_model_def:custom_model", "--training_data=/nowhere/*.tfrecord"],
+    ([ZOO, "--model_def=cli_model_def:custom_model", "--training_data=/nowhere/*.tfrecord"],
      "--training_data: no file matches '/nowhere/*.tfrecord'"),
-    (["--model_def=cli_model_def:custom_model", "--training_data={data}",
+    ([ZOO, "--model_def=cli_model_def:custom_model", "--training_data={data}",
       "--prediction_data={data}"], "`keras-elastic train` does not take "
      "--prediction_data: the job type follows from the data flags"),
-    (["--model_def=cli_model_def:custom_model", "--training_data={data}",
+    ([ZOO, "--model_def=cli_model_def:custom_model", "--training_data={data}",
       "--num_epochs=0"], "--num_epochs must be at least 1, got 0"),
-    (["--model_def=cli_model_def:custom_model", "--training_data={data}",
+    ([ZOO, "--model_def=cli_model_def:custom_model", "--training_data={data}",
       "--evaluation_steps=10"], "--evaluation_steps needs --validation_data"),
 ])
 def test_train_flag_errors(args, message, data):
@@ -67,14 +69,14 @@ def test_train_flag_errors(args, message, data):
 
 
 def test_evaluate_and_predict_need_a_checkpoint(tmp_path, data):
-    result = cli("evaluate", "--model_def=cli_model_def:custom_model",
+    result = cli("evaluate", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--validation_data={data}")
     assert result.returncode == 2
     assert "needs --checkpoint_dir: the model is loaded from its latest" in result.stderr
-    result = cli("evaluate", "--model_def=cli_model_def:custom_model",
+    result = cli("evaluate", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--validation_data={data}", f"--checkpoint_dir={tmp_path}")
     assert f"--checkpoint_dir={tmp_path} holds no complete checkpoint" in result.stderr
-    result = cli("predict", "--model_def=cli_model_def:custom_model",
+    result = cli("predict", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--prediction_data={data}", f"--checkpoint_dir={tmp_path}",
                  f"--validation_data={data}")
     assert "`keras-elastic predict` does not take --validation_data" in result.stderr
@@ -107,7 +109,7 @@ def test_data_files_are_checked_before_any_process_starts(tmp_path, data):
     train = tmp_path / "train"
     write_shards(str(train), x, y, 2)
     (train / "README.md").write_text("# the training data, as TFRecord files\n")
-    result = cli("train", "--model_def=cli_model_def:custom_model",
+    result = cli("train", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--training_data={train}")
     assert result.returncode == 2, result.stdout + result.stderr
     assert (f"--training_data: {train}/README.md is not a TFRecord file: it looks "
@@ -119,14 +121,14 @@ def test_data_files_are_checked_before_any_process_starts(tmp_path, data):
     validation.mkdir()
     (validation / "val-00000.tfrecord.gz").write_bytes(
         gzip.compress(open(glob.glob(data)[0], "rb").read()))
-    result = cli("train", "--model_def=cli_model_def:custom_model",
+    result = cli("train", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--training_data={train}", f"--validation_data={validation}/")
     assert result.returncode == 2
     assert (f"--validation_data: {validation}/val-00000.tfrecord.gz is not a TFRecord "
             "file: it looks like a gzip-compressed file") in result.stderr, result.stderr
     cut = tmp_path / "test-00000.tfrecord"
     cut.write_bytes(open(glob.glob(data)[0], "rb").read()[:-3])
-    result = cli("predict", "--model_def=cli_model_def:custom_model",
+    result = cli("predict", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--prediction_data={tmp_path}/test-*.tfrecord",
                  f"--checkpoint_dir={tmp_path}", f"--output={tmp_path}/preds")
     assert result.returncode == 2
@@ -138,7 +140,7 @@ def test_data_files_are_checked_before_any_process_starts(tmp_path, data):
 def test_train_checkpoint_dir_is_a_directory(tmp_path, data):
     a_file = tmp_path / "ckpt.txt"
     a_file.write_text("x")
-    result = cli("train", "--model_def=cli_model_def:custom_model",
+    result = cli("train", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--training_data={data}", f"--checkpoint_dir={a_file}")
     assert result.returncode == 2
     assert (f"--checkpoint_dir={a_file} is a file, not a directory: a training job "
@@ -147,7 +149,7 @@ def test_train_checkpoint_dir_is_a_directory(tmp_path, data):
     checkpoint = tmp_path / "ckpts" / "ckpt-0003"
     checkpoint.mkdir(parents=True)
     (checkpoint / "manifest.json").write_text("{}")
-    result = cli("train", "--model_def=cli_model_def:custom_model",
+    result = cli("train", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--training_data={data}", f"--checkpoint_dir={checkpoint}")
     assert result.returncode == 2
     assert (f"--checkpoint_dir={checkpoint} is a checkpoint itself (it holds "

@@ -14,7 +14,7 @@ import signal
 
 import pytest
 from conftest import wait_for
-from counting_jobs import check_exact, counting_job, write_data
+from support.counting_jobs import check_exact, counting_job, write_data
 
 from keras_elastic.checkpoint import layout
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tfrecord_data import make_arrays, write_shards
+from support.tfrecord_data import make_arrays, write_shards
 
 from keras_elastic.data import ArraySource, TFRecordSource, as_source
 from keras_elastic.data.tfrecord_index import CorruptRecordError, build_index

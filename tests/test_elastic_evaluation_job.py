@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import job_status, launch, wait_for
-from tfrecord_data import make_arrays, parse, write_shards
+from support.tfrecord_data import make_arrays, parse, write_shards
 
 from keras_elastic.prediction import read_predictions
 
 pytestmark = pytest.mark.multiprocess
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_job_script.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
+                      "eval_job_script.py")
 
 
 def reference_model(weights=None):

@@ -22,11 +22,12 @@ from conftest import (
     subprocess_env,
     wait_for,
 )
-from tfrecord_data import make_arrays, parse, write_shards
+from support.tfrecord_data import make_arrays, parse, write_shards
 
 pytestmark = pytest.mark.multiprocess
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_script.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
+                      "job_script.py")
 
 
 def plain_keras_weights(files, epochs=1, batch_size=32):

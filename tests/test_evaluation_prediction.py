@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from tfrecord_data import make_arrays
+from support.tfrecord_data import make_arrays
 
 import keras_elastic as ke
 from keras_elastic.prediction import PredictionWriter, read_predictions

@@ -14,7 +14,7 @@ import re
 
 import pytest
 from conftest import launch
-from counting_jobs import check_exact, counting_job, worker_logs, write_data
+from support.counting_jobs import check_exact, counting_job, worker_logs, write_data
 
 pytestmark = pytest.mark.multiprocess
 

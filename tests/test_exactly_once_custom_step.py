@@ -8,7 +8,7 @@ spread over the test processes).
 """
 
 import pytest
-from counting_jobs import check_exact, counting_job, worker_logs, write_data
+from support.counting_jobs import check_exact, counting_job, worker_logs, write_data
 
 pytestmark = pytest.mark.multiprocess
 

@@ -14,13 +14,13 @@ import sys
 
 import pytest
 from conftest import REPO, finish, launch, subprocess_env, wait_for
-from counting_jobs import (
+from support.counting_jobs import (
     check_exact,
     counting_job,
     kill_ps,
     write_data,
 )
-from counting_jobs import training as _training
+from support.counting_jobs import training as _training
 
 pytestmark = pytest.mark.multiprocess
 

@@ -19,15 +19,15 @@ import keras
 import numpy as np
 import pytest
 from conftest import REPO, launch
-from file_callbacks_script import file_callbacks, make_model
-from tfrecord_data import make_arrays
+from scripts.file_callbacks_script import file_callbacks, make_model
+from support.tfrecord_data import make_arrays
 
 import keras_elastic as ke
 from keras_elastic.common import cluster_env
 from keras_elastic.worker import cluster as cluster_mod
 from keras_elastic.worker.file_callbacks import SCRATCH, JobCallbacks, merge_csv
 
-SCRIPT = os.path.join(REPO, "tests", "file_callbacks_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "file_callbacks_script.py")
 
 
 def listing(directory: str) -> list[str]:

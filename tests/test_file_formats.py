@@ -13,7 +13,7 @@ import sys
 import pytest
 import tensorflow as tf
 from conftest import REPO, subprocess_env
-from tfrecord_data import make_arrays, write_shards
+from support.tfrecord_data import make_arrays, write_shards
 
 from keras_elastic.common import file_formats
 from keras_elastic.common.file_formats import (

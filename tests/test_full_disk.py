@@ -12,7 +12,7 @@ import subprocess
 import uuid
 
 import pytest
-from counting_jobs import RECORDS, check_exact, counting_job, write_data
+from support.counting_jobs import RECORDS, check_exact, counting_job, write_data
 
 pytestmark = pytest.mark.multiprocess
 

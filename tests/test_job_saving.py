@@ -11,7 +11,7 @@ import os
 import pytest
 from conftest import REPO, launch
 
-SCRIPT = os.path.join(REPO, "tests", "saving_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "saving_script.py")
 
 
 @pytest.mark.multiprocess

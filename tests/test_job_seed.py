@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import REPO, launch, subprocess_env
 
-SCRIPT = os.path.join(REPO, "tests", "unseeded_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "unseeded_script.py")
 
 
 def results(job_dir: str) -> dict[str, dict]:
@@ -31,7 +31,7 @@ def results(job_dir: str) -> dict[str, dict]:
 def draws_after_seeding(seed: int) -> dict:
     """The first draws of a plain process that called
     `keras.utils.set_random_seed(seed)` (no job, no keras_elastic)."""
-    code = ("import keras, sys; sys.path.insert(0, 'tests'); "
+    code = ("import keras, sys; sys.path.insert(0, 'tests/scripts'); "
             f"keras.utils.set_random_seed({seed}); import unseeded_script as s; "
             "import json; print(json.dumps(s.first_draws()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=subprocess_env(),

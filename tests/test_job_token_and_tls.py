@@ -178,12 +178,12 @@ def test_job_with_tls_runs_end_to_end_and_refuses_outsiders(tmp_path):
     data = tmp_path / "data"
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import counting_script as c; "
             f"c.write_data(sys.argv[2], {records}, 2)")
-    subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "tests"),
+    subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "tests", "scripts"),
                     str(data)], check=True, env=subprocess_env(), timeout=120)
     job_dir = tmp_path / "job"
     out = tmp_path / "out.json"
     job_token = secrets.token_hex(32)  # not this test process's token
-    job = launch(str(job_dir), os.path.join(REPO, "tests", "counting_script.py"),
+    job = launch(str(job_dir), os.path.join(REPO, "tests", "scripts", "counting_script.py"),
                  "--tls", "--num_workers=1",
                  script_args=(f"--data={data}/*.tfrecord", "--epochs=1", f"--output={out}",
                               "--sleep_per_batch=0.05"),

@@ -1,5 +1,5 @@
 """Keras' meaning of compile and of assigned weights in a 2-worker job
-(issue 40): tests/keras_semantics_script.py, as every worker runs it."""
+(issue 40): tests/scripts/keras_semantics_script.py, as every worker runs it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import pytest
 from conftest import REPO, launch
 
-SCRIPT = os.path.join(REPO, "tests", "keras_semantics_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "keras_semantics_script.py")
 
 
 def results(job_dir: str) -> dict[str, dict]:
@@ -53,7 +53,8 @@ def test_a_second_models_last_learning_rate_reaches_the_servers(tmp_path):
     there, and the fit's end took the servers' old rate back (found by
     Keras' ReduceLROnPlateau test in a job)."""
     job = str(tmp_path / "job")
-    result = launch(job, os.path.join(REPO, "tests", "second_model_lr_script.py"),
+    result = launch(job, os.path.join(REPO, "tests", "scripts",
+                                      "second_model_lr_script.py"),
                     "--num_workers=2", "--num_ps=1", timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     found = results(job)

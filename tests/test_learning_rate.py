@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import subprocess_env
-from tfrecord_data import make_arrays
+from support.tfrecord_data import make_arrays
 
 import keras_elastic as ke
 from keras_elastic.checkpoint.ps_manifest import write_ps_manifest
@@ -108,7 +108,7 @@ NEW_WORKER = """
 import json
 import keras
 import keras_elastic as ke
-from tfrecord_data import make_arrays
+from support.tfrecord_data import make_arrays
 
 keras.utils.set_random_seed(3)
 model = ke.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),

@@ -11,7 +11,7 @@ import os
 import re
 
 import pytest
-from counting_jobs import check_exact, counting_job, write_data
+from support.counting_jobs import check_exact, counting_job, write_data
 
 pytestmark = pytest.mark.multiprocess
 

@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 import pytest
 from conftest import REPO, job_status, launch, subprocess_env, wait_for
-from counting_jobs import SCRIPT, check_exact, counting_job, write_data
+from support.counting_jobs import SCRIPT, check_exact, counting_job, write_data
 
 from keras_elastic.common.pids import pid_alive
 from keras_elastic.master.journal import Journal, JournalCorruptError, encode_record
@@ -332,7 +332,7 @@ def test_launcher_killed_leaves_nothing_and_resume_finishes_exactly(
 def test_resume_of_a_directory_without_a_job_is_a_clear_error(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={tmp_path}",
-         "--resume", "--", sys.executable, os.path.join(REPO, "tests",
+         "--resume", "--", sys.executable, os.path.join(REPO, "tests", "scripts",
                                                         "counting_script.py")],
         env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode != 0

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tfrecord_data import make_arrays
+from support.tfrecord_data import make_arrays
 
 import keras_elastic as ke
 from keras_elastic.checkpoint import ps_layout

@@ -42,7 +42,7 @@ OBJECT_STORE = 80 * 1024 * 1024
 # Ray turns a loopback cluster address into the machine's routable one unless
 # clusters are "disabled" (then its own address stays 127.0.0.1).
 RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-SCRIPT = os.path.join(REPO, "tests", "counting_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "counting_script.py")
 DIGITS = os.path.join(REPO, "examples", "digits")
 RECORDS = 1024
 TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
@@ -105,7 +105,7 @@ def counting_data(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("counting"))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import counting_script as c; "
             f"c.write_data(sys.argv[2], {RECORDS}, 4)")
-    subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "tests"),
+    subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "tests", "scripts"),
                     directory], check=True, env=subprocess_env(), timeout=120)
     return os.path.join(directory, "*.tfrecord")
 

@@ -24,8 +24,8 @@ import sys
 
 import pytest
 from conftest import REPO, assert_exactly_once, launch, read_ledger, subprocess_env
-from counting_jobs import check_exact, counting_job, write_data
-from tfrecord_data import make_arrays, write_shards
+from support.counting_jobs import check_exact, counting_job, write_data
+from support.tfrecord_data import make_arrays, write_shards
 
 TESTS = os.path.join(REPO, "tests")
 DOCUMENTS = [os.path.join(REPO, "README.md"),
@@ -194,6 +194,7 @@ def test_shuffle_gives_each_epoch_its_own_task_order(tmp_path):
     job_dir = tmp_path / "job"
     result = subprocess.run(
         [sys.executable, "-m", "keras_elastic", "train",
+         f"--model_zoo={TESTS}/scripts",
          "--model_def=cli_model_def:custom_model",
          f"--training_data={tmp_path / 'data'}/*.tfrecord", "--num_epochs=2",
          "--minibatch_size=8", "--num_minibatches_per_task=2", "--num_workers=1",
@@ -282,6 +283,7 @@ def test_hook_renaming_flags_pick_the_modules_hooks(tmp_path):
     out.mkdir()
     result = subprocess.run(
         [sys.executable, "-m", "keras_elastic", "train",
+         f"--model_zoo={TESTS}/scripts",
          "--model_def=renamed_hooks_model_def:custom_model",
          f"--training_data={tmp_path / 'data'}", f"--validation_data={tmp_path / 'data'}",
          "--num_epochs=1", "--minibatch_size=16", "--num_minibatches_per_task=2",

@@ -4,7 +4,7 @@ of its summary, TensorBoard's layouts (`logs/worker-<id>/validation`, and
 `keras_elastic_per_worker = False`), and `EarlyStopping` deciding the same on
 every worker.
 
-The job stops itself at its first epoch's end (tests/running_job_script.py
+The job stops itself at its first epoch's end (tests/scripts/running_job_script.py
 waits for a file the test writes), so the test sees it running without
 guessing at timing.
 """
@@ -21,7 +21,7 @@ from test_tensorboard import event_files, scalars
 
 from keras_elastic.common.timing import PHASE_HELP, PHASES
 
-SCRIPT = os.path.join(REPO, "tests", "running_job_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "running_job_script.py")
 TASKS_PER_EPOCH = 512 // (16 * 4)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import REPO, launch
-from tfrecord_data import NUM_FEATURES, make_arrays
+from support.tfrecord_data import NUM_FEATURES, make_arrays
 
 import keras_elastic as ke
 
@@ -40,7 +40,7 @@ def event_files(run_dir: str) -> list[str]:
 def test_two_worker_job_writes_a_run_per_worker_and_validation_once(tmp_path):
     log_dir = str(tmp_path / "logs")
     job = str(tmp_path / "job")
-    result = launch(job, os.path.join(REPO, "tests", "tensorboard_script.py"),
+    result = launch(job, os.path.join(REPO, "tests", "scripts", "tensorboard_script.py"),
                     "--num_workers=2", "--num_ps=1",
                     script_args=(f"--tensorboard_dir={log_dir}", "--epochs=2"), timeout=300)
     output = result.stdout + result.stderr

@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import tfds_digits
 from conftest import REPO, assert_exactly_once, launch, read_ledger
+from support import tfds_digits
 
 import keras_elastic as ke
 from keras_elastic.data import ArrayRecordSource, TFDSSource, as_source
@@ -336,8 +336,8 @@ def test_job_with_a_killed_worker_trains_once_per_record(
     out = tmp_path / "out.json"
     job_dir = str(tmp_path / "job")
     result = launch(
-        job_dir, os.path.join(REPO, "tests", "tfds_job_script.py"), "--num_workers=2",
-        "--num_ps=1", "--max_worker_restarts=1",
+        job_dir, os.path.join(REPO, "tests", "scripts", "tfds_job_script.py"),
+        "--num_workers=2", "--num_ps=1", "--max_worker_restarts=1",
         script_args=(*(f"--{flag}=" + job_source(spec, prepared, array_record_files)
                        for flag, spec in (("train", train), ("validation", validation),
                                           ("evaluate", final))),

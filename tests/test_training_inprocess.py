@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tfrecord_data import dataset_fn, make_arrays, write_shards
+from support.tfrecord_data import dataset_fn, make_arrays, write_shards
 
 import keras_elastic as ke
 from keras_elastic.ps.update import Update

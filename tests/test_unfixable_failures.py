@@ -11,7 +11,7 @@ import os
 import pytest
 from conftest import REPO, launch
 
-SCRIPT = os.path.join(REPO, "tests", "failing_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "failing_script.py")
 
 
 def job_failed_line(output: str) -> str:

@@ -1,6 +1,6 @@
 """Chaos soak: a counting job under random kills and freezes, then checked exact.
 
-Runs `keras-elastic run` of the counting model (tests/counting_script.py:
+Runs `keras-elastic run` of the counting model (tests/scripts/counting_script.py:
 every weight counts each record once per epoch, so any lost or doubled
 gradient shows) with 2 workers and 2 parameter servers, on loopback, and for
 `--minutes` injects faults into randomly chosen roles at random moments
@@ -45,7 +45,7 @@ from absl import app, flags, logging
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # keras_elastic of this checkout
-SCRIPT = os.path.join(REPO, "tests", "counting_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "counting_script.py")
 RECORDS = 1024
 TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
 KINDS = ("kill", "freeze", "freeze_for_good")
@@ -223,7 +223,7 @@ def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0
     subprocess.run([sys.executable, "-c",
                     "import sys; sys.path.insert(0, sys.argv[1]); "
                     "import counting_script as c; c.write_data(sys.argv[2], "
-                    f"{RECORDS}, 4)", os.path.join(REPO, "tests"), data_dir],
+                    f"{RECORDS}, 4)", os.path.join(REPO, "tests", "scripts"), data_dir],
                    check=True, env=dict(os.environ, PYTHONPATH=REPO))
     faults: list[dict] = []
     problems: list[str] = []

@@ -4,14 +4,15 @@
 --eval_metrics_fn=zoo_metrics --callbacks=zoo_callbacks` must use these; the
 hooks of the default names fail the job if anything calls them. Each worker's
 `zoo_callbacks()` records what it saw in `$RENAMED_HOOKS_OUT/worker-<id>.json`
-(tests/test_readme_flags.py).
+(tests/test_readme_flags.py). Loaded with `--model_zoo=tests/scripts`: the
+zoo's parent, tests/, is then on `sys.path`, so tests/support/ imports.
 """
 
 import json
 import os
 
 import keras
-from tfrecord_data import parse
+from support.tfrecord_data import parse
 
 LEARNING_RATE = 0.0625
 

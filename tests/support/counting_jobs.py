@@ -19,7 +19,7 @@ from conftest import (
     subprocess_env,
 )
 
-SCRIPT = os.path.join(REPO, "tests", "counting_script.py")
+SCRIPT = os.path.join(REPO, "tests", "scripts", "counting_script.py")
 RECORDS = 1024
 TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
 
@@ -28,7 +28,7 @@ def write_data(directory: str) -> str:
     """The counting job's TFRecord files in `directory`; returns their glob."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import counting_script as c; "
             f"c.write_data(sys.argv[2], {RECORDS}, 4)")
-    subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "tests"),
+    subprocess.run([sys.executable, "-c", code, os.path.join(REPO, "tests", "scripts"),
                     directory], check=True, env=subprocess_env(), timeout=120)
     return os.path.join(directory, "*.tfrecord")
 

@@ -90,8 +90,9 @@ def main(argv):
     del argv
     import sys
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tfrecord_data import dataset_fn
+    # tests/ on sys.path, for tests/support/.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from support.tfrecord_data import dataset_fn
 
     if FLAGS.exit_code:
         print("crashing on purpose", flush=True)

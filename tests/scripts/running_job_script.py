@@ -22,8 +22,9 @@ from absl import app, flags
 
 import keras_elastic as ke
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tfrecord_data import NUM_FEATURES, make_arrays  # noqa: E402
+# tests/ on sys.path, for tests/support/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.tfrecord_data import NUM_FEATURES, make_arrays  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("wait_dir", None, "Where the ready/go files are.")

@@ -32,8 +32,9 @@ def build_model():
 
 def main(argv):
     del argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tfrecord_data import dataset_fn
+    # tests/ on sys.path, for tests/support/.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from support.tfrecord_data import dataset_fn
 
     cluster = ke.worker.get_cluster()
     job_dir = os.environ.get("KERAS_ELASTIC_JOB_DIR")

@@ -1,7 +1,10 @@
-"""A --model_def module for the CLI job tests."""
+"""A --model_def module for the CLI job tests.
+
+Loaded with `--model_zoo=tests/scripts`: the zoo's parent, tests/, is then on
+`sys.path` (keras_elastic/jobs/model_def.py), so tests/support/ imports."""
 
 import keras
-from tfrecord_data import parse
+from support.tfrecord_data import parse
 
 
 def custom_model():

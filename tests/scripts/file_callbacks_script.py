@@ -15,7 +15,7 @@ Example:
 
 ```bash
 keras-elastic run --num_workers 2 --num_ps 1 -- \
-    python tests/file_callbacks_script.py --out_dir /tmp/out --epochs 4
+    python tests/scripts/file_callbacks_script.py --out_dir /tmp/out --epochs 4
 ```
 """
 
@@ -27,8 +27,9 @@ from absl import app, flags
 
 import keras_elastic as ke
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tfrecord_data import NUM_FEATURES, make_arrays  # noqa: E402
+# tests/ on sys.path, for tests/support/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.tfrecord_data import NUM_FEATURES, make_arrays  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", None, "Where the callbacks write.", required=True)

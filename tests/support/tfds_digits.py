@@ -16,8 +16,9 @@ import sys
 
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "examples", "digits"))
 import prepare_data  # noqa: E402
 
@@ -26,6 +27,11 @@ class KeDigits(tfds.core.GeneratorBasedBuilder):
     """The digits (1437 training, 360 validation examples)."""
 
     VERSION = tfds.core.Version("1.0.0")
+    # This file, where TFDS looks for a checksums.tsv beside the builder. TFDS
+    # finds it by itself for a top-level module, but for one in a package
+    # (support.tfds_digits) it goes through the `importlib_resources` package,
+    # which TFDS does not require and this environment lacks.
+    code_path = epath.Path(__file__)
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(

@@ -4,7 +4,7 @@ Trains on `--train`, validates after each epoch on `--validation`, then
 evaluates on `--evaluate`, and writes the metrics to `--output` (every worker
 that trained; they all get the job's numbers). Each names a source:
 
-- `tfds_dir:PATH`: the KeDigits TFDS dataset (tests/tfds_digits.py) read from
+- `tfds_dir:PATH`: the KeDigits TFDS dataset (tests/support/tfds_digits.py) read from
   the directory of its prepared version, without the builder's code;
 - `tfds:DATA_DIR`: the same by its registered name, `data_dir=DATA_DIR`;
 - `files:PATTERN`: plain ArrayRecord (or TFRecord) files of serialized
@@ -22,10 +22,10 @@ from absl import app, flags
 
 import keras_elastic as ke
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [TESTS, os.path.join(os.path.dirname(TESTS), "examples", "digits")]
 import model_def  # noqa: E402  (examples/digits/model_def.py)
-import tfds_digits  # noqa: E402, F401  (registers the ke_digits builder)
+import support.tfds_digits  # noqa: E402, F401  (registers the ke_digits builder)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("train", None, "Training source: tfds_dir:, tfds: or files:.")

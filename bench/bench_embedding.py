@@ -190,12 +190,12 @@ TRAFFIC = Traffic()
 
 
 def instrument_ps_client() -> None:
-    """Counts what `PSClient.lookup` and `PSClient.exchange` move (class-wide)."""
+    """Counts what `PSClient.lookup` and `PSClient.send` move (class-wide)."""
     from keras_elastic.ps.client import PSClient
 
     if getattr(PSClient, "_bench_instrumented", False):
         return
-    lookup, exchange = PSClient.lookup, PSClient.exchange
+    lookup, send = PSClient.lookup, PSClient.send
 
     def counted_lookup(self, ids, *args, **kwargs):
         start = time.perf_counter()
@@ -207,19 +207,18 @@ def instrument_ps_client() -> None:
                     rows_received=sum(r.nbytes for r in out.values()))
         return out
 
-    def counted_exchange(self, grads, assigns, *args, **kwargs):
+    def counted_send(self, update, *args, **kwargs):
         start = time.perf_counter()
-        reply = exchange(self, grads, assigns, *args, **kwargs)
-        sparse = kwargs.get("sparse", args[2] if len(args) > 2 else None) or {}
+        reply = send(self, update, *args, **kwargs)
         TRAFFIC.add(exchanges=1, exchange_us=(time.perf_counter() - start) * 1e6,
-                    push_ids_sent=sum(i.nbytes for i, _ in sparse.values()),
-                    grad_rows_sent=sum(r.nbytes for _, r in sparse.values()),
-                    dense_sent=sum(g.nbytes for g in grads.values()) + sum(
-                        v.nbytes for v in assigns.values()),
+                    push_ids_sent=sum(i.nbytes for i, _ in update.rows.values()),
+                    grad_rows_sent=sum(r.nbytes for _, r in update.rows.values()),
+                    dense_sent=sum(g.nbytes for g in update.grads.values()) + sum(
+                        v.nbytes for v in update.assigns.values()),
                     dense_received=sum(v.nbytes for v in reply.values.values()))
         return reply
 
-    PSClient.lookup, PSClient.exchange = counted_lookup, counted_exchange
+    PSClient.lookup, PSClient.send = counted_lookup, counted_send
     PSClient._bench_instrumented = True
 
 

@@ -132,7 +132,7 @@ def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
         from echo_server import EchoClient
 
         clients = [EchoClient(addresses) for _ in range(threads)]
-        exchanges = [lambda c=c: c.send(Update(grads=sent)) for c in clients]
+        exchanges = [lambda c=c: c.exchange(sent) for c in clients]
     else:
         from keras_elastic.ps.client import PSClient
 
@@ -140,8 +140,8 @@ def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
                    for k in range(threads)]
         for client in clients:  # learn the servers' versions (a worker's first pull)
             client.pull()
-        exchanges = [lambda c=c: sent + sum(
-            v.nbytes for v in c.send(Update(grads=grads)).values.values()) for c in clients]
+        exchanges = [lambda c=c: sent + sum(v.nbytes for v in c.send(
+            Update(grads=grads)).values.values()) for c in clients]
     results.put("ready")
     while True:
         command = commands.get()

@@ -171,7 +171,7 @@ def measure(size: int, addresses: list[str], pids: list[int],
             return sum(v.nbytes for v in client.pull().values())
 
         runs = {"ps exchange": (ps_exchange, pids),
-                "echo exchange": (lambda: echo.send(Update(grads=nbytes)), echo_pids),
+                "echo exchange": (lambda: echo.exchange(nbytes), echo_pids),
                 "ps pull": (ps_pull, pids),
                 "echo pull": (lambda: echo.pull(nbytes), echo_pids)}
         if num_ps == 2:

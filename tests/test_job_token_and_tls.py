@@ -183,12 +183,19 @@ def test_job_with_tls_runs_end_to_end_and_refuses_outsiders(tmp_path):
     job_dir = tmp_path / "job"
     out = tmp_path / "out.json"
     job_token = secrets.token_hex(32)  # not this test process's token
+    # The worker holds after its 2nd batch until the checks are done (it
+    # writes hold/held-0, waits for hold/go): the job is running for every
+    # check, however long they take on a loaded machine.
+    hold = tmp_path / "hold"
+    hold.mkdir()
     job = launch(str(job_dir), os.path.join(REPO, "tests", "scripts", "counting_script.py"),
                  "--tls", "--num_workers=1",
                  script_args=(f"--data={data}/*.tfrecord", "--epochs=1", f"--output={out}",
-                              "--sleep_per_batch=0.05"),
+                              f"--hold_dir={hold}"),
                  background=True, env={auth.TOKEN_ENV: job_token})
     try:
+        wait_for(lambda: (hold / "held-0").exists() or job.poll() is not None,
+                 timeout=300, what="the worker holding after its 2nd batch")
         cluster = wait_for(lambda: _cluster(job_dir), timeout=120, what="cluster.json")
         assert cluster["tls"] == {"ca": str(job_dir / "tls" / "cert.pem")}
         assert auth.read_token_file(str(job_dir)) == job_token
@@ -224,7 +231,8 @@ def test_job_with_tls_runs_end_to_end_and_refuses_outsiders(tmp_path):
              sys.executable, "-c", probe], env=env, capture_output=True, text=True,
             timeout=120)
         assert "joined True" in joined.stdout, joined.stdout + joined.stderr
-        assert job.poll() is None, "the job ended before the checks: make it longer"
+        assert job.poll() is None, "the job ended before the checks"
+        (hold / "go").touch()
         output, _ = job.communicate(timeout=300)
     finally:
         if job.poll() is None:

@@ -65,15 +65,30 @@ class Cluster:
         return servers[0].store if len(servers) == 1 else None
 
     def close(self) -> None:
+        """Closes the clients. A launched worker whose script finished tells the
+        master it exited (the chief stays the chief: it wrote the job's
+        outputs); one whose script died of an exception does not (it is
+        lost, reported by its launcher or by its silence, and the chief
+        passes on): a chief that left on `JobRolledBackError` (its epochs
+        reopened by a recovery) must not keep the role from the worker that
+        trains them and finishes the script."""
         if self._closed:
             return
         self._closed = True
-        if not self.embedded:  # an embedded master goes away with this process
+        # (an embedded master goes away with this process)
+        if not self.embedded and not script_failed():
             self.master.worker_exited(self.timer.snapshot())
         self.master.close()
         self.ps.close()
         for server in self._servers:
             server.stop(0)
+
+
+def script_failed() -> bool:
+    """Whether this process's script ended with an uncaught exception (Python
+    keeps it for the exit handlers as `sys.last_value`, 3.12+ `sys.last_exc`)."""
+    return (getattr(sys, "last_exc", None) is not None
+            or getattr(sys, "last_value", None) is not None)
 
 
 _lock = threading.Lock()

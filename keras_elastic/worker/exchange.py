@@ -28,10 +28,19 @@ Example (the choice; the exchanges themselves run in every training test):
 'PipelinedExchange'
 >>> exchange_class(shared=False, mode="sync").__name__
 'SyncExchange'
+>>> exchange_class(shared=False, mode="async")
+Traceback (most recent call last):
+...
+ValueError: exchange must be one of ('sync', 'pipelined'), got 'async'
+>>> InProcessExchange(sync=None).send(None, "", None, 0.0)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+RuntimeError: update '': with the store in this process the train step applies ...
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from typing import Any
@@ -46,7 +55,7 @@ from keras_elastic.worker.push_pipeline import PushPipeline
 MODES = ("sync", "pipelined")
 
 
-class Exchange:
+class Exchange(abc.ABC):
     """One model's way to the servers (see the module doc). `sync`: the
     `ModelSync` that makes and holds it (its servers, its training stream, the
     values it holds, its timer)."""
@@ -59,20 +68,21 @@ class Exchange:
 
     def begin_step(self) -> None:
         """The step begins computing."""
+        return  # (nothing to do by default)
 
     def allow(self, tags: np.ndarray) -> list[bool]:
-        """Before a step that applies its updates itself: whether each may."""
-        raise NotImplementedError(f"{type(self).__name__}: the servers decide at "
-                                  "each push")
+        """Before a step: whether each of its updates may apply, for a step
+        that applies them itself; [] where nothing is decided before the step
+        (the servers decide at each push)."""
+        return []
 
+    @abc.abstractmethod
     def send(self, update: Update, name: str, tags: np.ndarray, started: float
              ) -> list[np.ndarray]:
         """Sends the step's update `name` (its elements' tags: `tags`, their
         task ranges added here); returns every variable's value for the step
         to assign. `started`: when the step handed the update over (the push
         phase's start)."""
-        raise NotImplementedError(f"{type(self).__name__}: the step applies its "
-                                  "updates itself")
 
     def finish(self) -> bool:
         """Takes the reply of the push in flight, if any (True)."""
@@ -80,6 +90,7 @@ class Exchange:
 
     def drop(self) -> None:
         """Waits for the push in flight, ignoring its outcome."""
+        return  # (nothing to do by default)
 
     @property
     def completed_seq(self) -> int | None:
@@ -89,6 +100,7 @@ class Exchange:
 
     def reset(self) -> None:
         """A new training stream begins (its seqs start at 0)."""
+        return  # (nothing to do by default)
 
 
 class SyncExchange(Exchange):
@@ -187,6 +199,13 @@ class InProcessExchange(Exchange):
     applies its updates itself, each once the task log allows it."""
 
     applies_in_step = True
+
+    def send(self, update: Update, name: str, tags: np.ndarray, started: float
+             ) -> list[np.ndarray]:
+        """Never called: the step applies its updates itself
+        (`RemoteOptimizer._apply_in_step`); a call is a bug of the caller."""
+        raise RuntimeError(f"update '{name}': with the store in this process the "
+                           "train step applies its updates itself; nothing is sent")
 
     def allow(self, tags: np.ndarray) -> list[bool]:
         """The task log's word on each update of the step (in the step's

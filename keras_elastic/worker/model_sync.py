@@ -470,7 +470,7 @@ class ModelSync:
         pushes (their ranges, those given back) are the stream's."""
         self.stream = stream
         self.exchanger.reset()  # (the new stream's seqs start at 0)
-        self.lookups.steps = self.lookups.steps_ahead = 0
+        self.lookups.reset()
 
     def claim(self, task):
         """Claims a task on every server (see `PSClient.claim`)."""

@@ -43,13 +43,17 @@ class TableLookups:
         # The lookup ahead of the batch whose step runs now (`look_ahead`),
         # set by the train function before the step; None: none.
         self.rows_ahead: tuple[list[np.ndarray], object] | None = None
-        # Steps that looked their tables up in one exchange, and of them those
-        # that took rows looked up ahead (logged at the end of a fit).
-        self.steps = 0
-        self.steps_ahead = 0
+        self.reset()
         for name, layer in sync.tables.items():
             layer.connect(name, lambda ids, create=True, name=name: self.rows_of(
                 name, ids, create))
+
+    def reset(self) -> None:
+        """A new `fit`: its counts start at 0 (the steps that looked their
+        tables up in one exchange, and of them those that took rows looked up
+        ahead: logged at the end of a fit)."""
+        self.steps = 0
+        self.steps_ahead = 0
 
     def prefetch(self, x) -> dict | None:
         """In the train step, before the forward pass: the rows of every table

@@ -338,3 +338,36 @@ def test_a_fault_fires_once_per_job_with_a_faults_dir(tmp_path, monkeypatch):
             assert first == [None, None, None]
     assert os.listdir(tmp_path / "faults") == ["ps_push@2_ps0_freeze.fired"]
     faults.set_role(None)
+
+
+def test_a_hold_fault_waits_for_the_test_to_let_it_go(tmp_path, monkeypatch):
+    """`hold`: the thread that reached the point says so (its pid) and waits
+    until the test releases it, so a test does its outside fault (a SIGSTOP,
+    a partition) at the code's moment, not at a guess from polling."""
+    import threading
+
+    from keras_elastic.common import faults
+
+    entry = "ps_push@2:ps0=hold"
+    monkeypatch.setenv(faults.ENV, entry)
+    monkeypatch.setenv(faults.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(faults, "_counts", {})
+    faults.set_role("ps0")
+    passed = []
+
+    def server():
+        for i in range(3):
+            faults.reached("ps_push")
+            passed.append(i)
+
+    thread = threading.Thread(target=server, daemon=True)
+    thread.start()
+    assert faults.wait_held(str(tmp_path), entry, timeout=30) == os.getpid()
+    thread.join(timeout=0.5)
+    assert thread.is_alive() and passed == [0], passed  # held at its 2nd reach
+    faults.release(str(tmp_path), entry)
+    thread.join(timeout=30)
+    assert passed == [0, 1, 2]
+    faults.set_role(None)
+    with pytest.raises(TimeoutError, match="'ps_push@9=hold' was not reached"):
+        faults.wait_held(str(tmp_path), "ps_push@9=hold", timeout=0.1)

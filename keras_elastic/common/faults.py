@@ -14,7 +14,13 @@ entries. The N-th time POINT is reached (in the role WHO only, if given:
 - `cut`: from then on the process answers every call but health checks
   with UNAVAILABLE (only a server: `common/rpc.make_server`): the workers
   are cut off from it, as in a network partition, while the launcher's
-  health checks still get through. A replacement process runs clean.
+  health checks still get through. A replacement process runs clean;
+- `hold`: the thread that reached the point writes `ENTRY.held` (its pid)
+  in `KERAS_ELASTIC_FAULTS_DIR` and waits there until `ENTRY.go` exists
+  (`release`): a test waits for that moment (`wait_held`), does what is
+  done from outside (a SIGSTOP, a partition of the machine), then lets
+  the thread go on. The fault's moment is the code's, not a guess from
+  polling the job's status.
 
 The points:
 
@@ -51,12 +57,13 @@ import os
 import signal
 import sys
 import threading
+import time
 
 ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
           "ps_push", "master_task")
-ACTIONS = ("kill", "freeze", "hang", "cut")
+ACTIONS = ("kill", "freeze", "hang", "cut", "hold")
 
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
@@ -108,12 +115,16 @@ def _load() -> dict[str, Fault]:
     return _plan
 
 
+def _file(directory: str, entry: str, suffix: str) -> str:
+    name = "".join(c if c.isalnum() or c in "@_-" else "_" for c in entry)
+    return os.path.join(directory, name + suffix)
+
+
 def _marker(fault: Fault) -> str | None:
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return None
-    name = "".join(c if c.isalnum() or c in "@_-" else "_" for c in fault.entry)
-    return os.path.join(directory, name + ".fired")
+    return _file(directory, fault.entry, ".fired")
 
 
 def _first_time(fault: Fault) -> bool:
@@ -160,6 +171,9 @@ def act(point: str, action: str = "kill") -> None:
         return
     if action == "hang":
         threading.Event().wait()
+    if action == "hold":
+        _hold(point)
+        return
     os.kill(os.getpid(), signal.SIGSTOP if action == "freeze" else signal.SIGKILL)
 
 
@@ -168,3 +182,48 @@ def reached(point: str) -> None:
     action = due(point)
     if action is not None:
         act(point, action)
+
+
+def _hold(point: str) -> None:
+    """`hold` (module docstring): ENTRY.held, then wait for ENTRY.go."""
+    fault = _load()[point]
+    directory = os.environ.get(DIR_ENV)
+    if not directory:
+        raise RuntimeError(f"{ENV}: {fault.entry!r} holds, which needs {DIR_ENV} "
+                           "(the directory where a test releases it)")
+    held = _file(directory, fault.entry, ".held")
+    with open(held + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(held + ".tmp", held)
+    go = _file(directory, fault.entry, ".go")
+    while not os.path.exists(go):
+        time.sleep(0.02)
+
+
+def wait_held(directory: str, entry: str, timeout: float = 300.0) -> int:
+    """Waits until the `hold` fault `entry` (as written in the plan, e.g.
+    `"master_task@20:master=hold"`) holds a thread; returns its process's pid.
+    Raises TimeoutError naming the entry.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> open(_file(d, "ps_push@3=hold", ".held"), "w").write("4242")
+    4
+    >>> wait_held(d, "ps_push@3=hold", timeout=1)
+    4242
+    >>> release(d, "ps_push@3=hold")
+    """
+    held = _file(directory, entry, ".held")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(held):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fault {entry!r} was not reached in {timeout:g} s "
+                               f"(no {held})")
+        time.sleep(0.02)
+    with open(held) as f:
+        return int(f.read())
+
+
+def release(directory: str, entry: str) -> None:
+    """Lets the thread the `hold` fault `entry` holds go on."""
+    os.close(os.open(_file(directory, entry, ".go"), os.O_CREAT | os.O_WRONLY))

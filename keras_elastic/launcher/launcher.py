@@ -165,7 +165,8 @@ class Launcher:
                                               status.workers.alive)
                 self.group.fence_lost(status)
                 if (not self.group.workers and self.group.finished_ok
-                        and not status.workers.alive):
+                        and not status.workers.alive
+                        and not self.group.restart_if_reopened(status)):
                     break  # every worker is done, joined ones included
                 self.group.scale()
                 if time.time() - last_progress >= self.config.progress_interval:
@@ -201,6 +202,7 @@ class Launcher:
             checkpointer = services.checkpointer
             summary = dict(status, elapsed=time.time() - self.started,
                            worker_restarts=group.restarts, workers_lost=group.lost,
+                           workers_started_for_reopened=group.reopened_starts,
                            ps_restarts=services.ps_restarts,
                            ps_recoveries=services.recoveries,
                            master_restarts=services.master_restarts,

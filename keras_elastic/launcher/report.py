@@ -65,6 +65,10 @@ def summary_text(summary: dict, job_dir: str) -> str:
         lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "
                      f"{r['seconds']:.1f} s from {r['checkpoint']}, completions "
                      f"undone {r['completions_undone']}")
+    if summary.get("workers_started_for_reopened"):
+        lines.append(f"[launcher] workers started again "
+                     f"{summary['workers_started_for_reopened']} time(s): a recovery "
+                     "reopened training after every worker had finished the script")
     for name, t in summary.get("embedding_tables", {}).items():
         lines.append(f"[launcher] embedding table '{name}': {t['rows']} rows "
                      f"({t['bytes'] / 2**20:.1f} MiB) over the servers, "

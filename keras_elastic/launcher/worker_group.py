@@ -87,6 +87,10 @@ class WorkerGroup:
         # Every worker death, for the failure policy (launcher/policy.py).
         self.failures: list[WorkerDeath] = []
         self.finished_ok: list[int] = []
+        # restart_if_reopened: the count of reopenings acted on, per dataset,
+        # and how many times the workers were started again for them.
+        self._reopened_seen: dict[str, int] = {}
+        self.reopened_starts = 0
 
     def start_worker(self) -> int:
         worker_id = self.next_worker_id
@@ -249,6 +253,35 @@ class WorkerGroup:
         through, a new one would only train what the script chose not to
         train (epochs after an early stop)."""
         return bool(self.finished_ok)
+
+    def restart_if_reopened(self, status: JobStatus) -> bool:
+        """Every worker finished the script, but a recovery since sent the
+        parameter servers back to a checkpoint older than the end of training
+        and the master reopened a training dataset that had finished
+        (`reopened_after_finish`): the scripts ended before the rollback (a
+        server the launcher could not reach while the workers still could,
+        then lost). Nobody would train what was reopened, and the job would
+        end with its model behind its ledger's past: the workers are started
+        again (within the job's bounds, as at the start), their `fit` trains
+        the reopened tasks. Returns whether it started them."""
+        reopened = {name: ds.reopened_after_finish for name, ds in
+                    status.training_datasets().items()
+                    if not ds.finished and ds.reopened_after_finish
+                    > self._reopened_seen.get(name, 0)}
+        if not reopened:
+            return False
+        self._reopened_seen.update(reopened)
+        logging.warning(
+            "every worker finished the script, but a recovery reopened training "
+            "dataset(s) %s after they had finished (the parameter servers went back "
+            "to a checkpoint older than the end of training): starting %d worker(s) "
+            "again to train what was reopened", ", ".join(sorted(reopened)),
+            self.config.num_workers)
+        self.finished_ok.clear()
+        self.reopened_starts += 1
+        for _ in range(self.config.num_workers):
+            self.start_worker()
+        return True
 
     def _desired_workers(self) -> int:
         """`keras-elastic scale`'s number (clamped to the bounds), unless nodes

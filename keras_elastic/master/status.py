@@ -50,6 +50,8 @@ class DatasetStatus:
     finished: bool
     done_task_ids: list[int]
     doing_by_worker: dict[str, int]
+    # Rollbacks that reopened the dataset after it had finished.
+    reopened_after_finish: int = 0
     # Every completed task (asked for with include_ledger), else None.
     ledger: list[dict] | None = None
 

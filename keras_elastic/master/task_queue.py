@@ -486,6 +486,8 @@ class DatasetTasks:
         self.released = 0
         self.late_reports = 0
         self.rollbacks = 0
+        # Rollbacks that reopened the dataset once it had finished.
+        self.reopened_after_finish = 0
         self.error: str | None = None
         # Where the dataset started (a resume point): a rollback to the initial
         # model goes back there.
@@ -557,6 +559,7 @@ class DatasetTasks:
         if epoch is None:
             epoch, done_task_ids = self.initial_progress
         done_task_ids = set(done_task_ids or ())
+        was_finished = self.finished
         attempts = {t: f.attempt + 1 for t, f in self.doing.items()}
         undone = 0
         for entry in self.ledger:
@@ -571,6 +574,8 @@ class DatasetTasks:
         self._set_progress(epoch, done_task_ids)
         self.todo = deque((t, max(a, attempts.get(t.task_id, 0))) for t, a in self.todo)
         self.rollbacks += 1
+        if was_finished and not self.finished:
+            self.reopened_after_finish += 1
         return undone
 
     # -- handing out ------------------------------------------------------
@@ -800,6 +805,7 @@ class DatasetTasks:
             "released": self.released,
             "late_reports": self.late_reports,
             "rollbacks": self.rollbacks,
+            "reopened_after_finish": self.reopened_after_finish,
             "finished": self.finished,
             "done_task_ids": sorted(self.done),
             "doing_by_worker": {str(w): sum(f.worker == w for f in self.doing.values())

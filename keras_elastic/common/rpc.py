@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import grpc
 from absl import logging
 
-from keras_elastic.common import auth, faults, fencing, tls
+from keras_elastic.common import auth, faults, fencing, job_end, tls
 from keras_elastic.common import resolver as resolver_mod
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
@@ -99,7 +99,10 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
                       on_unreachable: Callable[[], None] | None = None) -> T:
     """Runs `call()`, retrying with backoff while the server is unreachable, for
     at most `timeout` seconds; then raises the last error. Only for calls that
-    are safe to repeat. `on_unreachable()` runs at each failure retried."""
+    are safe to repeat. `on_unreachable()` runs at each failure retried.
+    Once the job of this worker ended (`job_end.ended()`: its launcher wrote
+    the summary, its servers are gone for good), an unreachable server is
+    not retried: the error is raised at once."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     first_failure = None
@@ -108,6 +111,10 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
             return call()
         except grpc.RpcError as e:
             if not is_unreachable(e) or time.monotonic() + delay > deadline:
+                raise
+            if job_end.ended() is not None:
+                logging.warning("%s is unreachable (%s) and the job ended (%s): "
+                                "not retrying", what, e.details(), job_end.SUMMARY)
                 raise
             if on_unreachable is not None:
                 on_unreachable()

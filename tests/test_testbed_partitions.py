@@ -13,6 +13,9 @@ and the joined one each hold at a fault point (`hold`) until the cut is
 made (faults.wait_held / faults.release).
 """
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,7 +61,7 @@ class Job:
     """The launcher on machine A with one local worker (w0), and workers
     joined from other machines; logs in tmp_path."""
 
-    def __init__(self, bed, tmp_path, data, *flags):
+    def __init__(self, bed, tmp_path, data, *flags, fault=LOCAL_HOLD):
         self.bed, self.tmp_path = bed, tmp_path
         self.job_dir = str(tmp_path / "job")
         self.faults_dir = str(tmp_path / "faults")
@@ -69,7 +72,7 @@ class Job:
                 "--max_workers=3", "--heartbeat_timeout=6", *flags, "--",
                 sys.executable, SCRIPT, *self.script_args]
         self.launcher_log = tmp_path / "launcher.log"
-        self.launcher = bed.popen(A, argv, env=self._env(LOCAL_HOLD),
+        self.launcher = bed.popen(A, argv, env=self._env(fault),
                                   stdout=open(self.launcher_log, "w"),
                                   stderr=subprocess.STDOUT)
         self.joined: dict[int, subprocess.Popen] = {}
@@ -78,15 +81,19 @@ class Job:
         return subprocess_env(KERAS_ELASTIC_FAULTS=fault,
                               KERAS_ELASTIC_FAULTS_DIR=self.faults_dir)
 
-    def join(self, machine: int, fault: str = JOINED_HOLD) -> None:
+    def join(self, machine: int, *flags: str, fault: str = JOINED_HOLD) -> None:
         argv = [sys.executable, "-m", "keras_elastic", "join",
-                f"--job_dir={self.job_dir}", "--", sys.executable, SCRIPT,
+                f"--job_dir={self.job_dir}", *flags, "--", sys.executable, SCRIPT,
                 *self.script_args]
         # `join` reads cluster.json: it is there once the local worker holds.
         self.joined[machine] = self.bed.popen(
             machine, argv, env=self._env(fault), cwd=REPO,
             stdout=open(self.tmp_path / f"joined-{machine}.log", "w"),
             stderr=subprocess.STDOUT)
+
+    def cluster(self) -> dict:
+        with open(os.path.join(self.job_dir, "cluster.json")) as f:
+            return json.load(f)
 
     def held(self, entry: str) -> int:
         try:
@@ -96,6 +103,20 @@ class Job:
 
     def release(self, entry: str) -> None:
         faults.release(self.faults_dir, entry)
+
+    def dump_stacks(self) -> None:
+        """SIGUSR1 to the workers still running: each writes its threads'
+        stacks to its output (common/stacks.py), for the failure's message."""
+        for i in range(self.bed.n):
+            for pid in self.bed.pids(i):
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        argv = f.read().split("\0")
+                except OSError:
+                    continue
+                if SCRIPT in argv and "join" not in argv and "run" not in argv:
+                    os.kill(pid, signal.SIGUSR1)
+        time.sleep(1)  # (for the failure's message only)
 
     def log(self, machine: int) -> str:
         """The output of the worker joined from `machine`."""
@@ -121,12 +142,15 @@ class Job:
         """The job succeeded, exact; nothing of it runs OUTLIVE_S after it ended
         on any machine (they all reach the job directory here)."""
         assert self.launcher.returncode == 0, self.logs()
+        # beyond loopback: TLS, on by default
+        assert self.cluster().get("tls"), self.cluster()
         check_exact(self.tmp_path, self.out, self.logs())
         deadline = ended + OUTLIVE_S
         for machine, proc in self.joined.items():
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                self.dump_stacks()
                 raise AssertionError(
                     f"the worker joined from machine {machine} still runs "
                     f"{OUTLIVE_S:.0f} s after its job ended\n{self.logs()}") from None
@@ -138,11 +162,11 @@ class Job:
                           f"it ended: {left}\n{self.logs()}")
 
 
-def start(bed, tmp_path, data, *flags) -> Job:
+def start(bed, tmp_path, data, *flags, join_flags=()) -> Job:
     """The job, its local worker held, a worker joined from B and held."""
     job = Job(bed, tmp_path, data, *flags)
     job.held(LOCAL_HOLD)
-    job.join(B)
+    job.join(B, *join_flags)
     job.held(JOINED_HOLD)
     return job
 
@@ -160,3 +184,41 @@ def test_machine_cut_for_good(machines, tmp_path, data):
     job.check(ended)
     assert "ended without this worker" in job.log(B), job.logs()
     assert job.joined[B].returncode == job_end.EXIT_LOST, job.logs()
+
+
+def test_machine_cut_for_a_while(machines, tmp_path, data):
+    """B is cut off, its task trained and pushed, not reported, until the
+    local worker has trained the rest of the epoch, B's task included (the
+    epoch cannot end before the master requeued it: B was lost); then B's
+    cable is plugged back. The job ends exact, B's late report counts for
+    nothing, and B's worker is gone within seconds of the job."""
+    local_epoch_end = "epoch_end@1:w0=hold"
+    job = Job(machines, tmp_path, data, fault=f"{LOCAL_HOLD},{local_epoch_end}")
+    job.held(LOCAL_HOLD)
+    job.join(B)
+    job.held(JOINED_HOLD)
+    machines.cut(B)
+    job.release(JOINED_HOLD)
+    job.release(LOCAL_HOLD)
+    job.held(local_epoch_end)
+    machines.heal(B)
+    job.release(local_epoch_end)
+    job.check(job.wait())
+
+
+def test_worker_cut_from_the_parameter_server_only(machines, tmp_path, data):
+    """B reaches the master on A but not the parameter server on A (its port
+    blackholed both ways between A and B), from the moment its first task
+    was pushed, for good. B's calls to the server fail within seconds (gRPC
+    keepalive: the connection's pings go unanswered), it retries them for its
+    --connect_timeout, then its script fails and it leaves; the job, which
+    goes on without it, ends exact, and nothing of it outlives it.
+
+    (B is not blamed sooner: the launcher excuses a worker that waits on a
+    server, and blames overdue workers only among those it started.)"""
+    job = start(machines, tmp_path, data, join_flags=["--connect_timeout=20"])
+    ps_port = int(job.cluster()["ps"][0].rpartition(":")[2])
+    machines.partition(B, A, port=ps_port)
+    job.release(JOINED_HOLD)
+    job.release(LOCAL_HOLD)
+    job.check(job.wait())

@@ -61,11 +61,29 @@ _OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 # A client reconnects to a restarted server within a second or so (gRPC's
-# default backoff grows to two minutes).
+# default backoff grows to two minutes). While calls are in flight it pings
+# the server every KEEPALIVE_MS and drops the connection when a ping goes
+# unanswered for KEEPALIVE_TIMEOUT_MS: a server that a network partition cut
+# off (packets dropped in silence, no connection reset) then fails the calls
+# as UNAVAILABLE, retried like a server that is down, instead of leaving them
+# to hang until their deadlines (600 s for a parameter server's).
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 10_000
 _CHANNEL_OPTIONS = _OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+# Servers accept those pings, also during a call that sends no data for long
+# (a worker waiting for its next task): gRPC's defaults answer a client that
+# pings more often than every 5 minutes without data with GOAWAY.
+_SERVER_OPTIONS = _OPTIONS + [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 T = TypeVar("T")
@@ -147,7 +165,7 @@ def make_server(max_workers: int = 32,
         interceptors.append(fencing.GenerationInterceptor(generation,
                                                           exempt=(HEALTH_METHODS,)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         options=_OPTIONS, interceptors=interceptors)
+                         options=_SERVER_OPTIONS, interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     if generation is not None:
         fencing_pb2_grpc.add_FencingServicer_to_server(

@@ -80,7 +80,9 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
-        if not self.embedded:
+        if not self.embedded and not script_failed():
+            # (a worker whose script failed keeps the watch: should its end
+            # hang on a server it cannot reach, the job's end ends it)
             job_end.stop()
         # (an embedded master goes away with this process)
         if not self.embedded and not script_failed():

@@ -29,7 +29,7 @@ from keras_elastic.common import faults, job_end
 
 pytestmark = pytest.mark.multiprocess
 
-A, B = 0, 1
+A, B, C = 0, 1, 2
 # The local worker holds here until the joined one is in the job.
 LOCAL_HOLD = "after_push@2:w0=hold"
 # The joined worker (its id is the master's: no `:WHO`) holds here, a task
@@ -93,6 +93,10 @@ class Job:
 
     def cluster(self) -> dict:
         with open(os.path.join(self.job_dir, "cluster.json")) as f:
+            return json.load(f)
+
+    def summary(self) -> dict:
+        with open(os.path.join(self.job_dir, "summary.json")) as f:
             return json.load(f)
 
     def held(self, entry: str) -> int:
@@ -172,38 +176,48 @@ def start(bed, tmp_path, data, *flags, join_flags=()) -> Job:
 
 
 def test_machine_cut_for_good(machines, tmp_path, data):
-    """B is cut off for good, its task trained and pushed, not reported: the
-    job goes on without it (lost, its task trained again) and ends exact;
-    B's worker, which never hears from the master again, sees in the job
-    directory that the job ended and exits."""
+    """B is cut off for good, its task trained and pushed, not reported; a
+    worker joined from C stays connected. The job goes on without B (lost,
+    its task trained again) and ends exact; B's worker, which never hears
+    from the master again, sees in the job directory that the job ended
+    without it and exits (status 3) within seconds; C's finishes as usual."""
+    c_hold = "after_claim@1=hold"
     job = start(machines, tmp_path, data)
+    job.join(C, fault=c_hold)
+    job.held(c_hold)
     machines.cut(B)
-    job.release(JOINED_HOLD)
-    job.release(LOCAL_HOLD)
-    ended = job.wait()
-    job.check(ended)
+    for entry in (JOINED_HOLD, c_hold, LOCAL_HOLD):
+        job.release(entry)
+    job.check(job.wait())
     assert "ended without this worker" in job.log(B), job.logs()
     assert job.joined[B].returncode == job_end.EXIT_LOST, job.logs()
+    assert job.joined[C].returncode == 0, job.logs()
+    workers = job.summary()["workers"]
+    assert workers["lost_ids"] == [1] and sorted(workers["exited"]) == [0, 2], workers
 
 
 def test_machine_cut_for_a_while(machines, tmp_path, data):
     """B is cut off, its task trained and pushed, not reported, until the
-    local worker has trained the rest of the epoch, B's task included (the
-    epoch cannot end before the master requeued it: B was lost); then B's
-    cable is plugged back. The job ends exact, B's late report counts for
-    nothing, and B's worker is gone within seconds of the job."""
-    local_epoch_end = "epoch_end@1:w0=hold"
-    job = Job(machines, tmp_path, data, fault=f"{LOCAL_HOLD},{local_epoch_end}")
+    master gave that task to the local worker: its 17th claim (an epoch has
+    16 tasks, B holds one: the claim is of B's task or of the next epoch,
+    which starts only when B's task is done), so the job lost B. Then B's
+    cable is plugged back while the job still runs (the local worker holds).
+    The job ends exact, B's late report counts for nothing, and B's worker is
+    gone within seconds of the job."""
+    local_claim = "after_claim@17:w0=hold"
+    job = Job(machines, tmp_path, data, fault=f"{LOCAL_HOLD},{local_claim}")
     job.held(LOCAL_HOLD)
     job.join(B)
     job.held(JOINED_HOLD)
     machines.cut(B)
     job.release(JOINED_HOLD)
     job.release(LOCAL_HOLD)
-    job.held(local_epoch_end)
+    job.held(local_claim)
     machines.heal(B)
-    job.release(local_epoch_end)
+    assert machines.reaches(B, A)
+    job.release(local_claim)
     job.check(job.wait())
+    assert job.summary()["workers"]["lost_ids"] == [1], job.logs()
 
 
 def test_worker_cut_from_the_parameter_server_only(machines, tmp_path, data):

@@ -50,6 +50,7 @@ def machines():
     reason = testbed.unavailable()
     if reason:
         pytest.skip(f"no testbed: {reason}")
+    testbed.clean()  # leftovers of test runs that were killed
     with testbed.Testbed(3) as bed:
         if testbed.has_tbf(bed):
             for i in range(bed.n):

@@ -248,6 +248,8 @@ def _main_join(command: list[str]) -> int:
     timeout = FLAGS.connect_timeout or cluster.get("connect_timeout")
     if timeout:
         env[cluster_env.CONNECT_TIMEOUT] = str(float(timeout))
+    if cluster.get("liveness_timeout"):  # (calls' deadlines and keepalive outlast it)
+        env[cluster_env.LIVENESS_TIMEOUT] = str(float(cluster["liveness_timeout"]))
     # A worker the job loses (cut off from it) leaves when the job ends
     # without it (common/job_end.py), status 3.
     return subprocess.call(command, env=env)

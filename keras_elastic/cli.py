@@ -207,6 +207,27 @@ def _use_client_env(env: dict[str, str], job_env: dict[str, str]) -> None:
 
 def _define_join() -> None:
     flags.DEFINE_string("job_dir", None, "The running job's --job_dir.")
+    flags.DEFINE_float("connect_timeout", None, "Seconds the worker keeps retrying "
+                       "a master or parameter server it cannot reach (default: the "
+                       "job's --connect_timeout when cluster.json records it, else "
+                       f"{_default_connect_timeout()}).")
+
+
+def _default_connect_timeout() -> float:
+    from keras_elastic.common import cluster_env
+
+    return cluster_env.DEFAULT_CONNECT_TIMEOUT
+
+
+def _job_ended(job_dir: str) -> bool:
+    """Whether the job of `job_dir` ended: its summary is newer than its
+    cluster file (a resumed job writes cluster.json again)."""
+    try:
+        summary = os.stat(os.path.join(job_dir, "summary.json")).st_mtime_ns
+        cluster = os.stat(os.path.join(job_dir, "cluster.json")).st_mtime_ns
+    except OSError:
+        return False
+    return summary >= cluster
 
 
 def _main_join(command: list[str]) -> int:
@@ -217,10 +238,20 @@ def _main_join(command: list[str]) -> int:
     if not command:
         raise UsageError("no worker command: put it after `--`")
     cluster = _read_cluster(FLAGS.job_dir)
+    if _job_ended(FLAGS.job_dir):
+        raise UsageError(f"the job of {FLAGS.job_dir} ended (its summary.json is "
+                         "newer than its cluster.json): nothing to join")
     env = dict(os.environ)
     _use_client_env(env, _client_env(FLAGS.job_dir, cluster))
     env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, FLAGS.job_dir,
                                   cluster.get("seed")))
+    timeout = FLAGS.connect_timeout or cluster.get("connect_timeout")
+    if timeout:
+        env[cluster_env.CONNECT_TIMEOUT] = str(float(timeout))
+    if cluster.get("liveness_timeout"):  # (calls' deadlines and keepalive outlast it)
+        env[cluster_env.LIVENESS_TIMEOUT] = str(float(cluster["liveness_timeout"]))
+    # A worker the job loses (cut off from it) leaves when the job ends
+    # without it (common/job_end.py), status 3.
     return subprocess.call(command, env=env)
 
 
@@ -229,7 +260,9 @@ subcommand(
     "--job_dir=DIR -- COMMAND [ARG ...]",
     "Runs COMMAND (everything after `--`, passed on untouched) as one more worker "
     "of the job running with --job_dir: with the job's addresses, token and TLS "
-    "settings, from JOB_DIR/cluster.json and JOB_DIR/token.",
+    "settings, from JOB_DIR/cluster.json and JOB_DIR/token. A worker the job "
+    "lost (cut off from its master) exits with status 3 when the job ends "
+    "without it (JOB_DIR/summary.json).",
 )((_define_join, _main_join))
 
 

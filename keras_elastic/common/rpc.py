@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import grpc
 from absl import logging
 
-from keras_elastic.common import auth, faults, fencing, tls
+from keras_elastic.common import auth, cluster_env, faults, fencing, job_end, tls
 from keras_elastic.common import resolver as resolver_mod
 from keras_elastic.common.tensor_codec import MAX_MESSAGE_BYTES
 
@@ -61,11 +61,52 @@ _OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 # A client reconnects to a restarted server within a second or so (gRPC's
-# default backoff grows to two minutes).
+# default backoff grows to two minutes). While calls are in flight it pings
+# the server every KEEPALIVE_MS and drops the connection when a ping goes
+# unanswered for `keepalive_timeout_ms()`: a server that a network partition
+# cut off (packets dropped in silence, no connection reset) then fails the
+# calls as UNAVAILABLE, retried like a server that is down, instead of
+# leaving them to hang until their deadlines (600 s for a parameter
+# server's).
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 10_000
 _CHANNEL_OPTIONS = _OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def keepalive_timeout_ms() -> int:
+    """How long a keepalive ping may go unanswered: KEEPALIVE_TIMEOUT_MS, or
+    the job's liveness timeout when longer (`KERAS_ELASTIC_LIVENESS_TIMEOUT`):
+    a server that answers nothing (a frozen process) is the launcher's to
+    find and replace, after that timeout, as documented; the keepalive only
+    drops the connections to servers the launcher finds alive, that this
+    process cannot reach (a partition between the two).
+
+    >>> os.environ["KERAS_ELASTIC_LIVENESS_TIMEOUT"] = "60"
+    >>> keepalive_timeout_ms()
+    60000
+    >>> del os.environ["KERAS_ELASTIC_LIVENESS_TIMEOUT"]
+    >>> keepalive_timeout_ms()
+    10000
+    """
+    raw = os.environ.get(cluster_env.LIVENESS_TIMEOUT)
+    try:
+        liveness = float(raw) if raw else 0.0
+    except ValueError:
+        liveness = 0.0
+    return max(KEEPALIVE_TIMEOUT_MS, int(liveness * 1000))
+# Servers accept those pings, also during a call that sends no data for long
+# (a worker waiting for its next task): gRPC's defaults answer a client that
+# pings more often than every 5 minutes without data with GOAWAY.
+_SERVER_OPTIONS = _OPTIONS + [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 T = TypeVar("T")
@@ -99,7 +140,10 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
                       on_unreachable: Callable[[], None] | None = None) -> T:
     """Runs `call()`, retrying with backoff while the server is unreachable, for
     at most `timeout` seconds; then raises the last error. Only for calls that
-    are safe to repeat. `on_unreachable()` runs at each failure retried."""
+    are safe to repeat. `on_unreachable()` runs at each failure retried.
+    Once the job of this worker ended (`job_end.ended()`: its launcher wrote
+    the summary, its servers are gone for good), an unreachable server is
+    not retried: the error is raised at once."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     first_failure = None
@@ -108,6 +152,10 @@ def retry_unreachable(call: Callable[[], T], what: str, timeout: float,
             return call()
         except grpc.RpcError as e:
             if not is_unreachable(e) or time.monotonic() + delay > deadline:
+                raise
+            if job_end.ended() is not None:
+                logging.warning("%s is unreachable (%s) and the job ended (%s): "
+                                "not retrying", what, e.details(), job_end.SUMMARY)
                 raise
             if on_unreachable is not None:
                 on_unreachable()
@@ -140,7 +188,7 @@ def make_server(max_workers: int = 32,
         interceptors.append(fencing.GenerationInterceptor(generation,
                                                           exempt=(HEALTH_METHODS,)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         options=_OPTIONS, interceptors=interceptors)
+                         options=_SERVER_OPTIONS, interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     if generation is not None:
         fencing_pb2_grpc.add_FencingServicer_to_server(
@@ -235,7 +283,8 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
     (`ResolvingChannel`); None: never.
     """
     overridden = {key for key, _ in options}
-    merged = [o for o in _CHANNEL_OPTIONS if o[0] not in overridden] + list(options)
+    ours = _CHANNEL_OPTIONS + [("grpc.keepalive_timeout_ms", keepalive_timeout_ms())]
+    merged = [o for o in ours if o[0] not in overridden] + list(options)
     config = tls.TLSConfig.from_env()
     if config is not None and config.server_name:
         merged.append(("grpc.ssl_target_name_override", config.server_name))

@@ -22,7 +22,7 @@ import threading
 
 from absl import logging
 
-from keras_elastic.common import cluster_env, stacks
+from keras_elastic.common import cluster_env, job_end, stacks
 from keras_elastic.common.timing import PhaseTimer
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient
@@ -47,6 +47,11 @@ class Cluster:
         self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot,
                                      self.ps.waits)
         self._closed = False
+        env = cluster_env.read()
+        if not self.embedded and env is not None and env.job_dir:
+            # A worker the job lost (cut off by the network) leaves when the
+            # job ends without it, instead of retrying a master that is gone.
+            job_end.watch(env.job_dir, lambda: self.master.worker_id)
 
     @property
     def embedded(self) -> bool:
@@ -75,6 +80,10 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        if not self.embedded and not script_failed():
+            # (a worker whose script failed keeps the watch: should its end
+            # hang on a server it cannot reach, the job's end ends it)
+            job_end.stop()
         # (an embedded master goes away with this process)
         if not self.embedded and not script_failed():
             self.master.worker_exited(self.timer.snapshot())

@@ -1,0 +1,177 @@
+"""A worker notices in the job directory that its job ended without it.
+
+A worker the job lost (cut off from the master by the network: its
+heartbeats stopped, its tasks went to others) cannot hear from the master
+that the job ended: it retries the master for `--connect_timeout` seconds
+(default 300) and its calls in flight wait for their deadlines. A worker on
+the launcher's machine is stopped by its launcher; one joined from another
+machine (`keras-elastic join`) is nobody's child there. But the job
+directory is shared: at its end the launcher writes `JOB_DIR/summary.json`,
+whose `workers.lost_ids` name the workers it lost. So every launched or
+joined worker watches the job directory from a daemon thread (`watch`, a
+`stat` a second: it never blocks the worker's own threads, even on a mount
+that hangs):
+
+- the job ended and lists this worker among those it lost: the worker logs
+  "the job ... ended without this worker" and exits at once (status
+  `EXIT_LOST`), whatever its threads wait for: nothing it does can count in
+  a job that is over;
+- the job ended, this worker not lost (it was there at the end: a script
+  still running after `fit`): it goes on, but retries of an unreachable
+  master or parameter server stop at once (`rpc.retry_unreachable` asks
+  `ended()`) instead of lasting `--connect_timeout`: the servers are gone
+  for good.
+
+A worker on a machine that cannot reach the job directory sees no summary,
+and gives up after `--connect_timeout` as before. A summary already there
+when the watch starts (an earlier run of a resumed job) does not count: only
+one written (or replaced) later does.
+
+Example:
+
+>>> import json, os, tempfile
+>>> job_dir = tempfile.mkdtemp()
+>>> w = Watch(job_dir, worker_id=lambda: 1, exit=lambda code: None, poll=0.01)
+>>> w.ended() is None
+True
+>>> with open(os.path.join(job_dir, SUMMARY), "w") as f:
+...     json.dump({"workers": {"lost_ids": [1], "exited": [0]}}, f)
+>>> w.check()["workers"]["lost_ids"]
+[1]
+>>> w.lost
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+from absl import logging
+
+SUMMARY = "summary.json"
+POLL_SECONDS = 1.0
+# The exit status of a worker that left because its job ended without it.
+EXIT_LOST = 3
+
+_current: Watch | None = None
+_current_lock = threading.Lock()
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class Watch:
+    """Watches `job_dir` for the job's end (see the module docstring).
+    `worker_id()`: this worker's id now; `exit(status)`: how the process
+    leaves (`os._exit` by default)."""
+
+    def __init__(self, job_dir: str, worker_id: Callable[[], int],
+                 exit: Callable[[int], None] | None = None,
+                 poll: float = POLL_SECONDS) -> None:
+        self.job_dir = job_dir
+        self.path = os.path.join(job_dir, SUMMARY)
+        self._worker_id = worker_id
+        self._exit = exit or _exit_now
+        self._poll = poll
+        self._start = _stamp(self.path)
+        self._summary: dict | None = None
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def ended(self) -> dict | None:
+        """The job's summary once it ended (as the watch saw it), else None.
+        Never touches the file system."""
+        return self._summary
+
+    def check(self) -> dict | None:
+        """Looks at the job directory once; the summary if the job ended."""
+        if self._summary is not None:
+            return self._summary
+        stamp = _stamp(self.path)
+        if stamp is None or stamp == self._start:
+            return None
+        try:
+            with open(self.path) as f:
+                summary = json.load(f)
+        except (OSError, ValueError):
+            return None  # being written: the next look
+        self._summary = summary
+        workers = summary.get("workers") or {}
+        me = self._worker_id()
+        self.lost = me in (workers.get("lost_ids") or [])
+        return summary
+
+    def start(self) -> Watch:
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="ke-job-end")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll):
+            summary = self.check()
+            if summary is None:
+                continue
+            if not self.lost:
+                logging.info("keras_elastic: the job of %s ended (%s); this worker "
+                             "was there at its end", self.job_dir, self.path)
+                return
+            if self._stop.is_set():
+                return
+            line = (f"keras_elastic: the job of {self.job_dir} ended without this "
+                    f"worker (id {self._worker_id()}: lost, cut off from the "
+                    f"master; {self.path}); exiting (status {EXIT_LOST})")
+            logging.error("%s", line)
+            sys.stderr.write(line + "\n")
+            self._exit(EXIT_LOST)
+            return
+
+
+def _exit_now(status: int) -> None:
+    """Leaves at once: the worker's threads wait on servers that are gone."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.flush()
+    os._exit(status)
+
+
+def watch(job_dir: str, worker_id: Callable[[], int]) -> Watch:
+    """Starts this process's watch of `job_dir` (replacing an earlier one)."""
+    global _current
+    with _current_lock:
+        if _current is not None:
+            _current.stop()
+        _current = Watch(job_dir, worker_id).start()
+        return _current
+
+
+def stop() -> None:
+    """Stops this process's watch (its worker closed normally)."""
+    global _current
+    with _current_lock:
+        if _current is not None:
+            _current.stop()
+            _current = None
+
+
+def ended() -> dict | None:
+    """The summary of this process's job once it ended, else None (also
+    without a watch). Cheap: no file system access."""
+    current = _current
+    return current.ended() if current is not None else None

@@ -1,0 +1,109 @@
+"""A worker notices in the job directory that its job ended without it
+(keras_elastic/common/job_end.py; on machines: test_testbed_partitions.py)."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from conftest import subprocess_env
+
+from keras_elastic.common import job_end, rpc
+
+
+def write_summary(job_dir, lost_ids=(), exited=()):
+    path = os.path.join(job_dir, job_end.SUMMARY)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"workers": {"lost_ids": list(lost_ids), "exited": list(exited)}}, f)
+    os.replace(path + ".tmp", path)
+
+
+def watch(job_dir, worker_id=1):
+    exits = []
+    done = threading.Event()
+
+    def exit(status):
+        exits.append(status)
+        done.set()
+
+    w = job_end.Watch(str(job_dir), lambda: worker_id, exit=exit, poll=0.01).start()
+    return w, exits, done
+
+
+def test_a_lost_worker_leaves_when_the_job_ends(tmp_path):
+    w, exits, done = watch(tmp_path)
+    write_summary(tmp_path, lost_ids=[1], exited=[0])
+    assert done.wait(10)
+    assert exits == [job_end.EXIT_LOST] and w.lost
+
+
+def test_a_worker_there_at_the_end_stays(tmp_path):
+    w, exits, _ = watch(tmp_path, worker_id=2)
+    write_summary(tmp_path, lost_ids=[1], exited=[0])
+    deadline = time.monotonic() + 10
+    while w.ended() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.ended() is not None and not w.lost
+    time.sleep(0.1)
+    assert exits == []
+
+
+def test_an_earlier_summary_does_not_count(tmp_path):
+    """A resumed job: the summary of the run before is there at the start."""
+    write_summary(tmp_path, lost_ids=[1])
+    w, exits, done = watch(tmp_path)
+    assert not done.wait(0.3) and w.ended() is None
+    time.sleep(0.01)  # (a new mtime)
+    write_summary(tmp_path, lost_ids=[1])
+    assert done.wait(10) and exits == [job_end.EXIT_LOST]
+
+
+def test_no_job_directory_no_end(tmp_path):
+    """A machine that cannot reach the job directory: --connect_timeout rules."""
+    w, exits, done = watch(tmp_path / "not-mounted")
+    assert not done.wait(0.3) and w.ended() is None and exits == []
+
+
+class Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connect failed"
+
+
+def test_retries_stop_once_the_job_ended(tmp_path, monkeypatch):
+    calls = []
+
+    def call():
+        calls.append(1)
+        raise Unavailable()
+
+    w = job_end.Watch(str(tmp_path), lambda: 1, exit=lambda status: None)
+    monkeypatch.setattr(job_end, "_current", w)
+    with pytest.raises(Unavailable):  # no end: retried for the timeout
+        rpc.retry_unreachable(call, "the master", timeout=0.5)
+    assert len(calls) > 2
+    write_summary(tmp_path, exited=[1])
+    w.check()
+    calls.clear()
+    start = time.monotonic()
+    with pytest.raises(Unavailable):
+        rpc.retry_unreachable(call, "the master", timeout=60)
+    assert len(calls) == 1 and time.monotonic() - start < 5
+
+
+def test_join_refuses_a_job_that_ended(tmp_path):
+    with open(tmp_path / "cluster.json", "w") as f:
+        json.dump({"master": "127.0.0.1:1", "ps": ["127.0.0.1:2"]}, f)
+    time.sleep(0.01)
+    write_summary(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "keras_elastic", "join",
+                           f"--job_dir={tmp_path}", "--", "true"], capture_output=True,
+                          text=True, env=subprocess_env(), timeout=120)
+    assert proc.returncode != 0
+    assert "ended" in proc.stderr and "nothing to join" in proc.stderr, proc.stderr

@@ -170,6 +170,41 @@ def test_the_observers_own_stall_is_not_the_services_silence():
     assert live.lost(360.0) == ["master"]
 
 
+def test_rounds_that_wait_out_a_frozen_services_deadline_are_not_stalls():
+    """A service frozen for good: every round of health checks waits its
+    deadline (5 s) for it, so rounds come every interval + deadline = 7 s.
+    That is the round's own length, not a stall of the observer: the service
+    is lost once 60 s passed without an answer (it took 210 s when the 5 s
+    were counted as the observer's stall and added back each round)."""
+    live = ServiceLiveness(timeout=60, interval=2, deadline=5)
+    live.started("master", 0.0)
+    live.observed({"master": True}, 2.0)
+    t = 2.0
+    while not live.lost(t):
+        t += 7.0
+        live.observed({"master": False}, t)
+    assert t == 65.0, t
+    assert live.why("master", t) == (
+        "answered no health check for 63 s (--liveness_timeout=60)")
+
+
+def test_a_silent_server_the_workers_wait_on_is_not_said_to_answer():
+    """Frozen: the workers' calls hang from before the freeze (their wait
+    reaches the timeout first), and health checks get no answer: the
+    reason says what was observed, not that it answers health checks."""
+    live = ServiceLiveness(timeout=60, interval=2, deadline=5)
+    live.started("ps-0", 0.0)
+    live.observed({"ps-0": True}, 10.0)
+    for t in range(17, 70, 7):
+        live.observed({"ps-0": False}, float(t))
+        live.reported({0: {"ps-0": t - 5.0}, 1: {"ps-0": t - 6.0}}, {},
+                      alive=[0, 1], now=float(t))
+    assert live.lost(66.0) == ["ps-0"]
+    assert live.why("ps-0", 66.0) == (
+        "answered no health check for 56 s, and every worker (0, 1) has waited "
+        "60 s for it (--liveness_timeout=60)")
+
+
 def test_workers_that_cannot_reach_a_silent_server_make_it_lost_sooner():
     """Health checks unanswered and workers' calls failing as UNAVAILABLE:
     two observers agree, so `confirm` (a quarter of the timeout) suffices."""

@@ -205,13 +205,15 @@ class AutoCheckpointer:
         if not self.init_ready():
             return
         self._write_init_manifest()
-        statuses = self._client().status_all(timeout=30)
+        # Short deadlines: a frozen server or master costs a skipped tick, and
+        # a recovery's `pause` waits for no more than that.
+        statuses = self._client().status_all(timeout=5)
         self._has_tables = any(s.tables for s in statuses)
         versions = [s.version for s in statuses]
         if self._last_versions is None:
             self._last_versions = versions
         changed = sum(versions) - sum(self._last_versions)
-        status = self.master.job_status()
+        status = self.master.job_status(timeout=5)
         training = list(status.training_datasets().values())
         finished = bool(training) and all(ds.finished for ds in training)
         if finished:

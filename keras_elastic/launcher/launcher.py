@@ -140,6 +140,7 @@ class Launcher:
             for _ in range(self.config.num_workers):
                 self.group.start_worker()
             last_progress = time.time()
+            seen = 0  # the feed's round of the last status acted on
             while True:
                 time.sleep(0.2)
                 if self._stop_requested:
@@ -150,12 +151,12 @@ class Launcher:
                 if self.error:
                     break
                 self.services.note_placements()
-                try:
-                    self.group.flush_dead_reports()
-                    status = self._last_status = self.services.master.job_status()
-                except ConnectionError as e:
-                    logging.log_every_n_seconds(logging.WARNING, "%s", 10, e)
-                    continue  # the master is down: the next round restarts it
+                # The master's status, fetched off this loop (a frozen master
+                # holds up the feed's thread, never the loop that replaces it).
+                round_, status = self.services.feed.latest()
+                if status is None or round_ == seen:
+                    continue
+                seen, self._last_status = round_, status
                 if status.error:
                     self.error = f"the master failed the job: {status.error}"
                     break

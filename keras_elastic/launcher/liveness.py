@@ -37,6 +37,16 @@ from keras_elastic.launcher.policy import ServiceLiveness
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
+def probe_deadline(liveness_timeout: float) -> float:
+    """How long one health check may take: a third of the liveness timeout,
+    within 1-5 s.
+
+    >>> probe_deadline(60), probe_deadline(8), probe_deadline(1)
+    (5.0, 2.6666666666666665, 1.0)
+    """
+    return max(1.0, min(5.0, liveness_timeout / 3))
+
+
 class HealthProber:
     """Probes every target's health every `interval` seconds (a daemon
     thread); `deadline`: how long one answer may take."""
@@ -45,7 +55,7 @@ class HealthProber:
                  deadline: float | None = None) -> None:
         self.liveness = liveness
         self.interval = interval
-        self.deadline = deadline or max(1.0, min(5.0, liveness.timeout / 3))
+        self.deadline = deadline or probe_deadline(liveness.timeout)
         self._lock = threading.Lock()  # guards the targets and the liveness record
         self._targets: dict[str, tuple[str, grpc.Channel]] = {}
         self._stop = threading.Event()

@@ -237,7 +237,9 @@ class ServiceLiveness:
     the observer itself did not run (the launcher's machine or process
     stalled: `observed` is called every `interval` seconds, and a gap much
     longer than that is the observer's own) is not counted as the services'
-    silence. A worker's wait counts only from the service's (re)start and
+    silence; a round the observer spent waiting on a silent service's answer
+    (up to `deadline` seconds, so a round lasts at most `interval +
+    deadline`) is not a stall. A worker's wait counts only from the service's (re)start and
     from the end of the last recovery (`recovered`: a server paused for a
     rollback makes workers wait too).
 
@@ -256,9 +258,11 @@ class ServiceLiveness:
     """
 
     def __init__(self, timeout: float, interval: float,
-                 confirm: float | None = None) -> None:
+                 confirm: float | None = None, deadline: float = 0.0) -> None:
         self.timeout = timeout
         self.interval = interval
+        # The longest a round of health checks waits for answers.
+        self.deadline = deadline
         self.confirm = (confirm if confirm is not None
                         else min(timeout, max(3 * interval, timeout / 4)))
         self._last_ok: dict[str, float] = {}
@@ -292,7 +296,7 @@ class ServiceLiveness:
     def observed(self, answers: dict[str, bool], now: float) -> None:
         """A round of health checks: `{role: answered SERVING}`."""
         if self._last_observed is not None:
-            stalled = now - self._last_observed - self.interval
+            stalled = now - self._last_observed - self.interval - self.deadline
             if stalled > 2 * self.interval:
                 for role in self._last_ok:
                     self._last_ok[role] += stalled
@@ -337,9 +341,14 @@ class ServiceLiveness:
                     f"{now - since:.0f} s {limit}")
         since, workers = self._waited.get(role, (now, []))
         if now - since >= self.timeout:
-            return (f"answers health checks, but every worker "
-                    f"({', '.join(map(str, workers))}) has waited {now - since:.0f} s "
-                    f"for it: the workers are cut off from it {limit}")
+            waited = (f"every worker ({', '.join(map(str, workers))}) has waited "
+                      f"{now - since:.0f} s for it")
+            if silent > 2 * self.interval + self.deadline:
+                # What was observed: it is silent too, not only cut off.
+                return (f"answered no health check for {silent:.0f} s, and "
+                        f"{waited} {limit}")
+            return (f"answers health checks, but {waited}: the workers are cut "
+                    f"off from it {limit}")
         return None
 
     def lost(self, now: float) -> list[str]:

@@ -14,7 +14,10 @@ launcher does to them:
   `--liveness_timeout` (`liveness.py`), is a loss; a lost service is killed
   (fencing) and, within its restart budget (`policy.py`), recovered by the
   sequences of `recovery.py` (`check_master`, `check_ps`);
-- the automatic parameter-server checkpoints (`auto_checkpointer.py`).
+- the automatic parameter-server checkpoints (`auto_checkpointer.py`);
+- the master's job status and the deaths told to it, fetched and sent off the
+  launcher's loop (`feed`: `status_feed.py`), so that the loop, which finds
+  a frozen master and replaces it, never waits on it.
 
 The workers enter only through `workers`, a callable giving the running
 workers and the slots waiting for room, for `cluster.json`.
@@ -52,10 +55,11 @@ from keras_elastic.launcher.backends import (
     start_services,
 )
 from keras_elastic.launcher.config import LaunchConfig
-from keras_elastic.launcher.liveness import HealthProber
+from keras_elastic.launcher.liveness import HealthProber, probe_deadline
 from keras_elastic.launcher.policy import FailurePolicy, ServiceLiveness
 from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
 from keras_elastic.launcher.report import Artifacts
+from keras_elastic.launcher.status_feed import StatusFeed
 from keras_elastic.master.client import MasterClient
 
 JOURNAL_FILE = "master.journal"
@@ -93,8 +97,12 @@ class JobServices:
         self.checkpointer: AutoCheckpointer | None = None
         self.recovery = Recovery(self, config.num_ps)
         interval = min(2.0, config.liveness_timeout / 5)
-        self.prober = HealthProber(ServiceLiveness(config.liveness_timeout, interval),
-                                   interval)
+        deadline = probe_deadline(config.liveness_timeout)
+        self.prober = HealthProber(
+            ServiceLiveness(config.liveness_timeout, interval, deadline=deadline),
+            interval, deadline)
+        # The master's status and the deaths told to it, off the loop.
+        self.feed = StatusFeed(lambda: self.master)
         self.tls_on = self._tls_wanted()
         if not self.tls_on:
             rpc.check_bind(backend.routable_host() or "127.0.0.1", False,
@@ -201,6 +209,7 @@ class JobServices:
         self.prober.set_targets({"master": self.master_address, **{
             f"ps-{i}": a for i, a in enumerate(self.ps_addresses)}})
         self.prober.start()
+        self.feed.start()
         logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
                      ", ".join(self.ps_addresses))
 
@@ -361,6 +370,7 @@ class JobServices:
         """Stops the health prober and the automatic checkpoints (their
         threads log): the job's last line is then the launcher's last word."""
         self.prober.stop()
+        self.feed.stop()
         if self.checkpointer is not None:
             self.checkpointer.stop()
             self.checkpointer = None

@@ -15,8 +15,8 @@ services they use are `services.py`'s; the loop over both, `launcher.py`).
   file, `--max_workers` once nodes joined, else `--num_workers`), filling
   the slots that waited for room first.
 
-Deaths are told to the master as they happen, and again later if the master
-was down (`flush_dead_reports`).
+Deaths are told to the master off the loop, in order, and again later if the
+master was down (`status_feed.StatusFeed.report_dead`).
 
 Example:
 
@@ -83,7 +83,6 @@ class WorkerGroup:
         self.next_worker_id = 0
         self.restarts = 0
         self.lost = 0
-        self._pending_dead: list[tuple[int, str]] = []  # not yet told to the master
         self._fenced: set[int] = set()  # workers killed because the master lost them
         # Every worker death, for the failure policy (launcher/policy.py).
         self.failures: list[WorkerDeath] = []
@@ -119,18 +118,9 @@ class WorkerGroup:
 
     # -- deaths -----------------------------------------------------------------
     def _report_dead(self, worker_id: int, reason: str) -> None:
-        """Tells the master a worker is gone (later, if the master is down)."""
-        self._pending_dead.append((worker_id, reason))
-        self.flush_dead_reports()
-
-    def flush_dead_reports(self) -> None:
-        while self._pending_dead:
-            try:
-                self.services.master.report_worker_dead(*self._pending_dead[0])
-            except ConnectionError as e:
-                logging.warning("could not tell the master (will retry): %s", e)
-                return
-            self._pending_dead.pop(0)
+        """Tells the master a worker is gone (off the loop: the feed's thread,
+        later if the master is down)."""
+        self.services.feed.report_dead(worker_id, reason)
 
     def check(self, last_status: JobStatus | None) -> str | None:
         """Handles the workers that exited since the last round (`last_status`:

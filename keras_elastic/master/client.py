@@ -152,9 +152,10 @@ class MasterClient:
         except grpc.RpcError:
             pass  # the master may already be gone at the end of a job
 
-    def report_worker_dead(self, worker_id: int, reason: str) -> None:
+    def report_worker_dead(self, worker_id: int, reason: str,
+                           timeout: float = 60.0) -> None:
         self._call("ReportWorkerDead", master_pb2.WorkerRequest(
-            worker_id=worker_id, reason=reason))
+            worker_id=worker_id, reason=reason), timeout=timeout)
 
     # -- data -------------------------------------------------------------
     def register_dataset(self, request: master_pb2.RegisterDatasetRequest

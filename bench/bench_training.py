@@ -59,7 +59,18 @@ Configurations, each a fresh model trained for one epoch over the same files:
              against keras-elastic / Keras 3 plain), all in the same run;
 - local_backend: the same roles as local processes, started through the
              launcher's LocalBackend by the same code (`run_with_backend`):
-             like Ray, a separate worker process, which "processes" is not.
+             like Ray, a separate worker process, which "processes" is not;
+- testbed, testbed_pipelined: the same roles on two machines of a testbed
+             (tests/support/testbed.py: network namespaces on a bridge,
+             198.18.0.0/15; root only, skipped with a message otherwise):
+             master and PS on machine 0 (bound to its address, TLS on as
+             beyond loopback), the worker (as local_backend's) on machine 1,
+             sync and pipelined exchanges, once per rate of `--links`
+             (`none`: the bridge unshaped; `1gbit`, `10gbit`: both
+             machines' links shaped with tc's tbf). A line per rate says how
+             long a step's transfer (gradients up, weights down) takes on
+             the wire against a step of plain `fit`: where pipelining can
+             hide it, and where the link is the wall.
 
 The first `--warmup_batches` batches of each epoch (tracing, first pulls, the
 pipeline filling up) are excluded from every measurement in the same way: the
@@ -140,6 +151,11 @@ flags.DEFINE_list("configs", ["plain", "processes", "pipelined", "liveness", "le
                   "tf_keras; plain is always measured (it is the baseline); ray "
                   "is skipped when Ray is not installed, tf_pss and tf_keras "
                   "without tf-keras.")
+flags.DEFINE_list("links", ["none", "10gbit", "1gbit"], "testbed configurations: "
+                  "the link rates (tc units) the worker and the PS machines are "
+                  "shaped to, one run each; none: unshaped.")
+flags.DEFINE_enum("worker_exchange", "sync", ["sync", "pipelined"],
+                  "Internal (--worker_output): the worker's exchange.")
 flags.DEFINE_float("target_ratio", 0.8, "keras-elastic/plain ratio to meet.")
 flags.DEFINE_integer("rounds", 3, "Rounds of keras-elastic runs, each bracketed by "
                      "baseline runs; the ratio reported is the median.")
@@ -168,7 +184,8 @@ SMOKE = {"num_records": 256, "batch_size": 32, "minibatches_per_task": 2,
                      "tf_keras"]}
 
 CONFIGS = ("plain", "processes", "pipelined", "liveness", "legacy", "embedded",
-           "local_backend", "ray", "tf_pss", "tf_keras")
+           "local_backend", "ray", "tf_pss", "tf_keras", "testbed", "testbed_pipelined")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class WindowTimer:
@@ -390,7 +407,54 @@ def run_with_local_backend(files: list[str]) -> Measurement:
     return run_with_backend(files, LocalBackend())
 
 
-def run_with_backend(files: list[str], backend) -> Measurement:
+def _testbed():
+    """tests/support/testbed.py (machines as network namespaces)."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from support import testbed
+
+    return testbed
+
+
+def run_on_testbed(files: list[str], rate: str, exchange: str) -> Measurement:
+    """Master and PS on testbed machine 0, the worker on machine 1, both
+    machines' links shaped to `rate` (none: unshaped); TLS on, as a job
+    beyond loopback has it."""
+    from keras_elastic.common import tls
+    from keras_elastic.launcher.backends.local import LocalBackend
+
+    testbed = _testbed()
+
+    class TestbedBackend(LocalBackend):
+        """Services on machine 0 (bound to its address), workers on 1."""
+
+        name = "testbed"
+
+        def __init__(self, bed) -> None:
+            super().__init__(bind=bed.address(0))
+            self.bed = bed
+
+        def start(self, name, argv, log_path, env, kind, resources=None, echo=True):
+            machine = 1 if kind == "worker" else 0
+            return super().start(name, self.bed.argv(machine, list(argv)), log_path,
+                                 env, kind, resources, echo)
+
+    with testbed.Testbed(2) as bed:
+        if rate != "none":
+            for machine in (0, 1):
+                bed.shape(machine, rate)
+        saved = dict(os.environ)
+        try:
+            config = tls.make_self_signed(tempfile.mkdtemp(prefix="bench-tls-"),
+                                          [bed.address(0)])
+            os.environ.update(config.to_env())
+            return run_with_backend(files, TestbedBackend(bed), exchange)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def run_with_backend(files: list[str], backend, exchange: str = "sync"
+                     ) -> Measurement:
     """Master, PS and worker started by a launcher backend; the worker is this
     script with --worker_output, which writes its Measurement."""
     import json
@@ -418,6 +482,7 @@ def run_with_backend(files: list[str], backend) -> Measurement:
         argv = [sys.executable, os.path.abspath(__file__), f"--worker_output={out}",
                 f"--worker_files={','.join(files)}",
                 f"--service_pids={master.pid},{ps.pid}",
+                f"--worker_exchange={exchange}",
                 *(f"--{n}={getattr(FLAGS, n)}" for n in flag_names)]
         worker = backend.start("worker-0", argv, os.path.join(job_dir, "worker-0.log"),
                                env, kind="worker", echo=False)
@@ -536,7 +601,8 @@ def worker_main() -> None:
     import json
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    m = run_elastic(FLAGS.worker_files, [int(p) for p in FLAGS.service_pids])
+    m = run_elastic(FLAGS.worker_files, [int(p) for p in FLAGS.service_pids],
+                    FLAGS.worker_exchange)
     with open(FLAGS.worker_output + ".tmp", "w") as f:
         json.dump(dataclasses.asdict(m), f)
     os.replace(FLAGS.worker_output + ".tmp", FLAGS.worker_output)
@@ -585,6 +651,55 @@ def _per_minibatch_lines(results: dict, minibatches: int,
                  f"({_SEED_BEFORE[3] / _SEED_BEFORE[0]:.0%} in seed 000): with every "
                  "other phase hidden, the speed-up is at most legacy total / "
                  f"keras-elastic compute = {bound:.2f}x on this device")
+    return lines
+
+
+def _step_bytes() -> int:
+    """Bytes a step moves between worker and PS: the gradients up and the
+    weights down (float32 each), the model's trainable parameters twice."""
+    model = compiled_model(elastic=False)
+    return 2 * 4 * sum(int(w.shape.num_elements()) for w in model.trainable_weights)
+
+
+def _rate_bits(rate: str) -> float | None:
+    """tc's rate units (`1gbit`, `500mbit`) in bits per second."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    return None
+
+
+def _link_lines(ratios: dict[str, list[float]], plain: list[Measurement],
+                n: int) -> list[str]:
+    """Per link rate of the testbed runs: the wire time of a step's transfer
+    against a step of plain fit, and what sync and pipelined reached."""
+    rates = sorted({name.partition("@")[2] for name in ratios
+                    if name.startswith("testbed")})
+    if not rates:
+        return []
+    step_bytes = _step_bytes()
+    steps = n / FLAGS.batch_size
+    step_s = statistics.mean(m.seconds for m in plain) / steps
+    lines = [f"\ntestbed links: a step moves {step_bytes / 1e6:.2f} MB (gradients up, "
+             f"weights down); a step of plain fit takes {step_s * 1e3:.1f} ms"]
+    for rate in rates:
+        sync = ratios.get(f"testbed@{rate}")
+        piped = ratios.get(f"testbed_pipelined@{rate}")
+        bits = _rate_bits(rate)
+        wire = "unshaped" if bits is None else (
+            f"{step_bytes * 8 / bits * 1e3:.1f} ms on the wire per step "
+            f"({step_bytes * 8 / bits / step_s:.0%} of a step)")
+        found = ", ".join(f"{what} {statistics.median(r):.3f}" for what, r in
+                          (("sync", sync), ("pipelined", piped)) if r)
+        verdict = ""
+        if bits is not None:
+            share = step_bytes * 8 / bits / step_s
+            verdict = (f"; the link is the wall: a step's transfer outlasts its "
+                       f"compute, so at most {1 / share:.2f} of plain" if share >= 1
+                       else "; the transfer fits in a step's compute: pipelining "
+                       "can hide it, sync pays it")
+        lines.append(f"  {rate:>7s}: {wire}; ratio to plain: {found}{verdict}")
     return lines
 
 
@@ -639,6 +754,21 @@ def main(argv: list[str]) -> None:
                "ray": run_with_ray, "tf_pss": run_tf_pss,
                "tf_keras": lambda f: run_tf_pss(f, plain=True)}
     elastic = [c for c in FLAGS.configs if c != "plain"]
+    testbed_configs = [c for c in elastic if c.startswith("testbed")]
+    if testbed_configs:
+        why = _testbed().unavailable()
+        for config in testbed_configs:
+            elastic.remove(config)
+            if why:
+                print(f"no testbed ({why}): skipping the {config} configuration",
+                      flush=True)
+                continue
+            exchange = "pipelined" if config == "testbed_pipelined" else "sync"
+            for rate in FLAGS.links:
+                name = f"{config}@{rate}"
+                elastic.append(name)
+                runners[name] = (lambda f, r=rate, e=exchange:
+                                 run_on_testbed(f, r, e))
     if "ray" in elastic and not _ray_available():
         print("ray is not installed: skipping the ray configuration (pip install -e "
               "\".[ray]\")", flush=True)
@@ -688,7 +818,10 @@ def main(argv: list[str]) -> None:
               "local_backend": "keras-elastic, local backend processes",
               "ray": "keras-elastic, Ray actors (1 node)",
               "tf_pss": "TF ParameterServerStrategy (tf-keras)",
-              "tf_keras": "tf-keras plain fit (no strategy)"}
+              "tf_keras": "tf-keras plain fit (no strategy)",
+              **{name: f"testbed, 2 machines, {name.partition('@')[2]} links"
+                 + (", pipelined" if name.startswith("testbed_pipelined") else "")
+                 for name in elastic if name.startswith("testbed")}}
     lines = ["", f"CIFAR-10 (synthetic) {FLAGS.num_records} records, batch "
              f"{FLAGS.batch_size}, {FLAGS.minibatches_per_task} minibatches per task, "
              f"1 worker, 1 PS; {n} samples timed after {FLAGS.warmup_batches} warm-up "
@@ -802,6 +935,7 @@ def main(argv: list[str]) -> None:
             lines.append(f"ray / {local} per round: "
                          + " ".join(f"{p:.3f}" for p in paired)
                          + f"   median {statistics.median(paired):.3f}")
+    lines.extend(_link_lines(ratios, plain, n))
     if elastic:
         best = elastic[0]
         ratio = statistics.median(ratios[best])

@@ -53,6 +53,33 @@ def test_training(tmp_path):
     one_positive(rf"^processes: samples/s ratio {NUM} \(median of 1 round\(s\)\)", out)
 
 
+def test_training_on_testbed_links(tmp_path):
+    """The testbed configurations (issue 42 item 4): the worker and the
+    parameter server on two machines (network namespaces), a 1 Gbit/s link,
+    sync and pipelined; the line that says whether the link is the wall."""
+    from support import testbed
+
+    if why := testbed.unavailable():
+        pytest.skip(f"no testbed: {why}")
+    out = run_smoke("bench_training", str(tmp_path),
+                    "--configs=plain,testbed,testbed_pipelined", "--links=1gbit")
+    for label in ("testbed, 2 machines, 1gbit links",
+                  "testbed, 2 machines, 1gbit links, pipelined"):
+        found = figures(rf"^  {re.escape(label)}\s+{NUM}\s+[\d.]+\s+{NUM}\s+{NUM}\s+"
+                        rf"[\d.]+ \([\d.]+\+[\d.]+\)\s+{NUM}$", out)
+        assert len(found) == 1 and all(v > 0 for v in found[0]), (label, out)
+    step = figures(rf"^testbed links: a step moves {NUM} MB \(gradients up, weights "
+                   rf"down\); a step of plain fit takes {NUM} ms$", out)
+    assert len(step) == 1 and step[0][0] > 0.1, out
+    # 1 Gbit/s: the wire time is the step's bytes at that rate, to 0.1 ms.
+    megabytes = step[0][0]
+    line = figures(rf"^ +1gbit: {NUM} ms on the wire per step \(\d+% of a step\); "
+                   rf"ratio to plain: sync {NUM}, pipelined {NUM}; ", out)
+    assert len(line) == 1, out
+    # (the MB printed to 0.01: 0.04 ms at 1 Gbit/s; the ms to 0.1)
+    assert abs(line[0][0] - megabytes * 8e6 / 1e9 * 1e3) <= 0.15, (line, out)
+
+
 def test_embedding(tmp_path):
     # (docs/benchmarks.md's 100-million-id command's flags, at smoke sizes:
     # --rows and --dim as --smoke sets them)

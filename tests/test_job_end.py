@@ -107,3 +107,30 @@ def test_join_refuses_a_job_that_ended(tmp_path):
                           text=True, env=subprocess_env(), timeout=120)
     assert proc.returncode != 0
     assert "ended" in proc.stderr and "nothing to join" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("module", ["keras_elastic.ps", "keras_elastic.master"])
+def test_a_server_left_running_leaves_when_its_job_ends(tmp_path, module):
+    """A master or parameter server still running when its job ended (one the
+    launcher replaced and could not stop: cut off on another machine) leaves
+    by itself, a second or two after the summary: a real process."""
+    from keras_elastic.launcher.backends import start_service
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    write_summary(job_dir)  # an earlier run's (a resumed job): does not count
+    name = module.rsplit(".", 1)[1]
+    handle, _ = start_service(name, module, [f"--job_dir={job_dir}"], str(job_dir))
+    try:
+        time.sleep(2)  # the watch's first looks: the old summary is not an end
+        assert handle.poll() is None, handle.tail()
+        write_summary(job_dir)
+        ended = time.monotonic()
+        while handle.poll() is None and time.monotonic() - ended < 30:
+            time.sleep(0.05)
+        assert handle.poll() == job_end.EXIT_LOST, handle.tail()
+        assert time.monotonic() - ended < 5
+        assert "ended" in handle.tail() and "exits" in handle.tail(), handle.tail()
+    finally:
+        if handle.poll() is None:
+            handle.kill()

@@ -22,6 +22,11 @@ that hangs):
   `ended()`) instead of lasting `--connect_timeout`: the servers are gone
   for good.
 
+A master or parameter server (`watch_service`) leaves as soon as the job
+ended: the launcher stops its servers at the end, so one still running then
+is one it could not reach (a server it replaced, on a node cut off from
+the launcher's machine: fenced, and now gone too).
+
 A worker on a machine that cannot reach the job directory sees no summary,
 and gives up after `--connect_timeout` as before. A summary already there
 when the watch starts (an earlier run of a resumed job) does not count: only
@@ -76,7 +81,9 @@ class Watch:
 
     def __init__(self, job_dir: str, worker_id: Callable[[], int],
                  exit: Callable[[int], None] | None = None,
-                 poll: float = POLL_SECONDS) -> None:
+                 poll: float = POLL_SECONDS, service: str | None = None) -> None:
+        # `service`: a master or server's name: it leaves at any end.
+        self.service = service
         self.job_dir = job_dir
         self.path = os.path.join(job_dir, SUMMARY)
         self._worker_id = worker_id
@@ -107,8 +114,8 @@ class Watch:
             return None  # being written: the next look
         self._summary = summary
         workers = summary.get("workers") or {}
-        me = self._worker_id()
-        self.lost = me in (workers.get("lost_ids") or [])
+        self.lost = (self.service is not None
+                     or self._worker_id() in (workers.get("lost_ids") or []))
         return summary
 
     def start(self) -> Watch:
@@ -131,9 +138,14 @@ class Watch:
                 return
             if self._stop.is_set():
                 return
-            line = (f"keras_elastic: the job of {self.job_dir} ended without this "
-                    f"worker (id {self._worker_id()}: lost, cut off from the "
-                    f"master; {self.path}); exiting (status {EXIT_LOST})")
+            if self.service is not None:
+                line = (f"keras_elastic: the job of {self.job_dir} ended ({self.path});"
+                        f" {self.service} exits (status {EXIT_LOST}): the launcher "
+                        "stops its servers at the end, so it could not reach this one")
+            else:
+                line = (f"keras_elastic: the job of {self.job_dir} ended without this "
+                        f"worker (id {self._worker_id()}: lost, cut off from the "
+                        f"master; {self.path}); exiting (status {EXIT_LOST})")
             logging.error("%s", line)
             sys.stderr.write(line + "\n")
             self._exit(EXIT_LOST)
@@ -175,3 +187,10 @@ def ended() -> dict | None:
     without a watch). Cheap: no file system access."""
     current = _current
     return current.ended() if current is not None else None
+
+
+def watch_service(job_dir: str, name: str) -> Watch:
+    """A master's or parameter server's watch of `job_dir`: the process
+    leaves once its job ended (module docstring). `name`: its name in the
+    line it logs."""
+    return Watch(job_dir, worker_id=lambda: -1, service=name).start()

@@ -153,6 +153,7 @@ class JobServices:
 
     def _ps_args(self, i: int, port: int = 0) -> list[str]:
         return [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
+                f"--job_dir={self.job_dir}",
                 f"--host={self.backend.service_host()}",
                 f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
                 f"--generation={self.generation}",
@@ -160,7 +161,7 @@ class JobServices:
 
     def _master_args(self, port: int = 0) -> list[str]:
         return [f"--host={self.backend.service_host()}", f"--port={port}",
-                f"--journal={self.journal_path}",
+                f"--journal={self.journal_path}", f"--job_dir={self.job_dir}",
                 f"--heartbeat_timeout={self.config.heartbeat_timeout}",
                 f"--progress_timeout={self.config.liveness_timeout}",
                 f"--generation={self.generation}",

@@ -16,7 +16,7 @@ import sys
 
 from absl import flags, logging
 
-from keras_elastic.common import faults, fencing, rpc, rpc_service, stacks
+from keras_elastic.common import faults, fencing, job_end, rpc, rpc_service, stacks
 from keras_elastic.master.servicer import MasterServicer
 from keras_elastic.proto import master_pb2
 
@@ -68,6 +68,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("port", 0, "Port to bind; 0 picks a free one.")
     flags.DEFINE_string("ready_file", None,
                         "Write {'address': ...} here once serving.")
+    flags.DEFINE_string("job_dir", None, "The job's directory: the master exits once "
+                        "the job ended (its summary.json written), as one the "
+                        "launcher could not stop must (common/job_end.py).")
     flags.DEFINE_float("heartbeat_timeout", 30.0,
                        "Seconds of silence after which a worker is presumed lost.")
     flags.DEFINE_float("progress_timeout", 60.0,
@@ -114,4 +117,6 @@ def main(argv) -> None:
                           min_workers=FLAGS.min_workers,
                           rendezvous_timeout=FLAGS.rendezvous_timeout)
     logging.info("master serving at %s", server.address)
+    if FLAGS.job_dir:
+        job_end.watch_service(FLAGS.job_dir, "the master")
     rpc.serve_until_signal(server, FLAGS.ready_file)

@@ -15,7 +15,15 @@ import gc
 import numpy as np
 from absl import flags, logging
 
-from keras_elastic.common import allocator, faults, fencing, rpc, rpc_service, stacks
+from keras_elastic.common import (
+    allocator,
+    faults,
+    fencing,
+    job_end,
+    rpc,
+    rpc_service,
+    stacks,
+)
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
@@ -70,6 +78,9 @@ def define_flags() -> None:
                          "With grads_to_wait > 1, drop gradients older than this many "
                          "versions (0: 4 x grads_to_wait).")
     flags.DEFINE_string("ready_file", None, "Write {'address': ...} here once serving.")
+    flags.DEFINE_string("job_dir", None, "The job's directory: the server exits once "
+                        "the job ended (its summary.json written), as one the "
+                        "launcher could not stop must (common/job_end.py).")
     flags.DEFINE_string("restore_from", None, "Start from this parameter-server "
                         "checkpoint (a server restarted after a crash).")
     flags.DEFINE_bool("paused", False, "Start paused (Init, Push, Pull, Claim answer "
@@ -115,4 +126,6 @@ def main(argv) -> None:
     # found the collector in 4.5% of a busy server's samples; a 4 KB push
     # costs about 4% less server CPU, within this machine's noise).
     gc.freeze()
+    if FLAGS.job_dir:
+        job_end.watch_service(FLAGS.job_dir, f"parameter server {FLAGS.ps_index}")
     rpc.serve_until_signal(server, FLAGS.ready_file)

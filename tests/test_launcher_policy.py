@@ -363,3 +363,32 @@ def test_the_cause_of_a_death_is_read_from_its_log():
                                 "ModelMismatchError", "/job/runner.py:262")
     assert exit_cause("[worker-1] Killed") == ExitCause("Killed")
     assert exit_cause("") == ExitCause("(no output)")
+
+
+def test_a_worker_cut_off_from_a_server_the_others_reach_is_the_one_lost():
+    """A partition between one worker's machine and a server (issue 42): the
+    server answers health checks and the other worker reaches it, so after
+    the timeout the cut-off worker is lost, never the server; not when every
+    worker is cut off (the server's trouble), nor when the server is silent,
+    nor in a job of one worker."""
+    def run(unreachable_for, answers=True, alive=(0, 1), until=70):
+        live = ServiceLiveness(timeout=60, interval=2, deadline=5)
+        live.started("ps-0", 0.0)
+        for t in range(2, until, 2):
+            live.observed({"ps-0": answers}, float(t))
+            live.reported({w: {"ps-0": t - 4.0} for w in unreachable_for},
+                          {w: {"ps-0": t - 4.0} for w in unreachable_for},
+                          alive=list(alive), now=float(t))
+        return live
+
+    live = run([1])
+    assert live.cut_off_workers(63.0) == {}
+    assert list(live.cut_off_workers(64.0)) == [1]
+    assert live.lost(64.0) == []  # the server is not to blame
+    assert run([0, 1]).cut_off_workers(64.0) == {}
+    assert run([1], answers=False).cut_off_workers(64.0) == {}
+    assert run([1], alive=(1,)).cut_off_workers(64.0) == {}
+    # A recovery clears what the workers reported.
+    live = run([1])
+    live.recovered(64.0)
+    assert live.cut_off_workers(64.0) == {}

@@ -447,3 +447,38 @@ def test_a_worker_waiting_for_a_reopened_epochs_validation_exits():
         for c in clients:
             c.close()
         server.stop()
+
+
+def test_a_rollback_that_reopens_a_finished_dataset_is_counted():
+    """The launcher starts workers again when a recovery reopened training
+    that had finished (the workers' scripts may have ended before it): the
+    master counts such rollbacks per dataset and its status carries the
+    count over gRPC; a rollback of an unfinished dataset does not count."""
+    from keras_elastic.master.client import MasterClient
+    from keras_elastic.master.server import MasterServer
+
+    server = MasterServer()
+    try:
+        client = MasterClient(server.address, 0)
+        client.register_worker()
+        client.register_dataset(master_pb2.RegisterDatasetRequest(
+            dataset="training", mode="training", records_per_task=10,
+            shards=[master_pb2.Shard(name="s", num_records=20)], num_epochs=2))
+
+        def train(epochs):
+            for epoch in epochs:
+                for _ in range(2):
+                    task = client.get_task("training", epoch)
+                    client.report_tasks("training", [task.task_id])
+
+        back = {"training": {"epoch": 0, "done_task_ids": [], "records_per_task": 10}}
+        train([0])
+        client.rollback(back, "mid-training")  # not finished: not counted
+        train([0, 1])
+        assert client.job_status().datasets["training"].finished
+        client.rollback(back, "after the end")
+        ds = client.job_status().datasets["training"]
+        assert (ds.finished, ds.rollbacks, ds.reopened_after_finish) == (False, 2, 1)
+        client.close()
+    finally:
+        server.stop()

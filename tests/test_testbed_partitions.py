@@ -15,6 +15,7 @@ made (faults.wait_held / faults.release).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,6 +150,9 @@ class Job:
         assert self.launcher.returncode == 0, self.logs()
         # beyond loopback: TLS, on by default
         assert self.cluster().get("tls"), self.cluster()
+        # What `join` passes on to its worker (deadlines, keepalive, retries).
+        assert (self.cluster()["liveness_timeout"], self.cluster()["connect_timeout"]
+                ) == (60.0, 300.0), self.cluster()
         check_exact(self.tmp_path, self.out, self.logs())
         deadline = ended + OUTLIVE_S
         for machine, proc in self.joined.items():
@@ -224,16 +228,21 @@ def test_machine_cut_for_a_while(machines, tmp_path, data):
 def test_worker_cut_from_the_parameter_server_only(machines, tmp_path, data):
     """B reaches the master on A but not the parameter server on A (its port
     blackholed both ways between A and B), from the moment its first task
-    was pushed, for good. B's calls to the server fail within seconds (gRPC
-    keepalive: the connection's pings go unanswered), it retries them for its
-    --connect_timeout, then its script fails and it leaves; the job, which
-    goes on without it, ends exact, and nothing of it outlives it.
-
-    (B is not blamed sooner: the launcher excuses a worker that waits on a
-    server, and blames overdue workers only among those it started.)"""
-    job = start(machines, tmp_path, data, join_flags=["--connect_timeout=20"])
+    was pushed, for good; default flags. The server answers the launcher's
+    health checks and the local worker reaches it, so the server is not to
+    blame: after --liveness_timeout the launcher declares B lost (cut off
+    from the server), its tasks go to the local worker, B is told it is
+    lost and leaves; the job ends exact, and nothing of it outlives it."""
+    job = start(machines, tmp_path, data)
     ps_port = int(job.cluster()["ps"][0].rpartition(":")[2])
     machines.partition(B, A, port=ps_port)
     job.release(JOINED_HOLD)
     job.release(LOCAL_HOLD)
     job.check(job.wait())
+    summary = job.summary()
+    assert summary["workers"]["lost_ids"] == [1], job.logs()
+    assert summary["ps_restarts"] == 0, summary
+    assert re.search(r"worker 1 could not reach ps-0 \(or waited on it\) for \d+ s "
+                     r"while it answered health checks and worker\(s\) 0 reached it: "
+                     r"cut off from it \(--liveness_timeout=60\); declaring it lost",
+                     job.launcher_log.read_text()), job.logs()

@@ -35,6 +35,8 @@ The points:
   pushed, not reported;
 - `validation` (worker): during a validation round, after the first evaluated
   task;
+- `fit_end` (worker): `fit` trained the job's last epoch and is about to
+  return (the script goes on after it);
 - `ps_push` (parameter server): a push arrived, before it is applied;
 - `master_task` (master): a worker asked for a task, before one is handed out.
 
@@ -62,7 +64,7 @@ import time
 ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
-          "ps_push", "master_task")
+          "fit_end", "ps_push", "master_task")
 ACTIONS = ("kill", "freeze", "hang", "cut", "hold")
 
 _lock = threading.Lock()

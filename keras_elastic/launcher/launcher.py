@@ -141,19 +141,29 @@ class Launcher:
                 self.group.start_worker()
             last_progress = time.time()
             seen = 0  # the feed's round of the last status acted on
+            settled = time.monotonic()
             while True:
                 time.sleep(0.2)
                 if self._stop_requested:
                     self.error = "interrupted"
                     break
+                before = (len(self.services.recoveries), self.services.master_restarts,
+                          len(self.group.finished_ok))
                 self.error = (self.services.check_master() or self.services.check_ps()
                               or self.group.check(self._last_status))
                 if self.error:
                     break
+                if before != (len(self.services.recoveries),
+                              self.services.master_restarts,
+                              len(self.group.finished_ok)):
+                    # A recovery ended or a worker finished: the end of the job is
+                    # decided on a status asked for after that (an older one
+                    # predates a rollback the recovery made).
+                    settled = time.monotonic()
                 self.services.note_placements()
                 # The master's status, fetched off this loop (a frozen master
                 # holds up the feed's thread, never the loop that replaces it).
-                round_, status = self.services.feed.latest()
+                round_, status, asked_at = self.services.feed.latest()
                 if status is None or round_ == seen:
                     continue
                 seen, self._last_status = round_, status
@@ -166,6 +176,7 @@ class Launcher:
                 self.group.fence_lost(status)
                 if (not self.group.workers and self.group.finished_ok
                         and not status.workers.alive
+                        and asked_at > settled
                         and not self.group.restart_if_reopened(status)):
                     break  # every worker is done, joined ones included
                 self.group.scale()

@@ -98,6 +98,12 @@ class HealthProber:
         with self._lock:
             return self.liveness.why(role, time.monotonic())
 
+    def cut_off_workers(self) -> dict[int, str]:
+        """Workers cut off from a service the others reach
+        (`ServiceLiveness.cut_off_workers`)."""
+        with self._lock:
+            return self.liveness.cut_off_workers(time.monotonic())
+
     def reported(self, waiting: dict[int, dict[str, float]],
                  unreachable: dict[int, dict[str, float]], alive: list[int]) -> None:
         """What the workers wait on (the master's `workers.waiting` and

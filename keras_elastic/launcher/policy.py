@@ -274,6 +274,9 @@ class ServiceLiveness:
         # waits on it, the workers).
         self._unreachable: dict[str, tuple[float, list[int]]] = {}
         self._waited: dict[str, tuple[float, list[int]]] = {}
+        # Per live worker: role -> since when its calls could not reach it.
+        self._cut: dict[int, dict[str, float]] = {}
+        self._alive: list[int] = []
 
     def started(self, role: str, now: float) -> None:
         """A service (re)started: its silence counts from `now`."""
@@ -292,6 +295,7 @@ class ServiceLiveness:
         self._recovered = now
         self._unreachable.clear()
         self._waited.clear()
+        self._cut.clear()
 
     def observed(self, answers: dict[str, bool], now: float) -> None:
         """A round of health checks: `{role: answered SERVING}`."""
@@ -312,7 +316,18 @@ class ServiceLiveness:
         `waiting`: {worker: {role: seconds its oldest call to role has
         waited}}; `unreachable`: {worker: {role: seconds since such a call
         first failed to reach it}}; `alive`: the job's live workers."""
-        self._unreachable, self._waited = {}, {}
+        self._unreachable, self._waited, self._cut = {}, {}, {}
+        self._alive = list(alive)
+        for w in alive:
+            # A call that failed to reach the role, or hung on it (a partition
+            # drops packets in silence: calls hang until keepalive gives up).
+            seen = dict(waiting.get(w, {}))
+            for role, seconds in unreachable.get(w, {}).items():
+                seen[role] = max(seconds, seen.get(role, 0.0))
+            for role, seconds in seen.items():
+                if role in self._last_ok:
+                    floor = max(self._started.get(role, float("-inf")), self._recovered)
+                    self._cut.setdefault(w, {})[role] = max(now - seconds, floor)
         for role in self._last_ok:
             floor = max(self._started.get(role, float("-inf")), self._recovered)
             gone = {w: unreachable[w][role] for w in alive
@@ -350,6 +365,47 @@ class ServiceLiveness:
             return (f"answers health checks, but {waited}: the workers are cut "
                     f"off from it {limit}")
         return None
+
+    def cut_off_workers(self, now: float) -> dict[int, str]:
+        """The workers cut off from a service the others reach: {worker: why}.
+        A worker whose calls could not reach a service (or hung on it) for
+        `timeout` seconds
+        while the service answered health checks and another live worker
+        reached it (a partition between that worker's machine and the
+        service's) cannot go on, and nothing is wrong with the service: the
+        worker is lost (its tasks go to others), not the service.
+
+        >>> live = ServiceLiveness(timeout=60, interval=2)
+        >>> live.started("ps-0", now=0.0)
+        >>> for t in range(2, 70, 2):
+        ...     live.observed({"ps-0": True}, now=float(t))
+        ...     live.reported({1: {"ps-0": t - 4.0}}, {1: {"ps-0": t - 4.0}},
+        ...                   alive=[0, 1], now=float(t))
+        >>> live.cut_off_workers(now=63.0)
+        {}
+        >>> print(live.cut_off_workers(now=64.0)[1])  # doctest: +NORMALIZE_WHITESPACE
+        could not reach ps-0 (or waited on it) for 60 s while it answered
+        health checks and worker(s) 0 reached it: cut off from it
+        (--liveness_timeout=60)
+        """
+        found = {}
+        for worker, roles in sorted(self._cut.items()):
+            for role, since in sorted(roles.items()):
+                if now - since < self.timeout or self.silent_for(role, now) >= min(
+                        self.confirm, 2 * self.interval + self.deadline):
+                    continue
+                others = sorted(w for w in self._alive
+                                if w != worker and role not in self._cut.get(w, {}))
+                if not others:
+                    continue  # none reaches it: the service's trouble (`why`)
+                found[worker] = (
+                    f"could not reach {role} (or waited on it) for {now - since:.0f} s "
+                    f"while it "
+                    f"answered health checks and worker(s) "
+                    f"{', '.join(map(str, others))} reached it: cut off from it "
+                    f"(--liveness_timeout={self.timeout:g})")
+                break
+        return found
 
     def lost(self, now: float) -> list[str]:
         """The services lost (see the class doc), by name."""

@@ -234,6 +234,10 @@ class JobServices:
             "launcher_pid": os.getpid(),
             "backend": self.backend.name,
             "nodes": {name: p.node for name, p in roles.items()},
+            # What a joining worker's calls outlast and retry for, as the
+            # launched workers' (`keras-elastic join` passes them on).
+            "liveness_timeout": self.config.liveness_timeout,
+            "connect_timeout": self.config.connect_timeout,
             # What a joining client trusts (ca None: the system's CAs;
             # server_name: the name job-made certificates carry).
             "tls": self._tls_for_clients()})

@@ -18,7 +18,7 @@ Example:
 >>> client = MasterClient(server.address)
 >>> feed = StatusFeed(lambda: client, interval=0.05)
 >>> feed.start()
->>> round_, status = feed.wait_newer(0, timeout=30)
+>>> round_, status, asked_at = feed.wait_newer(0, timeout=30)
 >>> round_ >= 1, status.workers.alive
 (True, [])
 >>> feed.stop(); client.close(); server.stop()
@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from absl import logging
@@ -49,6 +50,7 @@ class StatusFeed:
         self._lock = threading.Lock()
         self._round = 0
         self._status: JobStatus | None = None
+        self._asked_at = float("-inf")  # when the newest status was asked for
         self._dead: list[tuple[int, str]] = []  # not yet told to the master
         self._stop = threading.Event()
         self._fresh = threading.Condition(self._lock)
@@ -64,18 +66,20 @@ class StatusFeed:
         with self._lock:
             return list(self._dead)
 
-    def latest(self) -> tuple[int, JobStatus | None]:
-        """(the number of statuses fetched so far, the newest; None before the
-        first)."""
+    def latest(self) -> tuple[int, JobStatus | None, float]:
+        """(the number of statuses fetched so far, the newest (None before the
+        first), when it was asked for (`time.monotonic()`): it shows nothing
+        that happened after)."""
         with self._lock:
-            return self._round, self._status
+            return self._round, self._status, self._asked_at
 
-    def wait_newer(self, round_: int, timeout: float) -> tuple[int, JobStatus | None]:
+    def wait_newer(self, round_: int, timeout: float
+                   ) -> tuple[int, JobStatus | None, float]:
         """Waits up to `timeout` s for a status newer than round `round_`;
         returns `latest()`."""
         with self._fresh:
             self._fresh.wait_for(lambda: self._round > round_, timeout)
-            return self._round, self._status
+            return self._round, self._status, self._asked_at
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -102,6 +106,7 @@ class StatusFeed:
                 master.report_worker_dead(worker_id, reason, timeout=self.timeout)
                 with self._lock:
                     self._dead.pop(0)
+            asked_at = time.monotonic()
             status = master.job_status(timeout=self.timeout)
         except ConnectionError as e:
             logging.log_every_n_seconds(logging.WARNING, "%s", 10, e)
@@ -109,6 +114,7 @@ class StatusFeed:
         with self._fresh:
             self._round += 1
             self._status = status
+            self._asked_at = asked_at
             self._fresh.notify_all()
         return True
 

@@ -90,6 +90,7 @@ class WorkerGroup:
         # restart_if_reopened: the count of reopenings acted on, per dataset,
         # and how many times the workers were started again for them.
         self._reopened_seen: dict[str, int] = {}
+        self._blamed: set[int] = set()  # cut off from a server: reported lost
         self.reopened_starts = 0
 
     def start_worker(self) -> int:
@@ -229,6 +230,15 @@ class WorkerGroup:
                 logging.warning("worker %d: %s; declaring it lost", worker_id, reason)
                 self._report_dead(worker_id, reason)
                 lost.append(worker_id)
+        # Workers cut off from a server the others reach (a partition between
+        # machines): lost, whether launched here (then killed) or joined.
+        for worker_id, reason in self.services.prober.cut_off_workers().items():
+            if worker_id in self._blamed:
+                continue
+            self._blamed.add(worker_id)
+            logging.warning("worker %d %s; declaring it lost", worker_id, reason)
+            self._report_dead(worker_id, reason)
+            lost.append(worker_id)
         for worker_id in lost:
             proc = self.workers.get(worker_id)
             if proc is None or worker_id in self._fenced or proc.poll() is not None:

@@ -131,6 +131,12 @@ class MasterClient:
                     logging.log_every_n_seconds(
                         logging.WARNING, "heartbeat to master %s failed: %s", 30,
                         self.address, e.details())
+                    if rpc.is_unreachable(e):
+                        # Refused for an old generation, or the master moved:
+                        # the cluster file says where and which, also while
+                        # this worker's own thread makes no call (a script's
+                        # work after fit) that would look it up.
+                        rpc.refresh_all()
 
         self._heartbeat_thread = threading.Thread(target=beat, daemon=True,
                                                   name="ke-heartbeat")
@@ -146,9 +152,15 @@ class MasterClient:
 
     def worker_exited(self, timings: dict[str, float] | None = None) -> None:
         self._heartbeat_stop.set()
+        request = master_pb2.WorkerRequest(worker_id=self.worker_id,
+                                           timings=timings or {})
         try:
-            self._stub.WorkerExited(master_pb2.WorkerRequest(
-                worker_id=self.worker_id, timings=timings or {}), timeout=10)
+            # Retried for a few seconds: a master refusing this worker's old
+            # generation (a recovery since: the cluster file has the new one),
+            # or restarting. Else the master would hold this worker alive
+            # until its heartbeats time out.
+            rpc.retry_unreachable(lambda: self._stub.WorkerExited(request, timeout=10),
+                                  f"the master at {self.address}", 5.0)
         except grpc.RpcError:
             pass  # the master may already be gone at the end of a job
 

@@ -83,15 +83,13 @@ class DatasetStatus:
                 if e.rolled_back:
                     entry["rolled_back"] = True
                 ledger.append(entry)
-        return cls(mode=m.mode, epoch=m.epoch, num_epochs=m.num_epochs,
-                   tasks_per_epoch=m.tasks_per_epoch,
-                   records_per_epoch=m.records_per_epoch,
-                   records_per_task=m.records_per_task, todo=m.todo, doing=m.doing,
-                   done=m.done, tasks_done_total=m.tasks_done_total,
-                   requeued=m.requeued, released=m.released,
-                   late_reports=m.late_reports, rollbacks=m.rollbacks,
-                   finished=m.finished, done_task_ids=list(m.done_task_ids),
-                   doing_by_worker=dict(m.doing_by_worker), ledger=ledger)
+        # Every field by its name (a field added to both is carried without
+        # another list to keep in step); repeated and map fields as Python's.
+        values = {f.name: getattr(m, f.name) for f in dataclasses.fields(cls)
+                  if f.name != "ledger"}
+        values.update(done_task_ids=list(m.done_task_ids),
+                      doing_by_worker=dict(m.doing_by_worker))
+        return cls(**values, ledger=ledger)
 
 
 @dataclasses.dataclass(frozen=True)

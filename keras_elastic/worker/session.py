@@ -42,7 +42,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_elastic.checkpoint import ps_layout
-from keras_elastic.common import keras_compat
+from keras_elastic.common import faults, keras_compat
 from keras_elastic.common.variable_keys import namespace
 from keras_elastic.data.describe import describe_compile
 from keras_elastic.dataset import ElasticDataset
@@ -488,6 +488,7 @@ class ElasticSession:
             logging.info("keras_elastic: the rows of %d of %d steps were looked up "
                          "ahead (while the step before computed)",
                          sync.lookups.steps_ahead, sync.lookups.steps)
+        faults.reached("fit_end")
         return history
 
     # -- evaluate and predict -----------------------------------------------

@@ -21,6 +21,7 @@ The launcher prints no traceback in any case.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -70,12 +71,21 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def fill(directory, leave: int = 0) -> None:
-    """Fills the filesystem of `directory` until `leave` bytes are free."""
-    stats = os.statvfs(directory)
-    free = stats.f_bavail * stats.f_frsize
-    with open(os.path.join(directory, f"filler-{uuid.uuid4().hex[:6]}"), "wb") as f:
-        f.write(b"\0" * max(0, free - leave))
+def fill(directory) -> None:
+    """Fills the filesystem of `directory` to the last byte: writes until the
+    disk is full (a running job may write there meanwhile: no size is
+    computed in advance)."""
+    chunk = b"\0" * (1 << 20)
+    fd = os.open(os.path.join(directory, f"filler-{uuid.uuid4().hex[:6]}"),
+                 os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, chunk)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def launcher_lines(output: str) -> list[str]:
@@ -186,7 +196,7 @@ def test_the_master_says_its_journal_is_on_a_full_disk_whoever_notices_first(
         reported.set()
 
     monkeypatch.setattr(MasterServicer, "_journal_failed", held_report)
-    fill(small_disk, 0)
+    fill(small_disk)
     path = small_disk / "master.journal"
     servicer = MasterServicer(journal_path=str(path))
     try:

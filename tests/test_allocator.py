@@ -63,6 +63,7 @@ def test_a_server_takes_no_fresh_pages_for_each_push(tmp_path):
         stop(proc)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(not hasattr(os, "confstr"), reason="no confstr")
 def test_keep_freed_buffers_is_applied_where_the_c_library_is_glibc():
     glibc = "glibc" in (os.confstr("CS_GNU_LIBC_VERSION") or "")

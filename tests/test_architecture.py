@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -343,6 +344,7 @@ def test_the_checker_sees_a_wrong_import(tmp_path):
     assert "model" not in ALLOWED["worker"]
 
 
+@pytest.mark.multiprocess
 def test_roles_that_start_without_tensorflow_do():
     script = ("import importlib, sys\n"
               f"for name in {WITHOUT_TENSORFLOW!r}:\n"

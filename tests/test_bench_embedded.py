@@ -41,6 +41,7 @@ def table(stdout: str) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:
     return ratios, skipped
 
 
+@pytest.mark.multiprocess
 def test_smoke_prints_a_ratio_per_kind():
     out = run_bench()
     ratios, skipped = table(out)
@@ -51,6 +52,7 @@ def test_smoke_prints_a_ratio_per_kind():
     assert "target >= 0.9" in out, out
 
 
+@pytest.mark.multiprocess
 def test_smoke_in_fresh_processes():
     out = run_bench("--isolate", "--kinds=mlp")
     ratios, skipped = table(out)

@@ -2,6 +2,7 @@
 lines: bench/bench_batching.py, bench/bench_checkpoint.py. No timing is
 checked. (In-process benches: no master, PS or worker process.)"""
 
+import pytest
 from support.bench_smoke import NUM, figures, one_positive, run_smoke, skip_without_bench
 
 pytestmark = skip_without_bench
@@ -10,6 +11,7 @@ CASES = ["control", "dense", "padded", "padded_fixed", "padded_sparse",
          "padded_sparse_fixed", "mixed"]
 
 
+@pytest.mark.multiprocess
 def test_batching(tmp_path):
     out = run_smoke("bench_batching", str(tmp_path))
     # case, data and reducer, native el/s, ke el/s, ke/native
@@ -23,6 +25,7 @@ def test_batching(tmp_path):
                    rf"{NUM} el/s$", out), out
 
 
+@pytest.mark.multiprocess
 def test_checkpoint(tmp_path):
     out = run_smoke("bench_checkpoint", str(tmp_path))
     for kind in ("save", "restore"):

@@ -113,6 +113,7 @@ def test_incomplete_and_foreign_directories_are_not_checkpoints(tmp_path):
         ke.checkpoint.read_manifest(bad)
 
 
+@pytest.mark.multiprocess
 def test_stale_temporary_directories_of_dead_savers_are_removed(tmp_path):
     directory = str(tmp_path)
     host = socket.gethostname().replace("-", "_")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import COSTS_FILE, REPO, file_order, subprocess_env
 
 
@@ -43,6 +44,7 @@ def test_the_costs_name_test_files_that_exist():
                          "rerun tools/test_costs.py")
 
 
+@pytest.mark.multiprocess
 def test_the_cost_tool_reads_a_durations_report_and_refuses_one_without(tmp_path):
     sys.path.insert(0, os.path.join(REPO, "tools"))
     try:
@@ -70,6 +72,7 @@ def test_xdist_keeps_the_order_given(pytestconfig):
     assert getattr(pytestconfig.option, "loadscopereorder", False) is False
 
 
+@pytest.mark.multiprocess
 def test_child_processes_skip_keras_sklearn_wrappers_but_can_import_sklearn():
     # `import tensorflow` imports Keras, whose wrappers would import
     # scikit-learn (1.4 s a process); a script's own import still works.

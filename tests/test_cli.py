@@ -40,6 +40,7 @@ def data(tmp_path):
     return str(tmp_path / "train-*.tfrecord")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("args, message", [
     ([], "--model_def is required"),
     (["--model_def=cli_model_def"], "must look like 'package.module:function'"),
@@ -68,6 +69,7 @@ def test_train_flag_errors(args, message, data):
     assert "started worker" not in result.stderr  # nothing was launched
 
 
+@pytest.mark.multiprocess
 def test_evaluate_and_predict_need_a_checkpoint(tmp_path, data):
     result = cli("evaluate", ZOO, "--model_def=cli_model_def:custom_model",
                  f"--validation_data={data}")
@@ -82,6 +84,7 @@ def test_evaluate_and_predict_need_a_checkpoint(tmp_path, data):
     assert "`keras-elastic predict` does not take --validation_data" in result.stderr
 
 
+@pytest.mark.multiprocess
 def test_usage_and_unknown_subcommand():
     result = cli("--help")
     assert result.returncode == 0
@@ -91,6 +94,7 @@ def test_usage_and_unknown_subcommand():
     assert result.returncode == 2 and "unknown subcommand 'fly'" in result.stderr
 
 
+@pytest.mark.multiprocess
 def test_status_scale_and_join_need_a_job(tmp_path):
     result = cli("status", f"--job_dir={tmp_path}")
     assert result.returncode == 2
@@ -101,6 +105,7 @@ def test_status_scale_and_join_need_a_job(tmp_path):
     assert "no worker command" in result.stderr
 
 
+@pytest.mark.multiprocess
 def test_data_files_are_checked_before_any_process_starts(tmp_path, data):
     """ElasticDL's form, a data directory, is expanded to its files; each is
     checked at launch: a file that is not a TFRecord file stops the command
@@ -137,6 +142,7 @@ def test_data_files_are_checked_before_any_process_starts(tmp_path, data):
     assert "started" not in result.stderr
 
 
+@pytest.mark.multiprocess
 def test_train_checkpoint_dir_is_a_directory(tmp_path, data):
     a_file = tmp_path / "ckpt.txt"
     a_file.write_text("x")
@@ -186,6 +192,7 @@ def defined_flags(name):
     return json.loads(result.stdout)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"]])
 def test_top_level_help_lists_the_subcommands(args):
     result = console_script(*args)
@@ -197,6 +204,7 @@ def test_top_level_help_lists_the_subcommands(args):
     assert not result.stderr
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", SUBCOMMANDS)
 def test_subcommand_help_lists_every_flag(name):
     for help_arg in ("--help", "-h"):
@@ -212,6 +220,7 @@ def test_subcommand_help_lists_every_flag(name):
         assert (f"  --[no]{flag}\n" if boolean else f"  --{flag}=") in result.stdout
 
 
+@pytest.mark.multiprocess
 def test_run_help_shows_defaults_and_starts_nothing(tmp_path):
     job_dir = tmp_path / "job"
     result = console_script("run", f"--job_dir={job_dir}", "--help", "--",
@@ -229,6 +238,7 @@ def test_run_help_shows_defaults_and_starts_nothing(tmp_path):
     assert "--num_ps_pods (--num_ps)" in result.stdout
 
 
+@pytest.mark.multiprocess
 def test_run_flags_are_launch_configs_fields():
     """`keras-elastic run`'s flags are generated from LaunchConfig's fields:
     every field but echo_worker_output is a flag of the same name, the parsed
@@ -263,6 +273,7 @@ def test_run_flags_are_launch_configs_fields():
         "ps_resources": None, "num_ps": 1}
 
 
+@pytest.mark.multiprocess
 def test_helpfull_adds_absl_flags():
     result = cli("run", "--helpfull")
     assert result.returncode == 0
@@ -273,6 +284,7 @@ def test_helpfull_adds_absl_flags():
     assert "subcommands:" in result.stdout and "--verbosity" in result.stdout
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("args, code, message", [
     ([], 2, "usage: keras-elastic SUBCOMMAND"),
     (["fly", "--help"], 2, "unknown subcommand 'fly'"),
@@ -306,6 +318,7 @@ def test_help_after_double_dash_belongs_to_the_command():
     assert help_request(["--job_dir=--help"]) is None
 
 
+@pytest.mark.multiprocess
 def test_join_passes_help_to_its_command(tmp_path):
     result = cli("join", f"--job_dir={tmp_path}", "--", sys.executable, "-c", "0",
                  "--help")

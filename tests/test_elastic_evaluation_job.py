@@ -3,15 +3,15 @@
 import glob
 import json
 import os
-import signal
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import job_status, launch, wait_for
+from conftest import finish, launch, wait_for
 from support.tfrecord_data import make_arrays, parse, write_shards
 
+from keras_elastic.common import faults
 from keras_elastic.prediction import read_predictions
 
 pytestmark = pytest.mark.multiprocess
@@ -44,24 +44,31 @@ def data_and_weights(tmp_path):
     return files, weights, x, y
 
 
-def kill_worker_when(job_dir, dataset, proc):
-    def mid_way():
-        status = job_status(job_dir)
-        ds = status and status["datasets"].get(dataset)
-        # Worker 1 holds a task: killing it must requeue something.
-        return ds and ds["done"] >= 2 and ds["doing_by_worker"].get("1", 0) >= 1
-    wait_for(mid_way, timeout=180, what=f"'{dataset}' to be under way")
-    os.kill(int(open(os.path.join(job_dir, "pid-1")).read()), signal.SIGKILL)
+# Worker 0 holds at the end of its first task while worker 1 is killed at the
+# end of its first (fault points, common/faults.py): worker 1 dies holding a
+# task, which must be requeued, however fast worker 0 would have been alone.
+HOLD_W0 = "task_end@1:w0=hold"
+KILL_W1 = "task_end@1:w1"
+# The master killed at its 6th task request (of 20 tasks and more requests):
+# the round under way, restarted from its journal.
+KILL_MASTER = "master_task@6:master"
 
 
-def kill_master_when(job_dir, dataset):
-    def mid_way():
-        status = job_status(job_dir)
-        ds = status and status["datasets"].get(dataset)
-        return ds and ds["done"] >= 2 and ds["doing"] >= 1
-    wait_for(mid_way, timeout=180, what=f"'{dataset}' to be under way")
-    with open(os.path.join(job_dir, "cluster.json")) as f:
-        os.kill(json.load(f)["master_pid"], signal.SIGKILL)
+def fault_env(tmp_path, *entries: str) -> dict[str, str]:
+    """The environment for a job with the fault plan `entries`, each once per
+    job (markers in tmp_path/faults)."""
+    return {"KERAS_ELASTIC_FAULTS": ",".join(entries),
+            "KERAS_ELASTIC_FAULTS_DIR": str(tmp_path / "faults")}
+
+
+def kill_worker_1_holding_a_task(tmp_path) -> None:
+    """Worker 0 held at its first task's end until worker 1 was killed at
+    its own (see HOLD_W0)."""
+    directory = str(tmp_path / "faults")
+    faults.wait_held(directory, HOLD_W0, timeout=180)
+    wait_for(lambda: faults.fired(directory, KILL_W1), timeout=180,
+             what=f"fault {KILL_W1} (worker 1 at the end of its first task)")
+    faults.release(directory, HOLD_W0)
 
 
 @pytest.mark.parametrize("kill", [False, "worker", "master"])
@@ -69,16 +76,17 @@ def test_two_workers_evaluate_exactly(tmp_path, data_and_weights, kill):
     files, weights, x, y = data_and_weights
     job_dir = str(tmp_path / "job")
     out = str(tmp_path / "eval")
+    plan = {"worker": (HOLD_W0, KILL_W1), "master": (KILL_MASTER,)}.get(kill, ())
     proc = launch(job_dir, SCRIPT, "--num_workers=2", background=True,
                   script_args=("--job=evaluate", f"--data={tmp_path}/data/*.tfrecord",
-                               f"--weights={weights}", f"--output={out}",
-                               f"--sleep_per_batch={0.05 if kill else 0}"))
+                               f"--weights={weights}", f"--output={out}"),
+                  env=fault_env(tmp_path, *plan) if plan else None)
     try:
         if kill == "worker":
-            kill_worker_when(job_dir, "evaluation", proc)
-        elif kill == "master":  # restarted from its journal: same exact results
-            kill_master_when(job_dir, "evaluation")
-        output, _ = proc.communicate(timeout=300)
+            kill_worker_1_holding_a_task(tmp_path)
+        # The master (killed by its fault point) is restarted from its
+        # journal: the same exact results.
+        output = finish(proc, job_dir, timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -93,9 +101,12 @@ def test_two_workers_evaluate_exactly(tmp_path, data_and_weights, kill):
     summary = json.load(open(os.path.join(job_dir, "summary.json")))
     assert summary["datasets"]["evaluation"]["tasks_done_total"] == 20
     if kill == "worker":
-        assert summary["workers_lost"] == 1 and summary["requeued"] >= 1
+        assert faults.fired(str(tmp_path / "faults"), KILL_W1)
+        assert summary["workers_lost"] == 1 and summary["requeued"] >= 1, summary
     if kill == "master":
-        assert summary["master_restarts"] == 1 and summary["workers_lost"] == 0
+        assert "fault injection: SIGKILL at 'master_task'" in open(
+            os.path.join(job_dir, "master.log")).read()
+        assert summary["master_restarts"] == 1 and summary["workers_lost"] == 0, summary
 
 
 def test_validation_logs_are_identical_on_every_worker(tmp_path, data_and_weights):
@@ -121,11 +132,11 @@ def test_prediction_job_with_a_killed_worker_writes_each_output_once(
     out = str(tmp_path / "preds")
     proc = launch(job_dir, SCRIPT, "--num_workers=2", background=True,
                   script_args=("--job=predict", f"--data={tmp_path}/data/*.tfrecord",
-                               f"--weights={weights}", f"--output={out}",
-                               "--sleep_per_batch=0.05"))
+                               f"--weights={weights}", f"--output={out}"),
+                  env=fault_env(tmp_path, HOLD_W0, KILL_W1))
     try:
-        kill_worker_when(job_dir, "prediction", proc)
-        output, _ = proc.communicate(timeout=300)
+        kill_worker_1_holding_a_task(tmp_path)
+        output = finish(proc, job_dir, timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -137,4 +148,4 @@ def test_prediction_job_with_a_killed_worker_writes_each_output_once(
         verbose=0)
     np.testing.assert_allclose(predictions, expected, atol=1e-6)
     summary = json.load(open(os.path.join(job_dir, "summary.json")))
-    assert summary["workers_lost"] == 1
+    assert summary["workers_lost"] == 1 and summary["requeued"] >= 1, summary

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from conftest import subprocess_env
 
 from keras_elastic.common import rpc
@@ -39,6 +40,7 @@ ORDER_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.multiprocess
 def test_the_embedded_cluster_closes_before_python_stops_its_thread_pools(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(ORDER_SCRIPT)

@@ -66,6 +66,7 @@ def job_of_generation(tmp_path, monkeypatch):
     resolver._resolvers.clear()
 
 
+@pytest.mark.multiprocess
 def test_a_replaced_parameter_server_serves_nobody_of_the_new_generation(
         tmp_path, job_of_generation):
     from keras_elastic.ps import PSClient
@@ -123,6 +124,7 @@ def _register(address: str, generation: int | None, worker_id: int = 0):
         request, timeout=10, metadata=metadata)
 
 
+@pytest.mark.multiprocess
 def test_a_replaced_master_woken_up_writes_nothing_and_hands_out_nothing(tmp_path):
     journal = str(tmp_path / "master.journal")
     old, old_address = start(tmp_path, "master-old", "keras_elastic.master",
@@ -243,6 +245,7 @@ rpc.serve_until_signal(Server(), None)
 """
 
 
+@pytest.mark.multiprocess
 def test_a_service_stops_on_a_signal_another_of_its_threads_received(tmp_path):
     # (the master stopping itself when its journal is fenced: the woken-up
     # master of the test above stayed up for good when its SIGTERM went to a

@@ -119,6 +119,7 @@ def test_array_record_files(tmp_path, tfrecord):
         check_data_files([good, tfrecord])
 
 
+@pytest.mark.multiprocess
 def test_the_check_imports_no_tensorflow(tfrecord):
     code = ("import sys\n"
             "from keras_elastic.jobs import job_flags\n"

@@ -113,6 +113,7 @@ def test_calls_without_the_token_are_refused_and_change_nothing(token, caplog):
         ps.stop(0)
 
 
+@pytest.mark.multiprocess
 def test_refusing_to_bind_beyond_loopback_in_clear_text(tmp_path, monkeypatch):
     monkeypatch.delenv(tls.TLS_ENV, raising=False)
     monkeypatch.delenv(tls.INSECURE_ENV, raising=False)

@@ -103,6 +103,7 @@ def test_an_unchecked_tensorflow_release_is_a_clear_error(monkeypatch):
         keras_compat.check_keras_version(keras.__version__, "2.17.0")
 
 
+@pytest.mark.multiprocess
 def test_importing_the_library_with_an_unchecked_keras_names_it():
     """In a fresh process whose Keras says it is 3.99.0, the first use of the
     library (a wrapped model) stops with the seam's error, not a traceback

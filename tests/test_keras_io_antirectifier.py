@@ -107,6 +107,7 @@ def test_best_epoch_values_reads_keras_epoch_summaries():
     assert best_epoch_values("no epochs here") == {}
 
 
+@pytest.mark.multiprocess
 def test_async_reference_runs(tmp_path):
     """The reference behind JOB's tolerances runs (one seed, two epochs) and
     trains: the loss falls, with and without the stale gradient, and

@@ -127,6 +127,7 @@ print("SEEN " + json.dumps(seen))
 """
 
 
+@pytest.mark.multiprocess
 def test_reduce_lr_on_plateau_reaches_the_servers_and_a_new_worker_adopts_it(
         start_cluster):
     cluster, servers = start_cluster(2)

@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import REPO, job_status, launch, subprocess_env, wait_for
+from conftest import REPO, launch, subprocess_env, wait_for
 from support.counting_jobs import SCRIPT, check_exact, counting_job, write_data
 
 from keras_elastic.common.pids import pid_alive
@@ -67,6 +67,7 @@ def test_a_zero_filled_tail_is_torn_too(tmp_path):
     assert Journal.read(path) == [{"i": 0}]
 
 
+@pytest.mark.multiprocess
 def test_a_corrupt_record_in_the_middle_names_the_file_and_offset(tmp_path):
     path = str(tmp_path / "j")
     records = [encode_record({"i": i}) for i in range(4)]
@@ -263,15 +264,7 @@ def _cluster(job_dir: str) -> dict:
         return json.load(f)
 
 
-def _training_under_way(job_dir: str, epoch: int = 0, done: int = 3):
-    def check():
-        status = job_status(job_dir)
-        ds = (status or {}).get("datasets", {}).get("training")
-        return ds and (ds["epoch"] > epoch or ds["epoch"] == epoch and
-                       ds["done"] >= done and ds["doing"] >= 1)
-    return check
-
-
+@pytest.mark.multiprocess
 def test_master_killed_mid_epoch_the_job_finishes_exactly(tmp_path, data):
     # SIGKILL of the master at its 24th task request (of about 40: the
     # second epoch), from a fault-injection point in the master itself.
@@ -288,6 +281,7 @@ def test_master_killed_mid_epoch_the_job_finishes_exactly(tmp_path, data):
     check_exact(tmp_path, out, output)
 
 
+@pytest.mark.multiprocess
 def test_launcher_killed_leaves_nothing_and_resume_finishes_exactly(
         tmp_path, data):  # noqa: F811
     # Worker 0's training thread blocks at its 12th push (first epoch): the
@@ -329,6 +323,7 @@ def test_launcher_killed_leaves_nothing_and_resume_finishes_exactly(
     check_exact(tmp_path, out, output)
 
 
+@pytest.mark.multiprocess
 def test_resume_of_a_directory_without_a_job_is_a_clear_error(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={tmp_path}",
@@ -339,19 +334,17 @@ def test_resume_of_a_directory_without_a_job_is_a_clear_error(tmp_path):
     assert "holds no job to continue" in result.stderr + result.stdout
 
 
+@pytest.mark.multiprocess
 def test_a_master_that_keeps_dying_fails_the_job_with_its_log(tmp_path, data):
-    out, proc = counting_job(tmp_path, data, "--num_ps=1", "--max_master_restarts=0",
-                             script_args=("--sleep_per_batch=0.03",), background=True)
-    job_dir = str(tmp_path / "job")
-    try:
-        wait_for(_training_under_way(job_dir, epoch=0, done=2), timeout=300,
-                 what="epoch 1 under way")
-        os.kill(_cluster(job_dir)["master_pid"], signal.SIGKILL)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, output[-4000:]
+    # SIGKILL of the master at its 4th task request (training under way),
+    # from its fault point; no restart is allowed.
+    _, result = counting_job(tmp_path, data, "--num_ps=1", "--max_master_restarts=0",
+                             script_args=("--sleep_per_batch=0.03",),
+                             faults="master_task@4:master")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]
+    assert "fault injection: SIGKILL at 'master_task'" in (
+        tmp_path / "job" / "master.log").read_text()
     assert "the master exited with code -9 and was already restarted 0 time(s) " \
            "(--max_master_restarts=0)" in output, output[-4000:]
 

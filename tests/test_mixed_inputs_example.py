@@ -14,6 +14,7 @@ import keras_elastic as ke
 import keras_elastic.batching as kb
 
 
+@pytest.mark.multiprocess
 def test_mixed_input_model_trains_through_fit(tmp_path):
     out = tmp_path / "history.json"
     result = subprocess.run(

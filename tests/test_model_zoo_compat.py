@@ -70,6 +70,7 @@ def test_elasticdl_flag_names_are_rewritten_or_refused():
                                           "--checkpoint_dir=/b/"])
 
 
+@pytest.mark.multiprocess
 def test_refused_flags_through_the_cli(tmp_path):
     model_def = ["--model_zoo=tests/model_zoo",
                  "--model_def=mnist.mnist_functional_api.custom_model"]

@@ -205,6 +205,7 @@ def test_tables_saved_with_two_servers_restore_onto_another_count(tmp_path,
         assert all(len(held.store.tables[table]) for held in servers)
 
 
+@pytest.mark.multiprocess
 def test_export_materializes_the_table_as_a_plain_keras_embedding(tmp_path, cluster):
     ids, y = data(256)
     model = build(ke.layers.Embedding, keras.optimizers.Adagrad(0.1))
@@ -308,6 +309,7 @@ def test_bad_sparse_requests_are_refused_and_change_nothing():
             s.stop(0)
 
 
+@pytest.mark.multiprocess
 def test_a_worker_never_holds_a_table_larger_than_itself(tmp_path):
     """A 2 GiB table (16M x 32 float32): the worker's resident memory stays
     below 1 GiB (TensorFlow itself takes a few hundred MB)."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import REPO, subprocess_env
 
 
@@ -47,6 +48,7 @@ def fresh_python(code: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
+@pytest.mark.multiprocess
 def test_every_documented_ke_reference_resolves_after_a_bare_import():
     """`import keras_elastic as ke` and nothing else, in a fresh process: each
     `ke.x.y` of README.md and docs/ (e.g. `ke.prediction.read_predictions`)
@@ -69,6 +71,7 @@ def test_every_documented_ke_reference_resolves_after_a_bare_import():
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
+@pytest.mark.multiprocess
 def test_readme_read_predictions_usage_in_a_fresh_process(tmp_path):
     """The README's `ke.prediction.read_predictions(dir)`, run as written in a
     process that imported nothing else (it raised AttributeError)."""

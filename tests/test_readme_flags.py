@@ -243,6 +243,7 @@ def test_insecure_serves_clear_text_beyond_loopback(tmp_path, data):
     assert not (tmp_path / "job" / "tls").exists()
 
 
+@pytest.mark.multiprocess
 def test_a_master_started_by_hand_refuses_a_host_beyond_loopback_in_clear_text(tmp_path):
     """`python -m keras_elastic.master --host=0.0.0.0` (docs/security.md): without
     KERAS_ELASTIC_TLS=1 or KERAS_ELASTIC_INSECURE=1 it exits before serving."""

@@ -97,6 +97,7 @@ def load_elsewhere(files: list[tuple[str, str]], x: np.ndarray, tmp_path):
             for path, _ in files}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("kind", ["wrapped", "ke_model", "sequential"])
 def test_every_saving_path_loads_without_keras_elastic(kind, tmp_path, monkeypatch,
                                                        embedded_cluster):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import subprocess_env, wait_for
 
 import keras_elastic as ke
@@ -98,6 +99,7 @@ def _arrays(npz) -> list[np.ndarray]:
     return [npz[f"arr_{i}"] for i in range(len([k for k in npz if k.startswith("arr_")]))]
 
 
+@pytest.mark.multiprocess
 def test_resume_in_a_new_process_equals_uninterrupted_training(tmp_path):
     ns = _namespace()
     directory = str(tmp_path / "ckpts")
@@ -125,6 +127,7 @@ def test_resume_in_a_new_process_equals_uninterrupted_training(tmp_path):
     assert [c.epoch for c in ke.checkpoint.list_checkpoints(directory)] == [1, 2, 3, 4]
 
 
+@pytest.mark.multiprocess
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_latest(tmp_path):
     directory = str(tmp_path / "ckpts")
     marker = str(tmp_path / "second-save-started")

@@ -63,6 +63,7 @@ def test_service_that_dies_at_start_is_reported_with_its_log(tmp_path):
         start_service("master", "keras_elastic.no_such_service", [], str(tmp_path))
 
 
+@pytest.mark.multiprocess
 def test_missing_grpc_modules_are_a_clear_error_and_the_named_command_makes_them(
         tmp_path):
     """Importing never generates code: a copy of the package without its

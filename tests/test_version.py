@@ -8,11 +8,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, subprocess_env
 
 import keras_elastic
 
 
+@pytest.mark.multiprocess
 def test_setup_py_takes_the_version_from_keras_elastic():
     setup = open(os.path.join(REPO, "setup.py")).read()
     assert not re.search(r"""version\s*=\s*["']""", setup)  # no second copy

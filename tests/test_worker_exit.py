@@ -11,6 +11,7 @@ worker does, and either returns or raises.
 import subprocess
 import sys
 
+import pytest
 from conftest import subprocess_env
 
 from keras_elastic.master.client import MasterClient
@@ -42,6 +43,7 @@ def run_worker(address: str, how: str) -> subprocess.CompletedProcess:
         ps.stop(0)
 
 
+@pytest.mark.multiprocess
 def test_a_chief_whose_script_raised_is_not_exited_and_the_chief_passes_on():
     master = MasterServer(heartbeat_timeout=600)
     client = MasterClient(master.address, -1, connect_timeout=30)
@@ -60,6 +62,7 @@ def test_a_chief_whose_script_raised_is_not_exited_and_the_chief_passes_on():
         master.stop()
 
 
+@pytest.mark.multiprocess
 def test_a_chief_whose_script_finished_stays_the_chief():
     master = MasterServer(heartbeat_timeout=600)
     client = MasterClient(master.address, -1, connect_timeout=30)

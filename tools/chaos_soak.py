@@ -13,18 +13,25 @@ the other:
 - `freeze_for_good`: SIGSTOP and never SIGCONT (the launcher must find it
                    silent, kill it and replace it).
 
-The roles: any worker alive, any parameter server, the master. After each
-fault the soak waits until the job is healthy again (the job made progress,
-and a killed or frozen-for-good service is replaced) before the next, and
-counts that wait as the seconds the fault cost. Each job runs to its end,
-and the soak checks its counting model (exact) and its ledger (every task of
-every epoch exactly once), and prints the faults injected and
-recovered, the seconds lost per fault by kind, and the result. Exit status
-0 only when exact.
+The roles come in three classes, drawn in rounds: each round is the three
+classes in a seeded random order, and each fault hits the next class of the
+round (so any three faults in a row from a round's start hit a worker, a
+parameter server and the master, whatever the seed), a random member of it
+(any worker alive, either parameter server, the master). After each fault
+the soak waits until the job is healthy again (the job made progress, and a
+killed or frozen-for-good service is replaced) before the next, and counts
+that wait as the seconds the fault cost. Each job runs to its end, and the
+soak checks its counting model (exact), its ledger (every task of every
+epoch exactly once) and that every kill and freeze for good left its trace
+in the job's summary.json (the master's and the servers' restarts, the
+workers lost: a fault the soak thinks it injected must have happened), and
+prints the faults injected and recovered, the seconds lost per fault by kind,
+and the result. Exit status 0 only when all of that holds; faults.json holds
+the faults and each job's summary counts.
 
     python tools/chaos_soak.py --minutes=30 --seed=1
     python tools/chaos_soak.py --faults=20     # 20 faults, however long
-    python tools/chaos_soak.py --smoke        # 4 faults: about 2 minutes (CI)
+    python tools/chaos_soak.py --smoke        # 3 faults, one per role class (CI)
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "counting_script.py")
 RECORDS = 1024
 TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
 KINDS = ("kill", "freeze", "freeze_for_good")
+ROLE_CLASSES = ("worker", "ps", "master")
+# The summary.json count each class's kill or freeze for good adds to (a
+# short freeze leaves none).
+TRACES = {"worker": "workers_lost", "ps": "ps_restarts", "master": "master_restarts"}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("minutes", 10.0, "Minutes of fault injection.")
@@ -63,8 +74,8 @@ flags.DEFINE_string("job_dir", None, "Where the job runs (default: a new temp di
 flags.DEFINE_integer("faults", 0, "Inject exactly this many faults, however long "
                      "the jobs take (a slow machine gets as many as a fast one); "
                      "--minutes is then only a cap. 0: as many as --minutes allow.")
-flags.DEFINE_bool("smoke", False, "A short soak: 4 faults (--faults), at most 10 "
-                  "minutes, jobs of 20 epochs.")
+flags.DEFINE_bool("smoke", False, "A short soak: 3 faults (--faults: one of each "
+                  "role class), at most 10 minutes, jobs of 20 epochs.")
 
 
 def _cluster(job_dir: str) -> dict:
@@ -144,11 +155,22 @@ def _healthy_again(job_dir: str, role: str, pid: int, kind: str, done_before: in
     return None
 
 
+def role_class(role: str) -> str:
+    """`worker`, `ps` or `master`, of a role as faults.json names it.
+
+    >>> role_class("worker-3"), role_class("ps-1"), role_class("master")
+    ('worker', 'ps', 'master')
+    """
+    return role.split("-")[0]
+
+
 def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Random,
              started: float, deadline: float, faults: list[dict],
-             max_faults: int) -> list[str]:
+             max_faults: int, round_: list[str]) -> list[str]:
     """One counting job under faults until it ends (faults stop at
-    `deadline`); returns its problems ([]: exact)."""
+    `deadline`); returns its problems ([]: exact). `round_`: the role
+    classes of the current round not hit yet (the next fault hits the first;
+    refilled, in a seeded order, once empty)."""
     job = os.path.join(root, f"job-{index}")
     out = os.path.join(root, f"out-{index}.json")
     argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job}",
@@ -176,12 +198,18 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
             status = _status(job)
             if status is None or _finished(status):
                 continue
-            roles = ["master", "ps-0", "ps-1"] + [
-                f"worker-{w}" for w in status["workers"]["alive"]]
-            role, kind = rng.choice(roles), rng.choice(KINDS)
+            if not round_:
+                round_.extend(rng.sample(ROLE_CLASSES, len(ROLE_CLASSES)))
+            members = {"master": ["master"], "ps": ["ps-0", "ps-1"],
+                       "worker": [f"worker-{w}" for w in status["workers"]["alive"]]
+                       }[round_[0]]
+            if not members:
+                continue
+            role, kind = rng.choice(members), rng.choice(KINDS)
             pid = _pid_of(_cluster(job), role)
             if not _alive(pid):
                 continue
+            round_.pop(0)
             done = _tasks_done(status)
             injected = time.monotonic()
             if kind == "kill":
@@ -207,7 +235,32 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
             proc.wait()
     problems = [] if proc.returncode == 0 else [
         f"job {index} exited with {proc.returncode} ({log_path})"]
+    problems += [f"job {index}: {p}" for p in _traced(
+        job, [f for f in faults if f["job"] == index])]
     return problems + [f"job {index}: {p}" for p in _exact(job, out, epochs)]
+
+
+def _traced(job: str, faults: list[dict]) -> list[str]:
+    """The faults of a job its summary.json shows too few of: each process
+    of a class killed or frozen for good adds one to its count (TRACES), at
+    least (a process frozen for good and then killed, before the job found it
+    silent, is one)."""
+    try:
+        with open(os.path.join(job, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"no summary: {e}"]
+    for fault in faults:
+        fault["summary"] = {key: summary.get(key) for key in TRACES.values()}
+    problems = []
+    for cls, key in TRACES.items():
+        injected = len({f["pid"] for f in faults if role_class(f["role"]) == cls
+                        and f["kind"] != "freeze"})
+        if (summary.get(key) or 0) < injected:
+            problems.append(f"{injected} process(es) of the {cls} class killed or "
+                            f"frozen for good, but the summary's {key} is "
+                            f"{summary.get(key)}")
+    return problems
 
 
 def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0
@@ -230,9 +283,10 @@ def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0
     started = time.monotonic()
     deadline = started + minutes * 60
     jobs = 0
+    round_: list[str] = []
     while time.monotonic() < deadline and len(faults) < max_faults:
         problems += _run_job(root, jobs, data_dir, FLAGS.epochs, rng, started,
-                             deadline, faults, max_faults)
+                             deadline, faults, max_faults, round_)
         jobs += 1
     if target and len(faults) < target:
         problems.append(f"only {len(faults)} of the {target} faults asked for "
@@ -274,7 +328,7 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
           f"{'mean s lost':>11} {'max s lost':>10}")
     groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
     for fault in faults:
-        groups[(fault["kind"], fault["role"].split("-")[0])].append(fault)
+        groups[(fault["kind"], role_class(fault["role"]))].append(fault)
     for (kind, role), items in sorted(groups.items()):
         lost = [f["seconds_lost"] for f in items if f["seconds_lost"] is not None]
         print(f"{kind:<16} {role:<7} {len(items):>8} {len(lost):>9} "
@@ -295,7 +349,7 @@ def main(argv) -> None:
     del argv
     minutes, max_faults, target = FLAGS.minutes, FLAGS.max_faults, FLAGS.faults
     if FLAGS.smoke:
-        target = target or 4
+        target = target or 3
         minutes = minutes if FLAGS["minutes"].present else 10.0
         FLAGS.epochs = min(FLAGS.epochs, 20)
     if target:

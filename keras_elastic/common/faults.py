@@ -37,6 +37,9 @@ The points:
   task;
 - `fit_end` (worker): `fit` trained the job's last epoch and is about to
   return (the script goes on after it);
+- `task_end` (worker): in an evaluation or a prediction, a task's batches
+  are all evaluated or predicted, the task not reported (a prediction's
+  outputs not written): the worker holds it, so a kill there requeues it;
 - `ps_push` (parameter server): a push arrived, before it is applied;
 - `master_task` (master): a worker asked for a task, before one is handed out.
 
@@ -64,7 +67,7 @@ import time
 ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
-          "fit_end", "ps_push", "master_task")
+          "fit_end", "task_end", "ps_push", "master_task")
 ACTIONS = ("kill", "freeze", "hang", "cut", "hold")
 
 _lock = threading.Lock()
@@ -224,6 +227,22 @@ def wait_held(directory: str, entry: str, timeout: float = 300.0) -> int:
         time.sleep(0.02)
     with open(held) as f:
         return int(f.read())
+
+
+def fired(directory: str, entry: str) -> bool:
+    """Whether the fault `entry` fired in the job whose faults directory is
+    `directory` (its marker: module docstring). For a test that waits until
+    one role's fault has happened before it lets another go on.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> fired(d, "task_end@1:w1")
+    False
+    >>> open(_file(d, "task_end@1:w1", ".fired"), "w").close()  # as it fires
+    >>> fired(d, "task_end@1:w1")
+    True
+    """
+    return os.path.exists(_file(directory, entry, ".fired"))
 
 
 def release(directory: str, entry: str) -> None:

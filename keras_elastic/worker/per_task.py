@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from keras_elastic.common import faults
 from keras_elastic.dataset import ElasticDataset
 from keras_elastic.worker.task_stream import TaskStream
 
@@ -42,6 +43,7 @@ def run_per_task(dataset: ElasticDataset, stream: TaskStream,
     def finish(before: int | None) -> None:
         nonlocal current
         if current is not None:
+            faults.reached("task_end")  # (a fault point: common/faults.py)
             on_task_end(current)
             current = None
         on_empty(before)

@@ -97,6 +97,7 @@ def test_retries_stop_once_the_job_ended(tmp_path, monkeypatch):
     assert len(calls) == 1 and time.monotonic() - start < 5
 
 
+@pytest.mark.multiprocess
 def test_join_refuses_a_job_that_ended(tmp_path):
     with open(tmp_path / "cluster.json", "w") as f:
         json.dump({"master": "127.0.0.1:1", "ps": ["127.0.0.1:2"]}, f)
@@ -109,6 +110,7 @@ def test_join_refuses_a_job_that_ended(tmp_path):
     assert "ended" in proc.stderr and "nothing to join" in proc.stderr, proc.stderr
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("module", ["keras_elastic.ps", "keras_elastic.master"])
 def test_a_server_left_running_leaves_when_its_job_ends(tmp_path, module):
     """A master or parameter server still running when its job ended (one the

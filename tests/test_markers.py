@@ -22,7 +22,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 STARTING = {"subprocess.run", "subprocess.Popen", "subprocess.call",
             "subprocess.check_call", "subprocess.check_output", "Popen",
             "os.fork", "os.system", "os.posix_spawn", "multiprocessing.Process",
-            "multiprocessing.Pool", "mp.Process", "mp.Pool"}
+            "multiprocessing.Pool", "mp.Process", "mp.Pool",
+            # the library's own starters of a role's process
+            "start_service", "start_services"}
 MARKER = "multiprocess"
 
 
@@ -67,12 +69,13 @@ def _module_marked(tree: ast.Module) -> bool:
     return False
 
 
-def starters(tree: ast.Module, imported: set[str]) -> set[str]:
+def starters(tree: ast.Module, imported: set[str], methods: bool = True) -> set[str]:
     """The module-level functions of `tree` that start processes (`imported`:
-    names from other modules that do)."""
+    names from other modules that do); with `methods`, its classes' methods
+    too (by their bare names: a test module's own helper classes)."""
     functions = {n.name: n for n in tree.body
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and methods):
         for fn in cls.body:
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 functions.setdefault(fn.name, fn)
@@ -99,7 +102,11 @@ def shared_starters() -> set[str]:
             os.path.join(TESTS, "support"))) if n.endswith(".py")]
     found: set[str] = set()
     while True:  # support modules use each other's helpers
-        more = set().union(*(starters(_tree(p), found) for p in paths)) - found
+        # (Module-level names only: a support class's methods are called on
+        # its objects, `bed.run(...)`, and their bare names, `run`, `shape`,
+        # would match unrelated names of every test.)
+        more = set().union(*(starters(_tree(p), found, methods=False)
+                             for p in paths)) - found
         if not more:
             return found
         found |= more

@@ -56,6 +56,7 @@ def test_model_def_file_errors(tmp_path):
     assert check_model_def(f"{good}:f") == str(good)
 
 
+@pytest.mark.multiprocess
 def test_service_that_dies_at_start_is_reported_with_its_log(tmp_path):
     with pytest.raises(ProcessStartError, match="(?s)the master process exited with "
                        "code 1 before serving.*No module named "

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         return 0
     bed = _bed()
     if what == "down":
-        testbed.remove(bed.name)
+        testbed.remove_testbed(bed.name)
         return 0
     if what == "exec":
         if "--" in rest:

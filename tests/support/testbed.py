@@ -235,7 +235,7 @@ class Testbed:
             return
         self._downed = True
         atexit.unregister(self.down)
-        remove(self.name)
+        remove_testbed(self.name)
 
     def __enter__(self) -> Testbed:
         return self.up()
@@ -325,7 +325,7 @@ class Testbed:
                             dev, "root"], capture_output=True)
 
 
-def remove(name: str) -> None:
+def remove_testbed(name: str) -> None:
     """Removes testbed `name`: kills its machines' processes (by pid), deletes
     its namespaces and its state file."""
     spaces = [ns for ns in _namespaces() if (m := _NAME.match(ns)) and m[1] == name]
@@ -377,6 +377,6 @@ def clean(everything: bool = False) -> list[str]:
     for name, state in sorted(testbeds().items()):
         owner = state.get("owner")
         if everything or owner is None or (owner and not _alive(owner)):
-            remove(name)
+            remove_testbed(name)
             removed.append(name)
     return removed

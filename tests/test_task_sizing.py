@@ -202,6 +202,7 @@ def test_the_launcher_gives_the_master_its_effective_maximum():
     def master_args(**config):
         fake = types.SimpleNamespace(
             config=LaunchConfig(**config), journal_path="/tmp/j", generation=0,
+            job_dir="/tmp/job",
             backend=types.SimpleNamespace(service_host=lambda: "127.0.0.1"))
         return JobServices._master_args(fake)
 

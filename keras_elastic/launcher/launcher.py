@@ -200,6 +200,11 @@ class Launcher:
 
     def _finish(self) -> int:
         services, group = self.services, self.group
+        if self.error:
+            # The workers still running stop before the summary is written: a
+            # worker sees the job's end in it (common/job_end.py) and would
+            # stop retrying its servers, raising into the job's last lines.
+            group.stop()
         status = None
         if services.master is not None:
             try:

@@ -99,3 +99,56 @@ def test_a_log_that_equals_its_metric_now_is_still_tied_without_learning(trained
     now = float(model.get_metrics_result()["total_loss"])
     out = unlearned.from_sums(job_sums(model, total=10.0, count=4), {"loss": now})
     assert out["loss"] == pytest.approx(2.5)
+
+
+class Constant(keras.Model):
+    """keras' trainer_test CustomTrainTestStepModel: its train_step logs a
+    value that is no metric's ("my_custom_metric": 10.0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        logs = super().train_step(data)
+        logs["my_custom_metric"] = 10.0
+        return logs
+
+
+def test_a_train_steps_own_log_reaches_a_worker_that_trained_no_batch():
+    """A worker that trained no batch of the epoch (the others took every
+    task) ends it with Keras' empty logs; the job's logs it takes must still
+    have the train_step's own values (keras' trainer_test
+    test_fit_with_custom_train_step failed on such a worker with KeyError:
+    'my_custom_metric'). Each worker sends its last batch's value with a
+    count; every worker logs their mean."""
+    model = Constant()
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    trained = JobMetrics()
+    trained.model = model
+    trained.start_epoch()
+
+    class Note(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            trained.learn_names(logs)
+            trained.note_logs(logs)
+
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[Note()])
+    sums = trained._read()  # its reports' states, summed by the master
+    assert "keras_elastic.log/my_custom_metric" in sums
+    assert "keras_elastic.log/loss" not in sums and "keras_elastic.log/mae" not in sums
+    idle = JobMetrics()  # the worker that trained no batch
+    idle.model = model
+    model.reset_metrics()
+    out = idle.from_sums(sums, {})
+    assert out["my_custom_metric"] == pytest.approx(10.0)
+    assert set(out) >= {"loss", "mae", "my_custom_metric"}
+    # Two workers' last values: their mean, on every worker.
+    both = dict(sums)
+    both["keras_elastic.log/my_custom_metric"] = np.float64(10.0 + 12.0)
+    both["keras_elastic.log_count/my_custom_metric"] = np.int64(2)
+    assert idle.from_sums(both, {})["my_custom_metric"] == pytest.approx(11.0)

@@ -61,6 +61,7 @@ class TaskReporter(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.job_metrics.learn_names(logs)
+        self.job_metrics.note_logs(logs)
         if self._sync is not None and self._sync.t_data > self._batch_start:
             self.stream.timer.add("input_wait", self._sync.t_data - self._batch_start)
         self.stream.run_replays()
@@ -106,6 +107,12 @@ class TaskReporter(keras.callbacks.Callback):
         self.job_metrics.active = False
 
 
+# Keys of the reports' sums that carry a train_step's own logs (`note_logs`):
+# no metric state is named so.
+OTHER_LOG = "keras_elastic.log/"
+OTHER_LOG_COUNT = "keras_elastic.log_count/"
+
+
 class JobMetrics:
     """A worker's share of the epoch's training metric states, sent with its
     task reports, and the job's metrics from the master's sums.
@@ -127,6 +134,9 @@ class JobMetrics:
         self.active = False  # between the fit's on_train_begin and on_train_end
         self._renamed: dict[str, str] = {}  # log key -> metric name (learn_names)
         self._learning, self._tries = True, 0
+        # The last batch's logs that are no metric's (a train_step's own
+        # values): sent as (value, 1) beside the states (`note_logs`).
+        self._other_logs: dict[str, float] = {}
 
     def report_states(self) -> list | None:
         """What to send with a report of tasks done: the states' change since
@@ -151,6 +161,20 @@ class JobMetrics:
             out.append((key, variable))
         return out
 
+    def note_logs(self, logs: dict | None) -> None:
+        """Keeps the batch's scalar logs that are no metric's result (nor tied
+        to one by `learn_names`): a custom train_step's own values. Sent with
+        the reports as their value and a count of 1, so that the job's sums
+        give every worker their mean over the workers' last batches: a worker
+        that trained no batch of the epoch logs them too (Keras logs a
+        train_step's values at each epoch's end)."""
+        if not logs or self.model is None:
+            return
+        names = set(self.model.get_metrics_result()) | set(self._renamed)
+        for key, value in logs.items():
+            if key not in names and (value := _scalar(value)) is not None:
+                self._other_logs[key] = value
+
     def _read(self) -> dict[str, np.ndarray] | None:
         variables = self.variables()
         if variables is None:
@@ -159,11 +183,15 @@ class JobMetrics:
         for key, variable in variables:
             value = np.asarray(keras.ops.convert_to_numpy(variable.value))
             out[key] = value.astype(np.float64 if value.dtype.kind == "f" else np.int64)
+        for key, value in self._other_logs.items():
+            out[OTHER_LOG + key] = np.float64(value)
+            out[OTHER_LOG_COUNT + key] = np.int64(1)
         return out
 
     def start_epoch(self) -> None:
         """Keras has just reset the metrics."""
         self._sent, self._frozen, self._in_epoch = {}, None, True
+        self._other_logs = {}
 
     def end_epoch(self) -> None:
         self._frozen, self._in_epoch = None, False
@@ -254,6 +282,10 @@ class JobMetrics:
         for key, name in renamed.items():
             if name in out:
                 out[key] = out[name]
+        for key, total in sums.items():
+            count = sums.get(OTHER_LOG_COUNT + key[len(OTHER_LOG):])
+            if key.startswith(OTHER_LOG) and count is not None and int(count) > 0:
+                out.setdefault(key[len(OTHER_LOG):], float(total) / int(count))
         return out
 
 

@@ -93,8 +93,13 @@ class TaskReporter(keras.callbacks.Callback):
         self.end_training_epoch()
         if not self.model.stop_training and logs is not None:
             # First callback of the list: later ones (History, EarlyStopping,
-            # ModelCheckpoint, the progress bar) see the job's numbers.
-            logs.update(self.job_metrics.job_logs(self.stream, epoch, logs))
+            # ModelCheckpoint, the progress bar) see the job's numbers, in
+            # Keras' order: the training logs, then the validation's (a
+            # worker that trained no batch of the epoch has only the latter).
+            job = self.job_metrics.job_logs(self.stream, epoch, logs)
+            merged = {**job, **{k: v for k, v in logs.items() if k not in job}}
+            logs.clear()
+            logs.update(merged)
         self.job_metrics.end_epoch()
         if self._sync is not None and not self.model.stop_training:
             # The epoch is over for the job: the model and its optimizers hold

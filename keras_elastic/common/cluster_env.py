@@ -36,6 +36,23 @@ def connect_timeout() -> float:
         raise ValueError(f"{CONNECT_TIMEOUT}={raw!r} is not a number of seconds") from None
 
 
+def liveness_timeout() -> float:
+    """The launcher's --liveness_timeout as a launched process has it
+    (`KERAS_ELASTIC_LIVENESS_TIMEOUT`); 0.0 outside a launched job.
+
+    >>> os.environ[LIVENESS_TIMEOUT] = "60"
+    >>> liveness_timeout()
+    60.0
+    >>> del os.environ[LIVENESS_TIMEOUT]
+    """
+    raw = os.environ.get(LIVENESS_TIMEOUT)
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{LIVENESS_TIMEOUT}={raw!r} is not a number of seconds"
+                         ) from None
+
+
 def call_deadline(seconds: float) -> float:
     """The deadline of a client's call that would take `seconds` at most
     normally. In a launched job it outlasts the launcher's liveness timeout
@@ -49,12 +66,7 @@ def call_deadline(seconds: float) -> float:
     150.0
     >>> del os.environ[LIVENESS_TIMEOUT]
     """
-    raw = os.environ.get(LIVENESS_TIMEOUT)
-    try:
-        liveness = float(raw) if raw else 0.0
-    except ValueError:
-        raise ValueError(f"{LIVENESS_TIMEOUT}={raw!r} is not a number of seconds"
-                         ) from None
+    liveness = liveness_timeout()
     return max(seconds, 2 * liveness + 30) if liveness > 0 else seconds
 
 

@@ -95,12 +95,7 @@ def keepalive_timeout_ms() -> int:
     >>> keepalive_timeout_ms()
     10000
     """
-    raw = os.environ.get(cluster_env.LIVENESS_TIMEOUT)
-    try:
-        liveness = float(raw) if raw else 0.0
-    except ValueError:
-        liveness = 0.0
-    return max(KEEPALIVE_TIMEOUT_MS, int(liveness * 1000))
+    return max(KEEPALIVE_TIMEOUT_MS, int(cluster_env.liveness_timeout() * 1000))
 # Servers accept those pings, also during a call that sends no data for long
 # (a worker waiting for its next task): gRPC's defaults answer a client that
 # pings more often than every 5 minutes without data with GOAWAY.

@@ -147,15 +147,12 @@ class Launcher:
                 if self._stop_requested:
                     self.error = "interrupted"
                     break
-                before = (len(self.services.recoveries), self.services.master_restarts,
-                          len(self.group.finished_ok))
+                before = self._events()
                 self.error = (self.services.check_master() or self.services.check_ps()
                               or self.group.check(self._last_status))
                 if self.error:
                     break
-                if before != (len(self.services.recoveries),
-                              self.services.master_restarts,
-                              len(self.group.finished_ok)):
+                if self._events() != before:
                     # A recovery ended or a worker finished: the end of the job is
                     # decided on a status asked for after that (an older one
                     # predates a rollback the recovery made).
@@ -197,6 +194,11 @@ class Launcher:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             self._shutdown()
+
+    def _events(self) -> tuple[int, int, int]:
+        """Counts that change when a recovery ended or a worker finished."""
+        return (len(self.services.recoveries), self.services.master_restarts,
+                len(self.group.finished_ok))
 
     def _finish(self) -> int:
         services, group = self.services, self.group

@@ -16,12 +16,13 @@ Example:
 >>> from keras_elastic.master.server import MasterServer
 >>> server = MasterServer()
 >>> client = MasterClient(server.address)
->>> feed = StatusFeed(lambda: client, interval=0.05)
->>> feed.start()
->>> round_, status, asked_at = feed.wait_newer(0, timeout=30)
->>> round_ >= 1, status.workers.alive
-(True, [])
->>> feed.stop(); client.close(); server.stop()
+>>> feed = StatusFeed(lambda: client)
+>>> feed.poll_once()                  # one round of the thread's (`start`)
+True
+>>> round_, status, asked_at = feed.latest()
+>>> round_, status.workers.alive
+(1, [])
+>>> client.close(); server.stop()
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ class StatusFeed:
         self._asked_at = float("-inf")  # when the newest status was asked for
         self._dead: list[tuple[int, str]] = []  # not yet told to the master
         self._stop = threading.Event()
-        self._fresh = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def report_dead(self, worker_id: int, reason: str) -> None:
@@ -62,23 +62,11 @@ class StatusFeed:
         with self._lock:
             self._dead.append((worker_id, reason))
 
-    def pending_dead(self) -> list[tuple[int, str]]:
-        with self._lock:
-            return list(self._dead)
-
     def latest(self) -> tuple[int, JobStatus | None, float]:
         """(the number of statuses fetched so far, the newest (None before the
         first), when it was asked for (`time.monotonic()`): it shows nothing
         that happened after)."""
         with self._lock:
-            return self._round, self._status, self._asked_at
-
-    def wait_newer(self, round_: int, timeout: float
-                   ) -> tuple[int, JobStatus | None, float]:
-        """Waits up to `timeout` s for a status newer than round `round_`;
-        returns `latest()`."""
-        with self._fresh:
-            self._fresh.wait_for(lambda: self._round > round_, timeout)
             return self._round, self._status, self._asked_at
 
     def start(self) -> None:
@@ -92,7 +80,7 @@ class StatusFeed:
         self._stop.set()
 
     def poll_once(self) -> bool:
-        """One round (the thread's; tests call it directly): dead workers told,
+        """One round (the thread's; the example calls it directly): dead workers told,
         then the status fetched. False if the master did not answer."""
         master = self._master()
         if master is None:
@@ -111,11 +99,10 @@ class StatusFeed:
         except ConnectionError as e:
             logging.log_every_n_seconds(logging.WARNING, "%s", 10, e)
             return False
-        with self._fresh:
+        with self._lock:
             self._round += 1
             self._status = status
             self._asked_at = asked_at
-            self._fresh.notify_all()
         return True
 
     def _run(self) -> None:

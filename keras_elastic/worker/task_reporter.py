@@ -142,6 +142,7 @@ class JobMetrics:
         # The last batch's logs that are no metric's (a train_step's own
         # values): sent as (value, 1) beside the states (`note_logs`).
         self._other_logs: dict[str, float] = {}
+        self._metric_names: set[str] | None = None  # note_logs: read once an epoch
 
     def report_states(self) -> list | None:
         """What to send with a report of tasks done: the states' change since
@@ -175,9 +176,11 @@ class JobMetrics:
         train_step's values at each epoch's end)."""
         if not logs or self.model is None:
             return
-        names = set(self.model.get_metrics_result()) | set(self._renamed)
+        if self._metric_names is None:  # (built by the epoch's 1st batch, before)
+            self._metric_names = set(self.model.get_metrics_result())
         for key, value in logs.items():
-            if key not in names and (value := _scalar(value)) is not None:
+            if (key not in self._metric_names and key not in self._renamed
+                    and (value := _scalar(value)) is not None):
                 self._other_logs[key] = value
 
     def _read(self) -> dict[str, np.ndarray] | None:
@@ -196,7 +199,7 @@ class JobMetrics:
     def start_epoch(self) -> None:
         """Keras has just reset the metrics."""
         self._sent, self._frozen, self._in_epoch = {}, None, True
-        self._other_logs = {}
+        self._other_logs, self._metric_names = {}, None
 
     def end_epoch(self) -> None:
         self._frozen, self._in_epoch = None, False

@@ -52,14 +52,39 @@ def test_a_worker_there_at_the_end_stays(tmp_path):
     assert exits == []
 
 
+def write_cluster(job_dir):
+    with open(os.path.join(job_dir, "cluster.json"), "w") as f:
+        json.dump({"master": "127.0.0.1:1"}, f)
+
+
 def test_an_earlier_summary_does_not_count(tmp_path):
-    """A resumed job: the summary of the run before is there at the start."""
+    """A resumed job: the summary of the run before is there at the start,
+    older than the cluster.json its launcher wrote again."""
     write_summary(tmp_path, lost_ids=[1])
+    time.sleep(0.01)  # (a new mtime)
+    write_cluster(tmp_path)
     w, exits, done = watch(tmp_path)
     assert not done.wait(0.3) and w.ended() is None
     time.sleep(0.01)  # (a new mtime)
     write_summary(tmp_path, lost_ids=[1])
     assert done.wait(10) and exits == [job_end.EXIT_LOST]
+
+
+def test_a_summary_written_before_the_watch_began_counts(tmp_path):
+    """A worker joined as the job ended: `join` found it running, the
+    summary came before the worker's watch began. It is newer than the
+    job's cluster.json, so the job ended: the worker's retries of the
+    servers gone stop at once (found in the soak on the testbed: such a
+    worker retried the master for --connect_timeout, 300 s)."""
+    write_cluster(tmp_path)
+    time.sleep(0.01)  # (a new mtime)
+    write_summary(tmp_path, lost_ids=[1], exited=[0])
+    w, exits, done = watch(tmp_path, worker_id=-1)
+    deadline = time.monotonic() + 10
+    while w.ended() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.ended() == {"workers": {"lost_ids": [1], "exited": [0]}}
+    assert not w.lost and exits == []
 
 
 def test_no_job_directory_no_end(tmp_path):

@@ -9,9 +9,9 @@ ke.wrap(keras.Sequential())`, the layers added to it after) run as a plain
 process, as an embedded elastic run and as a 2-worker job; the elastic
 metrics must stay within the tolerances below of plain Keras' (see
 tests/keras_io/harness.py). The plain and embedded runs get the same seed
-from outside the script (below: why); the job's workers run the unseeded
-data code with the job's own seed: their arrays must be the same (one
-fingerprint) without the script seeding anything.
+from outside the script (below: why); the job gets the same seed as its
+`--seed`, and its workers run the unseeded data code from it: their arrays
+must be plain Keras' (one fingerprint) without the script seeding anything.
 """
 
 import pytest
@@ -59,11 +59,16 @@ EMBEDDED = {
     "val_loss": Tol(abs=0.25),
     "accuracy": Tol(abs=0.05),
 }
-# A 2-worker job runs unseeded (the job's seed is drawn at random: every
-# worker must still build the same data), against the seeded plain run:
-# two independent draws plus asynchronous updates, twice as loose.
+# A 2-worker job of the same seed (`--seed`: every worker draws plain
+# Keras' questions and initial weights from it): what differs is the order
+# of batches over two workers and their asynchronous updates, given twice
+# the embedded run's bounds. It ran unseeded until CI drew a job whose
+# last epoch fell to 0.450 validation accuracy (best 0.4825) on other
+# questions than the seeded plain run's; with the seed a failure reruns
+# on the same data.
 JOB = {
     **SAME,
+    "data_sha256": EXACT,
     "val_accuracy": Tol(abs=0.22),
     "val_loss": Tol(abs=0.28),
     "accuracy": Tol(abs=0.10),
@@ -74,8 +79,10 @@ def check_result(result):
     assert result["questions"] == 4000, result
     assert len(result["data_sha256"]) == 64, result
     # Better than the most common character of each answer position alone
-    # ("1", "0", " ": 0.386 of the characters of 4000 questions).
-    assert result["val_accuracy"] >= 0.45, result
+    # ("1", "0", " ": 0.386 of the characters of 4000 questions). A count
+    # of correct characters over 1200: 540/1200 reads 0.44999996 in float32,
+    # so the count is compared, not the float.
+    assert round(result["val_accuracy"] * 1200) >= 540, result
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +106,10 @@ def test_embedded(plain, tmp_path):
 
 @pytest.mark.multiprocess
 def test_job_of_two_workers(plain, tmp_path):
-    results = run_job(NAME, tmp_path, num_workers=2)
+    results = run_job(NAME, tmp_path, num_workers=2, seed=SEED)
     assert_no_worker_relaunched(tmp_path, num_workers=2)
-    # Every worker built the same arrays from the unseeded code.
-    assert len({r["data_sha256"] for r in results.values()}) == 1, results
+    # Every worker built plain Keras' arrays from the unseeded code.
+    assert {r["data_sha256"] for r in results.values()} == {plain["data_sha256"]}, results
     for worker, result in results.items():
         check_result(result)
         assert_close(result, plain, JOB, f"job {worker}")

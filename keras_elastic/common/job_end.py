@@ -29,8 +29,11 @@ the launcher's machine: fenced, and now gone too).
 
 A worker on a machine that cannot reach the job directory sees no summary,
 and gives up after `--connect_timeout` as before. A summary already there
-when the watch starts (an earlier run of a resumed job) does not count: only
-one written (or replaced) later does.
+when the watch starts counts only when it is newer than the job's
+cluster.json (the rule `keras-elastic join` checks too): a worker that joined
+as the job ended sees that it ended, while the summary of an earlier run of
+a resumed job (the launcher writes cluster.json again at its start) does
+not count until it is written again.
 
 Example:
 
@@ -74,6 +77,13 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
+def _newer_than_cluster(job_dir: str, summary: tuple[int, int, int]) -> bool:
+    """Whether a summary of stamp `summary` was written after the job's
+    cluster.json (absent: no)."""
+    cluster = _stamp(os.path.join(job_dir, "cluster.json"))
+    return cluster is not None and summary[1] >= cluster[1]
+
+
 class Watch:
     """Watches `job_dir` for the job's end (see the module docstring).
     `worker_id()`: this worker's id now; `exit(status)`: how the process
@@ -90,6 +100,8 @@ class Watch:
         self._exit = exit or _exit_now
         self._poll = poll
         self._start = _stamp(self.path)
+        if self._start is not None and _newer_than_cluster(job_dir, self._start):
+            self._start = None  # the job ended before this watch began
         self._summary: dict | None = None
         self.lost = False
         self._stop = threading.Event()

@@ -254,12 +254,14 @@ def run_embedded(name: str, tmp_dir, timeout: float = 600, seed: int | None = No
     return result
 
 
-def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
-            ) -> dict[str, dict]:
+def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900,
+            seed: int | None = None) -> dict[str, dict]:
     """Runs the elastic script as a job of `num_workers` workers and one
     parameter server (job dir `tmp_dir/job`, workers' working directory
     `tmp_dir`). Returns {"worker-<i>": RESULT} for every worker log that
-    has one (a job without failures: one per worker)."""
+    has one (a job without failures: one per worker). `seed`: the job's
+    `--seed` (its workers' global generators start from it, as `run_plain`'s
+    `seed` does for the plain script); None: the launcher draws one."""
     tmp_dir = str(tmp_dir)
     job_dir = os.path.join(tmp_dir, "job")
     script = script_paths(name)[1]
@@ -270,8 +272,9 @@ def run_job(name: str, tmp_dir, num_workers: int = 2, timeout: float = 900
     # here: under a loaded CI machine a worker's TensorFlow import can take a
     # minute), so each worker's History has every epoch, as in plain Keras.
     with contextlib.chdir(tmp_dir):
+        seed_flag = () if seed is None else (f"--seed={seed}",)
         proc = launch(job_dir, script, f"--num_workers={num_workers}", "--num_ps=1",
-                      "--rendezvous_timeout=600", timeout=timeout)
+                      "--rendezvous_timeout=600", *seed_flag, timeout=timeout)
     logs = sorted(glob.glob(os.path.join(job_dir, "worker-*.log")))
     texts = {}
     for path in logs:

@@ -211,6 +211,10 @@ def _define_join() -> None:
                        "a master or parameter server it cannot reach (default: the "
                        "job's --connect_timeout when cluster.json records it, else "
                        f"{_default_connect_timeout()}).")
+    flags.DEFINE_integer("max_rejoins", 10, "Times the worker is started again "
+                         "when the job presumed it lost (cut off or frozen for "
+                         "--heartbeat_timeout: it exits with status 3) while the "
+                         "job still runs; it joins as a new worker.")
 
 
 def _default_connect_timeout() -> float:
@@ -231,7 +235,7 @@ def _job_ended(job_dir: str) -> bool:
 
 
 def _main_join(command: list[str]) -> int:
-    from keras_elastic.common import cluster_env
+    from keras_elastic.common import job_end
 
     if not FLAGS.job_dir:
         raise UsageError("--job_dir is required: the directory of the running job")
@@ -241,18 +245,37 @@ def _main_join(command: list[str]) -> int:
     if _job_ended(FLAGS.job_dir):
         raise UsageError(f"the job of {FLAGS.job_dir} ended (its summary.json is "
                          "newer than its cluster.json): nothing to join")
+    rejoins = 0
+    while True:
+        code = subprocess.call(command, env=_join_env(FLAGS.job_dir, cluster))
+        # Status 3: the job lost this worker (common/job_end.py): it ended
+        # without it, or, while it runs, presumed it lost (its tasks went to
+        # others); then a new process joins as a new worker, as the launcher
+        # starts one again for a worker it launched.
+        if (code != job_end.EXIT_LOST or _job_ended(FLAGS.job_dir)
+                or rejoins >= FLAGS.max_rejoins):
+            return code
+        rejoins += 1
+        print(f"keras-elastic join: the job presumed this worker lost and still "
+              f"runs: joining again as a new worker ({rejoins} of "
+              f"--max_rejoins={FLAGS.max_rejoins})", file=sys.stderr, flush=True)
+        cluster = _read_cluster(FLAGS.job_dir)  # (services may have moved)
+
+
+def _join_env(job_dir: str, cluster: dict) -> dict[str, str]:
+    """The environment of a worker joining the job of `job_dir`."""
+    from keras_elastic.common import cluster_env
+
     env = dict(os.environ)
-    _use_client_env(env, _client_env(FLAGS.job_dir, cluster))
-    env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, FLAGS.job_dir,
+    _use_client_env(env, _client_env(job_dir, cluster))
+    env.update(cluster_env.to_env(cluster["master"], cluster["ps"], -1, job_dir,
                                   cluster.get("seed")))
     timeout = FLAGS.connect_timeout or cluster.get("connect_timeout")
     if timeout:
         env[cluster_env.CONNECT_TIMEOUT] = str(float(timeout))
     if cluster.get("liveness_timeout"):  # (calls' deadlines and keepalive outlast it)
         env[cluster_env.LIVENESS_TIMEOUT] = str(float(cluster["liveness_timeout"]))
-    # A worker the job loses (cut off from it) leaves when the job ends
-    # without it (common/job_end.py), status 3.
-    return subprocess.call(command, env=env)
+    return env
 
 
 subcommand(

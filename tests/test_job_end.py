@@ -161,3 +161,24 @@ def test_a_server_left_running_leaves_when_its_job_ends(tmp_path, module):
     finally:
         if handle.poll() is None:
             handle.kill()
+
+
+@pytest.mark.parametrize("error, status", [
+    ("WorkerLostError(errors.presumed_lost(2))", job_end.EXIT_LOST),
+    ("JobFailedError('a task failed 3 times')", 1),
+])
+def test_a_worker_the_job_presumed_lost_exits_with_status_3(error, status):
+    """The master's answer to a worker it presumed lost is a WorkerLostError
+    (master/client.py); uncaught, it ends the worker with status 3 after its
+    traceback (`keras-elastic join` then joins again); any other error, 1."""
+    code = ("from keras_elastic.common import errors, job_end\n"
+            "from keras_elastic.master import client\n"
+            "from keras_elastic.master.client import JobFailedError, WorkerLostError\n"
+            "assert type(client._job_failed(errors.presumed_lost(2))) is WorkerLostError\n"
+            "job_end.exit_lost_on(WorkerLostError)\n"
+            "job_end.exit_lost_on(WorkerLostError)  # (once)\n"
+            f"raise {error}\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status, proc.stderr[-3000:]
+    assert error.split("(")[0] in proc.stderr.splitlines()[-1], proc.stderr[-3000:]

@@ -21,14 +21,21 @@ def joined(*ids: int, **kwargs) -> Membership:
     return members
 
 
-def test_ids_asked_with_minus_one_come_above_every_id_seen():
-    members = joined(3)
-    assert members.assign_id(-1) == 4
-    assert members.assign_id(1) == 1  # an id given is kept
+def test_ids_asked_with_minus_one_come_from_1000_above_every_id_seen():
+    """Joined workers ask with -1; the launcher gives the workers it starts
+    0, 1, 2, ...: the two never meet, also when the launcher relaunches a
+    worker after one joined (the soak on the testbed found a relaunched
+    worker 1 killed as the lost joined worker 1)."""
+    members = joined(0)
+    assert members.assign_id(-1) == 1000
+    members.join(1000, now=0.0)
+    assert members.lose(1000)
+    assert members.assign_id(1) == 1  # an id given is kept: the launcher's
     members.join(1, now=0.0)
-    assert members.assign_id(-1) == 5  # 4 was handed out already
-    members.restore(9, LOST, now=0.0)  # a replayed record names 9
-    assert members.assign_id(-1) == 10
+    assert members.alive() == [0, 1] and members.workers[1000].state == LOST
+    assert members.assign_id(-1) == 1001  # 1000 was handed out already
+    members.restore(1009, LOST, now=0.0)  # a replayed record names 1009
+    assert members.assign_id(-1) == 1010
 
 
 def test_the_chief_is_the_first_to_join_while_alive_or_exited():

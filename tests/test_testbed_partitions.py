@@ -198,7 +198,8 @@ def test_machine_cut_for_good(machines, tmp_path, data):
     assert job.joined[B].returncode == job_end.EXIT_LOST, job.logs()
     assert job.joined[C].returncode == 0, job.logs()
     workers = job.summary()["workers"]
-    assert workers["lost_ids"] == [1] and sorted(workers["exited"]) == [0, 2], workers
+    assert workers["lost_ids"] == [1000] and sorted(workers["exited"]) == [0, 1001], (
+        workers)
 
 
 def test_machine_cut_for_a_while(machines, tmp_path, data):
@@ -207,8 +208,10 @@ def test_machine_cut_for_a_while(machines, tmp_path, data):
     16 tasks, B holds one: the claim is of B's task or of the next epoch,
     which starts only when B's task is done), so the job lost B. Then B's
     cable is plugged back while the job still runs (the local worker holds).
-    The job ends exact, B's late report counts for nothing, and B's worker is
-    gone within seconds of the job."""
+    B's late report counts for nothing; told it is not part of the job, B's
+    worker exits (status 3) and `join` starts it again as a new worker, which
+    trains with the local one (released once the new worker registered). The
+    job ends exact, and B's worker is gone within seconds of the job."""
     local_claim = "after_claim@17:w0=hold"
     job = Job(machines, tmp_path, data, fault=f"{LOCAL_HOLD},{local_claim}")
     job.held(LOCAL_HOLD)
@@ -220,9 +223,19 @@ def test_machine_cut_for_a_while(machines, tmp_path, data):
     job.held(local_claim)
     machines.heal(B)
     assert machines.reaches(B, A)
+    master_log = os.path.join(job.job_dir, "master.log")
+    deadline = time.monotonic() + 180
+    while "worker 1001 registered" not in open(master_log).read():
+        assert time.monotonic() < deadline, f"B never joined again\n{job.logs()}"
+        assert job.joined[B].poll() is None, f"B's join ended\n{job.logs()}"
+        time.sleep(0.2)
     job.release(local_claim)
     job.check(job.wait())
-    assert job.summary()["workers"]["lost_ids"] == [1], job.logs()
+    workers = job.summary()["workers"]
+    assert workers["lost_ids"] == [1000] and sorted(workers["exited"]) == [0, 1001], (
+        workers)
+    assert "joining again as a new worker (1 of --max_rejoins=10)" in job.log(B)
+    assert job.joined[B].returncode == 0, job.logs()
 
 
 def test_worker_cut_from_the_parameter_server_only(machines, tmp_path, data):
@@ -240,9 +253,9 @@ def test_worker_cut_from_the_parameter_server_only(machines, tmp_path, data):
     job.release(LOCAL_HOLD)
     job.check(job.wait())
     summary = job.summary()
-    assert summary["workers"]["lost_ids"] == [1], job.logs()
+    assert summary["workers"]["lost_ids"] == [1000], job.logs()
     assert summary["ps_restarts"] == 0, summary
-    assert re.search(r"worker 1 could not reach ps-0 \(or waited on it\) for \d+ s "
+    assert re.search(r"worker 1000 could not reach ps-0 \(or waited on it\) for \d+ s "
                      r"while it answered health checks and worker\(s\) 0 reached it: "
                      r"cut off from it \(--liveness_timeout=60\); declaring it lost",
                      job.launcher_log.read_text()), job.logs()

@@ -29,17 +29,45 @@ prints the faults injected and recovered, the seconds lost per fault by kind,
 and the result. Exit status 0 only when all of that holds; faults.json holds
 the faults and each job's summary counts.
 
+With `--testbed` (root: tests/support/testbed.py) the roles run on three
+machines (network namespaces) instead of loopback, as users place them: the
+launcher, the master, both servers and one worker on machine 0 (`--bind`
+its address, TLS on), and a worker joined from each of machines 1 and 2
+(`keras-elastic join`; the soak joins one again when it exits, as a
+cluster manager would). The faults then include partitions of every role
+class as well:
+
+- worker `cut`:          a worker machine's cable pulled for a while (up to
+                         twice the heartbeat timeout), then plugged back;
+- worker `cut_for_good`: a worker machine cut off for the rest of the job
+                         (its worker must be lost, and leave when the job
+                         ends without it);
+- worker `cut_from_ps`:  a worker machine cut from one server's port for the
+                         rest of the job, while it still reaches the master
+                         (the worker, not the server, must be lost);
+- ps or master `cut_from_workers`: the service's port cut from every joined
+                         worker's machine for a while (up to twice the
+                         liveness timeout), while the launcher and the
+                         worker on its own machine still reach it.
+
+After each job the soak checks as well that no process of it still runs on
+any machine `OUTLIVE_S` after it ended (a worker cut off for good reads the
+job directory, which every machine shares, and leaves).
+
     python tools/chaos_soak.py --minutes=30 --seed=1
     python tools/chaos_soak.py --faults=20     # 20 faults, however long
     python tools/chaos_soak.py --smoke        # 3 faults, one per role class (CI)
+    python tools/chaos_soak.py --testbed --minutes=30   # machines, partitions
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import statistics
@@ -59,7 +87,14 @@ KINDS = ("kill", "freeze", "freeze_for_good")
 ROLE_CLASSES = ("worker", "ps", "master")
 # The summary.json count each class's kill or freeze for good adds to (a
 # short freeze leaves none).
-TRACES = {"worker": "workers_lost", "ps": "ps_restarts", "master": "master_restarts"}
+TRACES = {"worker": "workers.lost", "ps": "ps_restarts", "master": "master_restarts"}
+# The partitions of each class (--testbed), and those that must leave a trace
+# as a kill does (the worker cut off for the rest of the job is lost).
+PARTITIONS = {"worker": ("cut", "cut_for_good", "cut_from_ps"),
+              "ps": ("cut_from_workers",), "master": ("cut_from_workers",)}
+FOR_GOOD = ("kill", "freeze_for_good", "cut_for_good", "cut_from_ps")
+# How long a process of a job may outlive it (--testbed).
+OUTLIVE_S = 10.0
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("minutes", 10.0, "Minutes of fault injection.")
@@ -76,6 +111,11 @@ flags.DEFINE_integer("faults", 0, "Inject exactly this many faults, however long
                      "--minutes is then only a cap. 0: as many as --minutes allow.")
 flags.DEFINE_bool("smoke", False, "A short soak: 3 faults (--faults: one of each "
                   "role class), at most 10 minutes, jobs of 20 epochs.")
+flags.DEFINE_list("kinds", [], "Only these kinds of fault (default: every kind "
+                  "the roles' placement allows; see the module doc).")
+flags.DEFINE_bool("testbed", False, "Run the roles on three machines (network "
+                  "namespaces; needs root) and add partitions to the faults (see "
+                  "the module doc).")
 
 
 def _cluster(job_dir: str) -> dict:
@@ -87,11 +127,17 @@ def _cluster(job_dir: str) -> dict:
 
 
 def _status(job_dir: str) -> dict | None:
+    from keras_elastic.common import tls
     from keras_elastic.master.client import MasterClient
 
-    address = _cluster(job_dir).get("master")
+    cluster = _cluster(job_dir)
+    address = cluster.get("master")
     if not address:
         return None
+    if cluster.get("tls"):  # beyond loopback (--testbed): the job's CA
+        os.environ.update(tls.TLSConfig(ca=cluster["tls"].get("ca"),
+                                        server_name=cluster["tls"].get("server_name")
+                                        ).to_env())
     try:
         client = MasterClient(address, connect_timeout=2, reconnect_timeout=1)
     except (ConnectionError, ValueError):
@@ -139,74 +185,330 @@ def _alive(pid: int | None) -> bool:
 
 
 def _healthy_again(job_dir: str, role: str, pid: int, kind: str, done_before: int,
-                   start: float, timeout: float) -> float | None:
+                   start: float, timeout: float, launcher: subprocess.Popen
+                   ) -> float | None:
     """Seconds from the fault (at monotonic `start`) until the job is healthy
     again (progress made, and a service that was killed or frozen for good
-    replaced); None: not within `timeout`."""
-    while time.monotonic() - start < timeout:
+    replaced); None: not within `timeout`, or the job ended first."""
+    while time.monotonic() - start < timeout and launcher.poll() is None:
         status = _status(job_dir)
         replaced = True
-        if kind != "freeze" and not role.startswith("worker"):
+        if kind in ("kill", "freeze_for_good") and not role.startswith("worker"):
             replaced = _pid_of(_cluster(job_dir), role) not in (None, pid)
         if status is not None and replaced and (
                 _tasks_done(status) > done_before or _finished(status)):
             return time.monotonic() - start
         time.sleep(0.25)
+    if launcher.poll() == 0:  # the job finished (between two looks)
+        return time.monotonic() - start
     return None
 
 
 def role_class(role: str) -> str:
-    """`worker`, `ps` or `master`, of a role as faults.json names it.
+    """`worker`, `ps` or `master`, of a role as faults.json names it (a
+    worker joined from machine 1 of the testbed: `worker@m1`).
 
     >>> role_class("worker-3"), role_class("ps-1"), role_class("master")
     ('worker', 'ps', 'master')
+    >>> role_class("worker@m1")
+    'worker'
     """
-    return role.split("-")[0]
+    return re.split(r"[-@]", role)[0]
+
+
+class Loopback:
+    """Every role a process of this machine on 127.0.0.1 (the default)."""
+
+    def launcher_flags(self) -> list[str]:
+        return ["--num_workers=2"]
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(argv, **kwargs)
+
+    def job_started(self, job: str, script_args: list[str], root: str) -> None:
+        pass
+
+    def workers(self, job: str, status: dict) -> list[str]:
+        return [f"worker-{w}" for w in status["workers"]["alive"]]
+
+    def pid(self, job: str, role: str) -> int | None:
+        return _pid_of(_cluster(job), role)
+
+    def kinds(self, cls: str, members: list[str] | None = None) -> tuple[str, ...]:
+        return KINDS
+
+    def partition(self, job: str, role: str, kind: str, rng: random.Random) -> None:
+        raise AssertionError(f"no partitions on loopback ({kind})")
+
+    def maintain(self, job: str) -> None:
+        pass
+
+    def froze(self, pid: int) -> None:
+        """`pid` was frozen for good."""
+
+    def job_ended(self, job: str, index: int) -> list[str]:
+        return []
+
+
+class Machines(Loopback):
+    """Three machines of a testbed (see the module doc): the launcher and
+    every service on machine 0 with one local worker, a worker joined from
+    each of machines 1 and 2."""
+
+    def __init__(self, bed) -> None:
+        self.bed = bed
+        self.joined: dict[int, subprocess.Popen] = {}
+        self.out: set[int] = set()  # worker machines cut off for the job's rest
+        self.frozen: set[int] = set()  # processes frozen for good
+        self.rejoined = 0
+        self._job = ""
+        self._join_argv: list[str] = []
+        self._root = ""
+
+    def launcher_flags(self) -> list[str]:
+        return [f"--bind={self.bed.address(0)}", "--num_workers=1", "--max_workers=3"]
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return self.bed.popen(0, argv, **kwargs)
+
+    def job_started(self, job: str, script_args: list[str], root: str) -> None:
+        """Joins a worker from machines 1 and 2."""
+        self._job, self._root = job, root
+        self._join_argv = [sys.executable, "-m", "keras_elastic", "join",
+                           f"--job_dir={job}", "--", sys.executable, SCRIPT,
+                           *script_args]
+        self.joined, self.out, self.frozen = {}, set(), set()
+        for machine in (1, 2):
+            self._join(machine)
+
+    def _join(self, machine: int) -> None:
+        log = open(os.path.join(self._root, f"{os.path.basename(self._job)}-joined-"
+                                f"m{machine}.log"), "a")
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
+            "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
+        self.joined[machine] = self.bed.popen(machine, self._join_argv, env=env,
+                                              cwd=REPO, stdout=log,
+                                              stderr=subprocess.STDOUT)
+        log.close()
+
+    def _script_pid(self, machine: int) -> int | None:
+        """The joined worker's own process on `machine` (the script `join`
+        runs), if any."""
+        for pid in self.bed.pids(machine):
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    argv = f.read().split("\0")
+            except OSError:
+                continue
+            if SCRIPT in argv and "join" not in argv:
+                return pid
+        return None
+
+    def workers(self, job: str, status: dict) -> list[str]:
+        """The workers to hit: the launched ones alive, and the joined ones
+        that registered (one still starting is not in the job yet: its
+        loss would leave no trace)."""
+        launched = _cluster(job).get("worker_pids") or {}
+        local = [f"worker-{w}" for w in status["workers"]["alive"] if str(w) in launched]
+        registered = _registered_pids(job)
+        return local + [f"worker@m{m}" for m in (1, 2)
+                        if m not in self.out and self._script_pid(m) in registered]
+
+    def pid(self, job: str, role: str) -> int | None:
+        if role.startswith("worker@m"):
+            return self._script_pid(int(role[len("worker@m"):]))
+        return _pid_of(_cluster(job), role)
+
+    def kinds(self, cls: str, members: list[str] | None = None) -> tuple[str, ...]:
+        """The kinds of fault for class `cls` with these `members` now
+        (None: any members; a worker's partitions need a joined one)."""
+        joined = members is None or any("@" in m for m in members)
+        partitions = PARTITIONS[cls] if cls != "worker" or joined else ()
+        return KINDS + partitions
+
+    def _port(self, job: str, role: str) -> int:
+        cluster = _cluster(job)
+        address = (cluster["master"] if role == "master"
+                   else cluster["ps"][int(role.partition("-")[2])])
+        return int(address.rpartition(":")[2])
+
+    def partition(self, job: str, role: str, kind: str, rng: random.Random) -> None:
+        """Injects the partition `kind` on `role` (see the module doc); a
+        partition for a while is healed before this returns."""
+        if kind == "cut_from_workers":
+            port = self._port(job, role)
+            machines = [m for m in (1, 2) if m not in self.out]
+            for m in machines:
+                self.bed.partition(m, 0, port=port)
+                self._check_cut(m, port)
+            time.sleep(rng.uniform(1.0, 2 * FLAGS.liveness_timeout))
+            for m in machines:
+                self.bed.unpartition(m, 0, port=port)
+            return
+        machine = int(role[len("worker@m"):])
+        if kind == "cut":
+            self.bed.cut(machine)
+            self._check_cut(machine, self._port(job, "master"))
+            time.sleep(rng.uniform(1.0, 2 * FLAGS.heartbeat_timeout))
+            self.bed.heal(machine)
+        elif kind == "cut_for_good":
+            self.bed.cut(machine)
+            self._check_cut(machine, self._port(job, "master"))
+            self.out.add(machine)
+        elif kind == "cut_from_ps":
+            server = f"ps-{rng.randrange(len(_cluster(job).get('ps') or [0]))}"
+            self.bed.partition(machine, 0, port=self._port(job, server))
+            self._check_cut(machine, self._port(job, server))
+            self.out.add(machine)
+        else:
+            raise ValueError(f"no partition {kind!r}")
+
+    def _check_cut(self, machine: int, port: int) -> None:
+        """Machine `machine` no longer reaches `port` on machine 0: a
+        partition that did not take is the soak's failure, not a pass."""
+        if self.bed.reaches(machine, 0, port=port, timeout=0.5):
+            raise RuntimeError(f"machine {machine} still reaches port {port} of "
+                               "machine 0 after the partition")
+
+    def maintain(self, job: str) -> None:
+        """A joined worker that failed (killed, lost, gave up) while the job
+        runs is joined again from its machine (a cluster manager restarting
+        a failed pod), unless that machine is cut off for the job's rest."""
+        if os.path.exists(os.path.join(job, "summary.json")):
+            return  # the job ended
+        for machine, proc in self.joined.items():
+            if machine not in self.out and proc.poll() not in (None, 0):
+                logging.info("the worker joined from machine %d exited (%s): "
+                             "joining one again", machine, proc.returncode)
+                self.rejoined += 1
+                self._join(machine)
+
+    def froze(self, pid: int) -> None:
+        self.frozen.add(pid)
+
+    def job_ended(self, job: str, index: int) -> list[str]:
+        """Nothing of the job runs OUTLIVE_S after it ended, on any machine
+        (checked before the partitions are healed: a machine cut off for
+        good is still cut off); then every machine is plugged back in. A
+        process the soak froze for good cannot leave by itself: the soak
+        kills it first, as its machine's owner would (the launcher kills
+        those it started)."""
+        for pid in self.frozen:
+            with _suppress():
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + OUTLIVE_S
+        left: dict[int, list[int]] = {}
+        while time.monotonic() < deadline:
+            left = {m: [p for p in self.bed.pids(m) if not _the_soaks(p)]
+                    for m in range(self.bed.n)}
+            left = {m: pids for m, pids in left.items() if pids}
+            if not left:
+                break
+            time.sleep(0.2)
+        problems = []
+        if left:
+            problems.append(f"processes still run {OUTLIVE_S:g} s after the job "
+                            f"ended: {left}")
+            for pids in left.values():
+                for pid in pids:
+                    with _suppress():
+                        os.kill(pid, signal.SIGKILL)
+        for machine in range(self.bed.n):
+            self.bed.heal(machine)
+        for machine, proc in self.joined.items():
+            with _suppress():
+                proc.wait(timeout=10)
+            logging.info("job %d: the worker joined from machine %d exited with "
+                         "%s%s", index, machine, proc.returncode,
+                         " (cut off for the job's rest)" if machine in self.out
+                         else "")
+        return problems
+
+
+def _registered_pids(job: str) -> set[int]:
+    """The pids of the workers that registered with the job's master (its
+    log's "worker N registered (pid P)" lines)."""
+    try:
+        with open(os.path.join(job, "master.log"), errors="replace") as f:
+            return {int(p) for p in re.findall(r"worker \d+ registered \(pid (\d+)\)",
+                                               f.read())}
+    except OSError:
+        return set()
+
+
+def _the_soaks(pid: int) -> bool:
+    """Whether `pid` is this process, or the `ip netns pids` it runs: both
+    are in machine 0's network (this process joined it for its status calls,
+    and its children start there)."""
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "ip"
+    except OSError:
+        return True  # gone already
+
+
+def _suppress():
+    import contextlib
+
+    return contextlib.suppress(OSError, subprocess.TimeoutExpired)
 
 
 def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Random,
              started: float, deadline: float, faults: list[dict],
-             max_faults: int, round_: list[str]) -> list[str]:
+             max_faults: int, round_: list[str], place: Loopback) -> list[str]:
     """One counting job under faults until it ends (faults stop at
     `deadline`); returns its problems ([]: exact). `round_`: the role
     classes of the current round not hit yet (the next fault hits the first;
-    refilled, in a seeded order, once empty)."""
+    refilled, in a seeded order, once empty). `place`: where the roles run."""
     job = os.path.join(root, f"job-{index}")
     out = os.path.join(root, f"out-{index}.json")
+    script_args = [f"--data={data_dir}/*.tfrecord", f"--epochs={epochs}",
+                   f"--output={out}", f"--sleep_per_batch={FLAGS.sleep_per_batch}"]
     argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job}",
-            "--num_workers=2", "--num_ps=2", "--ps_checkpoint_secs=2",
+            *place.launcher_flags(), "--num_ps=2", "--ps_checkpoint_secs=2",
             "--max_worker_restarts=1000", "--max_ps_restarts=1000",
             "--max_master_restarts=1000",
             f"--liveness_timeout={FLAGS.liveness_timeout}",
             f"--heartbeat_timeout={FLAGS.heartbeat_timeout}",
-            "--progress_interval=30", "--", sys.executable, SCRIPT,
-            f"--data={data_dir}/*.tfrecord", f"--epochs={epochs}", f"--output={out}",
-            f"--sleep_per_batch={FLAGS.sleep_per_batch}"]
+            "--progress_interval=30", "--", sys.executable, SCRIPT, *script_args]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
         "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
     log_path = os.path.join(root, f"launcher-{index}.log")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = place.popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         while _tasks_done(_status(job)) < 2:
             if proc.poll() is not None:
                 return [f"job {index} ended before training: see {log_path}"]
             time.sleep(0.5)
+        place.job_started(job, script_args, root)
         while time.monotonic() < deadline and len(faults) < max_faults and (
                 proc.poll() is None):
             time.sleep(rng.uniform(2.0, 8.0))
+            place.maintain(job)
             status = _status(job)
             if status is None or _finished(status):
                 continue
             if not round_:
                 round_.extend(rng.sample(ROLE_CLASSES, len(ROLE_CLASSES)))
             members = {"master": ["master"], "ps": ["ps-0", "ps-1"],
-                       "worker": [f"worker-{w}" for w in status["workers"]["alive"]]
-                       }[round_[0]]
+                       "worker": place.workers(job, status)}[round_[0]]
             if not members:
                 continue
-            role, kind = rng.choice(members), rng.choice(KINDS)
-            pid = _pid_of(_cluster(job), role)
+            if FLAGS.kinds and not set(place.kinds(round_[0])) & set(FLAGS.kinds):
+                round_.pop(0)  # none of --kinds is for this class, ever
+                continue
+            kinds = [k for k in place.kinds(round_[0], members)
+                     if not FLAGS.kinds or k in FLAGS.kinds]
+            if not kinds:  # not now (no joined worker in the job yet)
+                continue
+            kind = rng.choice(kinds)
+            if kind in PARTITIONS["worker"]:  # a machine's: a joined worker
+                members = [m for m in members if "@" in m]
+            role = rng.choice(members)
+            pid = place.pid(job, role)
             if not _alive(pid):
                 continue
             round_.pop(0)
@@ -214,13 +516,18 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
             injected = time.monotonic()
             if kind == "kill":
                 os.kill(pid, signal.SIGKILL)
-            else:
+            elif kind in KINDS:
                 os.kill(pid, signal.SIGSTOP)
+                if kind == "freeze_for_good":
+                    place.froze(pid)
                 if kind == "freeze":
                     time.sleep(rng.uniform(1.0, FLAGS.liveness_timeout / 2))
                     if _alive(pid):
                         os.kill(pid, signal.SIGCONT)
-            lost = _healthy_again(job, role, pid, kind, done, injected, timeout=300)
+            else:
+                place.partition(job, role, kind, rng)
+            lost = _healthy_again(job, role, pid, kind, done, injected, timeout=300,
+                                  launcher=proc)
             faults.append({"job": index, "at": round(injected - started, 1),
                            "role": role, "kind": kind, "pid": pid,
                            "seconds_lost": None if lost is None else round(lost, 1)})
@@ -228,13 +535,18 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
                          len(faults), index, kind, role, pid, injected - started,
                          "not recovered" if lost is None
                          else f"healthy again in {lost:.1f} s")
-        proc.wait(timeout=max(600, epochs * 20))
+        end_by = time.monotonic() + max(600, epochs * 20)
+        while proc.poll() is None and time.monotonic() < end_by:
+            place.maintain(job)
+            time.sleep(1.0)
+        proc.wait(timeout=1)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     problems = [] if proc.returncode == 0 else [
         f"job {index} exited with {proc.returncode} ({log_path})"]
+    problems += [f"job {index}: {p}" for p in place.job_ended(job, index)]
     problems += [f"job {index}: {p}" for p in _traced(
         job, [f for f in faults if f["job"] == index])]
     return problems + [f"job {index}: {p}" for p in _exact(job, out, epochs)]
@@ -242,31 +554,52 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
 
 def _traced(job: str, faults: list[dict]) -> list[str]:
     """The faults of a job its summary.json shows too few of: each process
-    of a class killed or frozen for good adds one to its count (TRACES), at
-    least (a process frozen for good and then killed, before the job found it
-    silent, is one)."""
+    of a class killed, frozen for good or cut off for the job's rest adds one
+    to its count (TRACES), at least (a process frozen for good and then
+    killed, before the job found it silent, is one)."""
     try:
         with open(os.path.join(job, "summary.json")) as f:
             summary = json.load(f)
     except (OSError, ValueError) as e:
         return [f"no summary: {e}"]
     for fault in faults:
-        fault["summary"] = {key: summary.get(key) for key in TRACES.values()}
+        fault["summary"] = {key: summary.get(key) for key in TRACES.values()
+                            if "." not in key}
+        fault["summary"]["workers.lost"] = (summary.get("workers") or {}).get("lost")
     problems = []
     for cls, key in TRACES.items():
         injected = len({f["pid"] for f in faults if role_class(f["role"]) == cls
-                        and f["kind"] != "freeze"})
-        if (summary.get(key) or 0) < injected:
-            problems.append(f"{injected} process(es) of the {cls} class killed or "
-                            f"frozen for good, but the summary's {key} is "
-                            f"{summary.get(key)}")
+                        and f["kind"] in FOR_GOOD})
+        # Workers: the master's count, of joined workers too (the
+        # launcher's workers_lost counts those it started).
+        found = (summary.get("workers") or {}).get("lost") if cls == "worker" else (
+            summary.get(key))
+        if (found or 0) < injected:
+            problems.append(f"{injected} process(es) of the {cls} class killed, "
+                            f"frozen or cut off for good, but the summary counts "
+                            f"{found}")
     return problems
 
 
-def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0
-         ) -> int:
+def _enter_network(path: str) -> None:
+    """This thread (the soak's main thread: the gRPC threads it starts later
+    inherit its network) joins the network namespace at `path` (os.setns is
+    Python 3.12's)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns into {path}")
+    finally:
+        os.close(fd)
+
+
+def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0,
+         place: Loopback | None = None) -> int:
     """Counting jobs one after the other, under faults, for `minutes` (with
-    `target`: until that many faults, `minutes` a cap)."""
+    `target`: until that many faults, `minutes` a cap); `place`: where the
+    roles run (default: loopback)."""
+    place = place or Loopback()
     rng = random.Random(seed)
     os.makedirs(root, exist_ok=True)
     # The jobs' token, shared with their launchers so that this process may
@@ -286,12 +619,12 @@ def soak(root: str, minutes: float, seed: int, max_faults: int, target: int = 0
     round_: list[str] = []
     while time.monotonic() < deadline and len(faults) < max_faults:
         problems += _run_job(root, jobs, data_dir, FLAGS.epochs, rng, started,
-                             deadline, faults, max_faults, round_)
+                             deadline, faults, max_faults, round_, place)
         jobs += 1
     if target and len(faults) < target:
         problems.append(f"only {len(faults)} of the {target} faults asked for "
                         f"within the cap of {minutes:g} minutes")
-    return _report(root, faults, problems, jobs, time.monotonic() - started)
+    return _report(root, faults, problems, jobs, time.monotonic() - started, place)
 
 
 def _exact(job: str, out: str, epochs: int) -> list[str]:
@@ -321,9 +654,11 @@ def _exact(job: str, out: str, epochs: int) -> list[str]:
 
 
 def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
-            elapsed: float) -> int:
+            elapsed: float, place: Loopback) -> int:
+    where = ("3 machines: 1 worker with the services, 2 joined" if isinstance(
+        place, Machines) else "2 workers")
     print(f"chaos soak: {len(faults)} faults in {elapsed / 60:.1f} min over {jobs} "
-          f"counting job(s) of {FLAGS.epochs} epochs, 2 workers, 2 parameter servers")
+          f"counting job(s) of {FLAGS.epochs} epochs, {where}, 2 parameter servers")
     print(f"{'kind':<16} {'role':<7} {'injected':>8} {'recovered':>9} "
           f"{'mean s lost':>11} {'max s lost':>10}")
     groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
@@ -348,6 +683,12 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
 def main(argv) -> None:
     del argv
     minutes, max_faults, target = FLAGS.minutes, FLAGS.max_faults, FLAGS.faults
+    known = set(KINDS).union(*PARTITIONS.values())
+    if set(FLAGS.kinds) - known:
+        sys.exit(f"--kinds: no kind of fault {sorted(set(FLAGS.kinds) - known)}; "
+                 f"the kinds: {', '.join(sorted(known))}")
+    if not FLAGS.testbed and set(FLAGS.kinds) and not set(FLAGS.kinds) & set(KINDS):
+        sys.exit("--kinds: partitions need machines (--testbed)")
     if FLAGS.smoke:
         target = target or 3
         minutes = minutes if FLAGS["minutes"].present else 10.0
@@ -355,7 +696,26 @@ def main(argv) -> None:
     if target:
         max_faults = min(max_faults, target)
     job_dir = FLAGS.job_dir or tempfile.mkdtemp(prefix="chaos-soak-")
-    sys.exit(soak(job_dir, minutes, FLAGS.seed, max_faults, target))
+    if not FLAGS.testbed:
+        sys.exit(soak(job_dir, minutes, FLAGS.seed, max_faults, target))
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from support import testbed
+
+    reason = testbed.unavailable()
+    if reason:
+        sys.exit(f"--testbed: no machines can be made here: {reason}")
+    testbed.clean()
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    with testbed.Testbed(3) as bed:
+        # On machine 0's network to ask the master for the job's status; back
+        # home before the testbed goes (it kills every process in a machine).
+        _enter_network(f"/run/netns/{bed.machine(0)}")
+        try:
+            code = soak(job_dir, minutes, FLAGS.seed, max_faults, target,
+                        Machines(bed))
+        finally:
+            _enter_network(f"/proc/self/fd/{home}")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,20 @@ class JobError(KerasElasticError):
     """A job's definition, flags or environment."""
 
 
+# What the master answers a worker it presumed lost; the worker's client
+# raises `master.client.WorkerLostError` for an answer that has it.
+PRESUMED_LOST = "is not part of the job (presumed lost)"
+
+
+def presumed_lost(worker_id: int) -> str:
+    """The master's answer to worker `worker_id`, presumed lost.
+
+    >>> presumed_lost(2)
+    'worker 2 is not part of the job (presumed lost); restart it to rejoin'
+    """
+    return f"worker {worker_id} {PRESUMED_LOST}; restart it to rejoin"
+
+
 class ServerStateError(ClusterError, RuntimeError):
     """A server is not in the state a request needs (for example a push
     before the model initialized it)."""

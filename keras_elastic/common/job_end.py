@@ -175,6 +175,25 @@ def _exit_now(status: int) -> None:
     os._exit(status)
 
 
+def exit_lost_on(error_type: type[BaseException]) -> None:
+    """An uncaught `error_type` (the master presumed this worker lost:
+    `master.client.WorkerLostError`) ends the process with status
+    `EXIT_LOST` once its traceback is printed, not 1: `keras-elastic join`
+    then starts the worker again while the job runs (the launcher does for
+    a worker it started, whatever the status). Installed once per process."""
+    previous = sys.excepthook
+    if getattr(previous, "_keras_elastic_lost", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        if issubclass(exc_type, error_type):
+            _exit_now(EXIT_LOST)
+
+    hook._keras_elastic_lost = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def watch(job_dir: str, worker_id: Callable[[], int]) -> Watch:
     """Starts this process's watch of `job_dir` (replacing an earlier one)."""
     global _current

@@ -41,6 +41,23 @@ class JobFailedError(errors.ClusterError, RuntimeError):
     """The master failed the job (for example a task failed too often)."""
 
 
+class WorkerLostError(JobFailedError):
+    """The job presumed this worker lost (its heartbeats stopped for
+    --heartbeat_timeout, or it was cut off from a server the others reach)
+    and gave its tasks to others: nothing it sends counts any more. A new
+    process joins as a new worker: the launcher starts one for a worker it
+    launched, and `keras-elastic join` starts its command again (a launched
+    or joined worker that dies of this error exits with status 3,
+    `common/job_end.EXIT_LOST`)."""
+
+
+def _job_failed(error: str) -> JobFailedError:
+    """The error for the master's answer `error` (a refusal of a worker it
+    presumed lost: `WorkerLostError`)."""
+    return (WorkerLostError(error) if errors.PRESUMED_LOST in error
+            else JobFailedError(error))
+
+
 class JobMismatchError(errors.JobError, ValueError):
     """This worker's script differs from the job's: its arrays, its call of
     fit/evaluate/predict, or the model compiled (the master quotes both).
@@ -230,7 +247,7 @@ class MasterClient:
             if kind == master_pb2.GetTaskResponse.WAIT and return_on_wait:
                 return WAIT
             if kind == master_pb2.GetTaskResponse.JOB_FAILED:
-                raise JobFailedError(response.error)
+                raise _job_failed(response.error)
 
     def report_tasks(self, dataset: str, task_ids: list[int], success: bool = True,
                      error: str = "", metric_states=None,
@@ -296,7 +313,7 @@ class MasterClient:
             response = self._call("GetResult", master_pb2.GetResultRequest(
                 worker_id=self.worker_id, dataset=dataset, epoch=epoch))
             if response.error:
-                raise JobFailedError(response.error)
+                raise _job_failed(response.error)
             if response.ready:
                 return response.num_tasks, dict(decode_all(response.states))
             if not wait:
@@ -312,7 +329,7 @@ class MasterClient:
         while True:
             status = self.job_status()
             if status.error:
-                raise JobFailedError(status.error)
+                raise _job_failed(status.error)
             ds = status.datasets.get(dataset)
             if ds is None:
                 raise ValueError(f"dataset '{dataset}' is not registered")

@@ -22,18 +22,18 @@ rebuilds it from the journal's worker records (`restore`).
 Example:
 
 >>> members = Membership(max_workers=2, heartbeat_timeout=30.0)
->>> members.join(members.assign_id(-1), now=0.0)
->>> members.join(members.assign_id(-1), now=0.0)
+>>> members.join(members.assign_id(0), now=0.0)      # started by the launcher
+>>> members.join(members.assign_id(-1), now=0.0)     # `keras-elastic join`
 >>> members.alive(), members.chief
-([0, 1], 0)
+([0, 1000], 0)
 >>> members.refusal(2)
 'the job already has its maximum of 2 workers'
->>> members.heartbeat(1, now=20.0)
+>>> members.heartbeat(1000, now=20.0)
 True
 >>> members.silent(now=31.0)
 [(0, 31.0)]
 >>> members.lose(0), members.chief
-(True, 1)
+(True, 1000)
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ from collections.abc import Callable, Mapping
 from absl import logging
 
 ALIVE, EXITED, LOST = "alive", "exited", "lost"
+# The ids the master gives workers that register without one (`keras-elastic
+# join`) count from here, apart from those the launcher gives the workers it
+# starts (from 0): the two never meet. (They did: a launched worker
+# relaunched as worker 1 met a joined worker 1 the job had lost, and the
+# launcher killed its new worker as lost, twice, and failed the job.)
+JOINED_IDS_FROM = 1000
 
 
 @dataclasses.dataclass
@@ -98,10 +104,11 @@ class Membership:
     # -- changes ------------------------------------------------------------
     def assign_id(self, requested: int) -> int:
         """The id of a worker registering with `requested` (< 0: the next
-        free one, above every id the job has seen)."""
+        free one from JOINED_IDS_FROM, above every such id the job has
+        seen)."""
         worker_id = requested
         if worker_id < 0:
-            worker_id = max([self.next_id - 1, *self.workers]) + 1
+            worker_id = max([JOINED_IDS_FROM - 1, self.next_id - 1, *self.workers]) + 1
         self.next_id = max(self.next_id, worker_id + 1)
         return worker_id
 

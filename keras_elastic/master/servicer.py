@@ -32,7 +32,7 @@ import time
 import grpc
 from absl import logging
 
-from keras_elastic.common import faults, fencing
+from keras_elastic.common import errors, faults, fencing
 from keras_elastic.common.tensor_codec import decode_all, encode_all
 from keras_elastic.master.journal import Journal, JournalReplay, encode_states
 from keras_elastic.master.membership import Membership, StartRendezvous
@@ -195,8 +195,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                     marks=request.marks, waits=(request.waiting, request.unreachable)
                     if request.periodic else None):
                 return master_pb2.WorkerResponse(
-                    accepted=False, error=f"worker {request.worker_id} is not part of "
-                    "the job (presumed lost); restart it to rejoin")
+                    accepted=False, error=errors.presumed_lost(request.worker_id))
             return master_pb2.WorkerResponse(accepted=True, error=self._error or "")
 
     def WorkerExited(self, request, context):
@@ -402,8 +401,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 return kinds(kind=kinds.JOB_FAILED, error=error)
             if not self._membership.is_alive(request.worker_id):
                 return kinds(kind=kinds.JOB_FAILED,
-                             error=f"worker {request.worker_id} is not part of the job "
-                                   "(presumed lost); restart it to rejoin")
+                             error=errors.presumed_lost(request.worker_id))
             if not self._rendezvous_ready():
                 decision = WAIT
             elif self._before_its_turn(ds, request.epoch):

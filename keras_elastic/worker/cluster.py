@@ -24,7 +24,7 @@ from absl import logging
 
 from keras_elastic.common import cluster_env, job_end, stacks
 from keras_elastic.common.timing import PhaseTimer
-from keras_elastic.master.client import MasterClient
+from keras_elastic.master.client import MasterClient, WorkerLostError
 from keras_elastic.ps.client import PSClient
 
 
@@ -38,6 +38,16 @@ class Cluster:
         self.ps_addresses = list(ps_addresses)
         self._servers = embedded_servers
         self.timer = PhaseTimer()
+        env = cluster_env.read()
+        if not self.embedded and env is not None and env.job_dir:
+            # A worker the job lost (cut off by the network) leaves when the
+            # job ends without it, instead of retrying a master that is gone;
+            # watched from the start: registering, or connecting to a server,
+            # on a machine cut off then, waits for --connect_timeout.
+            job_end.watch(env.job_dir, lambda: (
+                self.master.worker_id if hasattr(self, "master") else worker_id))
+            # One the job presumed lost exits with status 3 (join rejoins).
+            job_end.exit_lost_on(WorkerLostError)
         timeout = cluster_env.connect_timeout()
         self.master = MasterClient(master_address, worker_id, connect_timeout=timeout)
         self.worker_id = self.master.register_worker(
@@ -47,11 +57,6 @@ class Cluster:
         self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot,
                                      self.ps.waits)
         self._closed = False
-        env = cluster_env.read()
-        if not self.embedded and env is not None and env.job_dir:
-            # A worker the job lost (cut off by the network) leaves when the
-            # job ends without it, instead of retrying a master that is gone.
-            job_end.watch(env.job_dir, lambda: self.master.worker_id)
 
     @property
     def embedded(self) -> bool:

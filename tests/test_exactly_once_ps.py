@@ -43,6 +43,10 @@ def data(tmp_path_factory):
     # counting weights stay exact through the server's recovery, the table
     # within its bound.
     (2, 1, 90, "table"),
+    # One of 3 servers (issue 43): only it goes back to the checkpoint; the
+    # other two keep their state, and the tasks trained again since the
+    # checkpoint reach only it (the others' task logs have them).
+    (3, 1, 90, "three"),
 ])
 def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         tmp_path, data, num_ps, victim, push, checkpoint):
@@ -80,6 +84,12 @@ def test_parameter_server_killed_mid_epoch_job_finishes_exact(
         assert recovery["checkpoint"] is None or "init" in recovery["checkpoint"]
     result = check_exact(tmp_path, out, output)
     assert all(p["incarnation"] for p in result["ps"])
+    # Only the lost server was restored; the others kept their state.
+    restored = {p["ps_index"]: p["restored_from"] for p in result["ps"]}
+    assert recovery["servers_kept"] == [j for j in range(num_ps) if j != victim]
+    assert all(restored[j] is None for j in recovery["servers_kept"]), restored
+    if checkpoint:
+        assert restored[victim] == recovery["checkpoint"], (restored, recovery)
     if split:
         assert all(any("__slice_" in v for v in p["variables"]) for p in result["ps"])
     if table:

@@ -7,11 +7,17 @@ server must be replaced, and when a job is resumed.
   The job's generation goes one up, and every server is fenced into it
   (`common/fencing.py`): a replaced master that wakes up serves nobody.
 - `recover_ps`: automatic checkpoints paused; the lost server restarted from
-  the latest automatic checkpoint, paused; every other server restores the
-  same checkpoint; every server is fenced into the job's next generation;
-  the master rolls back to its progress; every server resumes with the
-  rollback's lease floor (claims of tasks handed out before it are
-  refused). The job goes on from one consistent point.
+  the latest automatic checkpoint, paused; every other server pauses and
+  keeps its state (issue 43: before, each went back to the checkpoint too);
+  every server is fenced into the job's next generation; the master rolls
+  back to the checkpoint's progress; every server resumes with the
+  rollback's lease floor (claims of tasks handed out before it are refused).
+  The tasks done since the checkpoint are trained again, and each server's
+  task log (`ps/task_log.py`) makes the pushes exactly-once: the servers
+  that kept their state have those tasks' elements applied (a claim says
+  so, and the worker pushes them nothing), the restored one lacks them and
+  gets them. So a lost server costs only its own share: the others lose
+  nothing, and nothing is applied twice.
 - `resume`: `--resume` of a stopped job: the same rollback, from the
   checkpoint the servers were started with.
 
@@ -43,7 +49,6 @@ from keras_elastic.common.errors import ClusterError
 from keras_elastic.launcher.auto_checkpointer import AutoCheckpointer
 from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
 from keras_elastic.master.client import MasterClient
-from keras_elastic.ps.checkpoint_coordinator import restore_servers
 from keras_elastic.ps.client import PSClient
 
 
@@ -130,9 +135,10 @@ class Recovery:
     # -- a parameter server ---------------------------------------------------
     def recover_ps(self, i: int, reason: str) -> dict[str, Any] | None:
         """Restarts parameter server `i` from the latest automatic checkpoint;
-        the other servers and the master go back to it. Returns the record of
-        the recovery, or None if it was interrupted (another server died
-        meanwhile: the next check recovers that one). Raises RecoveryFailed."""
+        the master goes back to it, the other servers keep their state (see
+        the module doc). Returns the record of the recovery, or None if it
+        was interrupted (another server died meanwhile: the next check
+        recovers that one). Raises RecoveryFailed."""
         host = self.host
         started = time.time()
         host.checkpointer.pause()
@@ -171,21 +177,20 @@ class Recovery:
             host.write_cluster_file()
             self.fence_all()
             undone = {}
+            others = [j for j in range(self.num_ps) if j != i]
             if checkpoint is not None:
-                # One consistent point: every other server goes back too, then
-                # the master's progress. Every server is paused meanwhile: no
-                # worker claims, pushes or pulls against the restored state
-                # while the master still hands out tasks from before the
-                # rollback.
-                others = [j for j in range(self.num_ps) if j != i]
+                # The master goes back to the checkpoint's progress; the other
+                # servers keep their state, their task logs say what they
+                # applied since. Every server is paused meanwhile: no worker
+                # claims, pushes or pulls while the master still hands out
+                # tasks from before the rollback.
                 undone = self.rollback_and_resume(
                     checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
-                    prepare=lambda client: restore_servers(client, others,
-                                                           checkpoint.path))
+                    prepare=lambda client: [client.pause(j) for j in others])
             host.write_cluster_file()
             return {"ps": i, "reason": reason, "generation": host.generation,
                     "checkpoint": getattr(checkpoint, "path", None),
-                    "completions_undone": undone,
+                    "completions_undone": undone, "servers_kept": others,
                     "seconds": round(time.time() - started, 2), "at": time.time()}
         except (ConnectionError, ValueError) as e:
             logging.error("recovery of parameter server %d was interrupted: %s", i, e)

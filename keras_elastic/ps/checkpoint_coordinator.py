@@ -1,5 +1,5 @@
 """Parameter-server checkpoints, coordinated: the one sequence that saves every
-server's share, and the one that puts the servers back to a checkpoint.
+server's share.
 
 Every writer of a parameter-server checkpoint uses `save_checkpoint`: a
 worker's `ShardedModelCheckpoint` (`worker/checkpoint_resume.py`) and the
@@ -7,8 +7,9 @@ launcher's automatic checkpoints (`launcher/auto_checkpointer.py`). It has every
 server write its part into a hidden directory, writes the manifest over the
 parts (with the master's progress read before the saves), renames the
 directory into place, and prunes old checkpoints; a save that fails leaves
-nothing behind. `restore_servers` is what a recovery does to the servers
-that did not restart (`launcher/launcher.py`): pause them, restore them.
+nothing behind. A recovery restores only the server that restarted (it
+starts with `--restore_from`); the others keep their state
+(`launcher/recovery.py`).
 
 The layout and manifest of a checkpoint are `keras_elastic.checkpoint`'s
 (`ps_layout.py`, `ps_manifest.py`); a server writes and reads its own part
@@ -21,7 +22,6 @@ Example:
 ```python
 info = save_checkpoint(client, "/tmp/ckpts", "ckpt-000003",
                        progress=training_progress(master.job_status()))
-restore_servers(client, [0, 1], info.path)
 ```
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from keras_elastic.checkpoint import layout
@@ -83,13 +83,3 @@ def save_checkpoint(client: PSClient, directory: str, name: str,
         layout.prune(directory, max_to_keep, select)
     return info, parts
 
-
-def restore_servers(client: PSClient, indices: Sequence[int], path: str) -> None:
-    """Servers `indices` go back to the checkpoint at `path`: first all of
-    them stop serving data calls (Pause: no worker claims, pushes or pulls
-    against a state being replaced), then each restores. The caller rolls
-    the master back to the checkpoint's progress and resumes them."""
-    for i in indices:
-        client.pause(i)
-    for i in indices:
-        client.restore(i, path)

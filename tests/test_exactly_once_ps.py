@@ -168,6 +168,10 @@ def test_chaos_soak_smoke_hits_every_role_class_and_stays_exact(tmp_path):
     assert "result: EXACT (counting model and ledger of every job)" in result.stdout
     faults = json.loads((soak / "faults.json").read_text())["faults"]
     assert len(faults) == 3 and all(f["seconds_lost"] is not None for f in faults)
+    # The server's recovery, with what it trained again, in the report.
+    assert re.search(r"parameter-server recoveries: [1-9]\d*; tasks trained again "
+                     r"\(pushed to the restored server only\) per recovery: mean",
+                     result.stdout), result.stdout
     classes = sorted(f["role"].split("-")[0] for f in faults)
     assert classes == ["master", "ps", "worker"], faults
     # Each job's own record of what happened to it, read here (not the
@@ -181,7 +185,10 @@ def test_chaos_soak_smoke_hits_every_role_class_and_stays_exact(tmp_path):
             hard = len({f["pid"] for f in faults if f["job"] == job
                         and f["kind"] != "freeze" and f["role"].split("-")[0] == cls})
             assert summary[key] >= hard, (cls, summary[key], faults)
-        # A server killed or frozen for good is the one recovered.
+        # A server killed or frozen for good is the one recovered, and only
+        # it: the other kept its state (issue 43).
+        for r in summary["ps_recoveries"]:
+            assert r["servers_kept"] == [1 - r["ps"]], r
         recovered = {r["ps"] for r in summary["ps_recoveries"]}
         for fault in faults:
             if fault["job"] == job and fault["kind"] != "freeze" and (

@@ -388,3 +388,33 @@ def test_pull_changed_only_takes_what_others_changed_since_our_last_exchange(ser
     assert set(changed) == {"v0"}
     np.testing.assert_allclose(changed["v0"], [0.5, 0.5, 0.5])
     assert a.pull(changed_only=True) == {}  # taken: a is up to date
+
+
+def _refused(code_name, details):
+    import grpc
+
+    class Refused(grpc.RpcError):
+        def code(self):
+            return getattr(grpc.StatusCode, code_name)
+
+        def details(self):
+            return details
+
+    return Refused()
+
+
+def test_a_connection_that_could_not_be_opened_is_unreachable_whatever_its_code():
+    """A blackhole route (a partition on the testbed) fails `connect` with
+    EINVAL, which gRPC reports as FAILED_PRECONDITION: retried like a server
+    that is down, not the worker's death (as the soak found); a server's own
+    FAILED_PRECONDITION (a refusal: errors.ClusterError) is not."""
+    from keras_elastic.common import rpc
+
+    blackholed = _refused("FAILED_PRECONDITION", (
+        "failed to connect to all addresses; last error: FAILED_PRECONDITION: "
+        "ipv4:198.19.171.1:42509: connect failed: addr: ipv4:198.19.171.1:42509 "
+        "error: Invalid argument"))
+    assert rpc.is_unreachable(blackholed)
+    refused = _refused("FAILED_PRECONDITION",
+                       "worker 3 does not hold task 7 of 'train' (epoch 0)")
+    assert not rpc.is_unreachable(refused)

@@ -63,14 +63,15 @@ class Job:
     """The launcher on machine A with one local worker (w0), and workers
     joined from other machines; logs in tmp_path."""
 
-    def __init__(self, bed, tmp_path, data, *flags, fault=LOCAL_HOLD):
+    def __init__(self, bed, tmp_path, data, *flags, fault=LOCAL_HOLD, bind=None):
         self.bed, self.tmp_path = bed, tmp_path
         self.job_dir = str(tmp_path / "job")
         self.faults_dir = str(tmp_path / "faults")
         self.out = tmp_path / "out.json"
         self.script_args = [f"--data={data}", "--epochs=2", f"--output={self.out}"]
         argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={self.job_dir}",
-                f"--bind={bed.address(A)}", "--progress_interval=2", "--num_workers=1",
+                *(bind or [f"--bind={bed.address(A)}"]), "--progress_interval=2",
+                "--num_workers=1",
                 "--max_workers=3", "--heartbeat_timeout=6", *flags, "--",
                 sys.executable, SCRIPT, *self.script_args]
         self.launcher_log = tmp_path / "launcher.log"
@@ -171,9 +172,9 @@ class Job:
                           f"it ended: {left}\n{self.logs()}")
 
 
-def start(bed, tmp_path, data, *flags, join_flags=()) -> Job:
+def start(bed, tmp_path, data, *flags, join_flags=(), bind=None) -> Job:
     """The job, its local worker held, a worker joined from B and held."""
-    job = Job(bed, tmp_path, data, *flags)
+    job = Job(bed, tmp_path, data, *flags, bind=bind)
     job.held(LOCAL_HOLD)
     job.join(B, *join_flags)
     job.held(JOINED_HOLD)
@@ -187,7 +188,12 @@ def test_machine_cut_for_good(machines, tmp_path, data):
     from the master again, sees in the job directory that the job ended
     without it and exits (status 3) within seconds; C's finishes as usual."""
     c_hold = "after_claim@1=hold"
-    job = start(machines, tmp_path, data)
+    # The services listen on every address of A and are reached at the one
+    # the others route to (`--advertise`: the address in cluster.json and in
+    # the job's TLS certificate).
+    job = start(machines, tmp_path, data,
+                bind=["--bind=0.0.0.0", f"--advertise={machines.address(A)}"])
+    assert job.cluster()["master"].startswith(f"{machines.address(A)}:"), job.cluster()
     job.join(C, fault=c_hold)
     job.held(c_hold)
     machines.cut(B)

@@ -95,6 +95,8 @@ PARTITIONS = {"worker": ("cut", "cut_for_good", "cut_from_ps"),
 FOR_GOOD = ("kill", "freeze_for_good", "cut_for_good", "cut_from_ps")
 # How long a process of a job may outlive it (--testbed).
 OUTLIVE_S = 10.0
+# Every parameter-server recovery of the soak's jobs (from their summaries).
+RECOVERIES: list[dict] = []
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("minutes", 10.0, "Minutes of fault injection.")
@@ -566,6 +568,12 @@ def _traced(job: str, faults: list[dict]) -> list[str]:
         fault["summary"] = {key: summary.get(key) for key in TRACES.values()
                             if "." not in key}
         fault["summary"]["workers.lost"] = (summary.get("workers") or {}).get("lost")
+    # What each server recovery trained again (tasks: only the lost server's
+    # share is pushed; the others keep their state).
+    RECOVERIES.extend({"job": os.path.basename(job), "ps": r.get("ps"),
+                       "tasks_redone": sum((r.get("completions_undone") or {}).values()),
+                       "servers_kept": r.get("servers_kept")}
+                      for r in summary.get("ps_recoveries") or [])
     problems = []
     for cls, key in TRACES.items():
         injected = len({f["pid"] for f in faults if role_class(f["role"]) == cls
@@ -669,6 +677,12 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
         print(f"{kind:<16} {role:<7} {len(items):>8} {len(lost):>9} "
               f"{statistics.mean(lost) if lost else float('nan'):>11.1f} "
               f"{max(lost) if lost else float('nan'):>10.1f}")
+    if RECOVERIES:
+        redone = [r["tasks_redone"] for r in RECOVERIES]
+        print(f"parameter-server recoveries: {len(redone)}; tasks trained again "
+              f"(pushed to the restored server only) per recovery: mean "
+              f"{statistics.mean(redone):.1f}, max {max(redone)} (an epoch is "
+              f"{TASKS_PER_EPOCH})")
     unrecovered = [f for f in faults if f["seconds_lost"] is None]
     if unrecovered:
         problems = problems + [f"{len(unrecovered)} fault(s) not recovered within "
@@ -676,7 +690,8 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
     print("result: EXACT (counting model and ledger of every job)" if not problems
           else "result: NOT EXACT: " + "; ".join(problems))
     with open(os.path.join(root, "faults.json"), "w") as f:
-        json.dump({"faults": faults, "problems": problems, "jobs": jobs}, f, indent=1)
+        json.dump({"faults": faults, "problems": problems, "jobs": jobs,
+                   "ps_recoveries": RECOVERIES}, f, indent=1)
     return 0 if not problems else 1
 
 

@@ -116,14 +116,23 @@ def is_unreachable(error: grpc.RpcError) -> bool:
     A server that stops cancels its calls in flight (UNAVAILABLE), and one
     that arrives while it shuts down (CANCELLED, not cancelled by this
     process): both are a server going away, retried like one that is down.
+    A connection this machine could not even open is one too, whatever code
+    gRPC gives it: a blackhole route makes `connect` fail with EINVAL, which
+    gRPC reports as FAILED_PRECONDITION "failed to connect to all addresses"
+    (the chaos soak on the testbed found a worker dying of it at once); a
+    server's own FAILED_PRECONDITION answers never read so.
     """
     code = error.code()
     return code == grpc.StatusCode.UNAVAILABLE or (
-        code == grpc.StatusCode.CANCELLED and error.details() != _LOCALLY_CANCELLED)
+        code == grpc.StatusCode.CANCELLED and error.details() != _LOCALLY_CANCELLED
+    ) or (code == grpc.StatusCode.FAILED_PRECONDITION
+          and (error.details() or "").startswith(_CONNECT_FAILED))
 
 
 # What gRPC reports for a call this process cancelled (grpc/_channel.py).
 _LOCALLY_CANCELLED = "Locally cancelled by application!"
+# How gRPC's details begin when no connection could be opened.
+_CONNECT_FAILED = "failed to connect to all addresses"
 
 
 # The retries' jitter: a generator of its own, never the script's global one

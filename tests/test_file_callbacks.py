@@ -353,7 +353,7 @@ def test_marks_travel_through_the_master_and_survive_its_restart(tmp_path):
     journal = str(tmp_path / "journal")
     master = MasterServer(host="127.0.0.1", journal=journal)
     port = int(master.address.rsplit(":", 1)[1])
-    chief, other = (MasterClient(master.address) for _ in range(2))
+    chief, other = (MasterClient(master.address, i) for i in range(2))  # launched
     try:
         assert [chief.register_worker(), other.register_worker()] == [0, 1]
         chief.set_mark("callbacks/training", 1)

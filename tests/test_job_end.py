@@ -163,6 +163,7 @@ def test_a_server_left_running_leaves_when_its_job_ends(tmp_path, module):
             handle.kill()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("error, status", [
     ("WorkerLostError(errors.presumed_lost(2))", job_end.EXIT_LOST),
     ("JobFailedError('a task failed 3 times')", 1),

@@ -24,7 +24,7 @@ from absl import app
 from keras_elastic.worker.cluster import Cluster
 
 def main(argv):
-    cluster = Cluster(sys.argv[1], [sys.argv[3]])
+    cluster = Cluster(sys.argv[1], [sys.argv[3]], worker_id=0)  # (the launcher's id)
     atexit.register(cluster.close)
     if sys.argv[2] == "raise":
         raise RuntimeError("the script died")

@@ -296,15 +296,8 @@ class Machines(Loopback):
     def _script_pid(self, machine: int) -> int | None:
         """The joined worker's own process on `machine` (the script `join`
         runs), if any."""
-        for pid in self.bed.pids(machine):
-            try:
-                with open(f"/proc/{pid}/cmdline") as f:
-                    argv = f.read().split("\0")
-            except OSError:
-                continue
-            if SCRIPT in argv and "join" not in argv:
-                return pid
-        return None
+        return next((pid for pid, argv in self.bed.commands(machine).items()
+                     if SCRIPT in argv and "join" not in argv), None)
 
     def workers(self, job: str, status: dict) -> list[str]:
         """The workers to hit: the launched ones alive, and the joined ones

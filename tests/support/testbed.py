@@ -261,6 +261,18 @@ class Testbed:
         proc = _ip("netns", "pids", self.machine(i), check=False)
         return [int(p) for p in proc.stdout.split()]
 
+    def commands(self, i: int) -> dict[int, list[str]]:
+        """The processes running in machine i: {pid: argv} (those that ended
+        while read are left out)."""
+        found = {}
+        for pid in self.pids(i):
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    found[pid] = f.read().split("\0")
+            except OSError:
+                continue
+        return found
+
     def reaches(self, i: int, j: int, port: int = 9, timeout: float = 1.0) -> bool:
         """Whether machine i gets an answer from machine j: a TCP connection
         to `port` is accepted or refused (an answer either way) within

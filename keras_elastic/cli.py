@@ -223,17 +223,6 @@ def _default_connect_timeout() -> float:
     return cluster_env.DEFAULT_CONNECT_TIMEOUT
 
 
-def _job_ended(job_dir: str) -> bool:
-    """Whether the job of `job_dir` ended: its summary is newer than its
-    cluster file (a resumed job writes cluster.json again)."""
-    try:
-        summary = os.stat(os.path.join(job_dir, "summary.json")).st_mtime_ns
-        cluster = os.stat(os.path.join(job_dir, "cluster.json")).st_mtime_ns
-    except OSError:
-        return False
-    return summary >= cluster
-
-
 def _main_join(command: list[str]) -> int:
     from keras_elastic.common import job_end
 
@@ -242,7 +231,7 @@ def _main_join(command: list[str]) -> int:
     if not command:
         raise UsageError("no worker command: put it after `--`")
     cluster = _read_cluster(FLAGS.job_dir)
-    if _job_ended(FLAGS.job_dir):
+    if job_end.summary_is_newer(FLAGS.job_dir):
         raise UsageError(f"the job of {FLAGS.job_dir} ended (its summary.json is "
                          "newer than its cluster.json): nothing to join")
     rejoins = 0
@@ -252,7 +241,7 @@ def _main_join(command: list[str]) -> int:
         # without it, or, while it runs, presumed it lost (its tasks went to
         # others); then a new process joins as a new worker, as the launcher
         # starts one again for a worker it launched.
-        if (code != job_end.EXIT_LOST or _job_ended(FLAGS.job_dir)
+        if (code != job_end.EXIT_LOST or job_end.summary_is_newer(FLAGS.job_dir)
                 or rejoins >= FLAGS.max_rejoins):
             return code
         rejoins += 1

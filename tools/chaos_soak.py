@@ -63,6 +63,7 @@ job directory, which every machine shares, and leaves).
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -262,7 +263,6 @@ class Machines(Loopback):
         self.joined: dict[int, subprocess.Popen] = {}
         self.out: set[int] = set()  # worker machines cut off for the job's rest
         self.frozen: set[int] = set()  # processes frozen for good
-        self.rejoined = 0
         self._job = ""
         self._join_argv: list[str] = []
         self._root = ""
@@ -286,9 +286,7 @@ class Machines(Loopback):
     def _join(self, machine: int) -> None:
         log = open(os.path.join(self._root, f"{os.path.basename(self._job)}-joined-"
                                 f"m{machine}.log"), "a")
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
-            "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
-        self.joined[machine] = self.bed.popen(machine, self._join_argv, env=env,
+        self.joined[machine] = self.bed.popen(machine, self._join_argv, env=_child_env(),
                                               cwd=REPO, stdout=log,
                                               stderr=subprocess.STDOUT)
         log.close()
@@ -375,7 +373,6 @@ class Machines(Loopback):
             if machine not in self.out and proc.poll() not in (None, 0):
                 logging.info("the worker joined from machine %d exited (%s): "
                              "joining one again", machine, proc.returncode)
-                self.rejoined += 1
                 self._join(machine)
 
     def froze(self, pid: int) -> None:
@@ -445,9 +442,14 @@ def _the_soaks(pid: int) -> bool:
 
 
 def _suppress():
-    import contextlib
-
     return contextlib.suppress(OSError, subprocess.TimeoutExpired)
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of the launchers and joins the soak starts: this
+    checkout's keras_elastic first."""
+    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
+        "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Random,
@@ -468,11 +470,9 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
             f"--liveness_timeout={FLAGS.liveness_timeout}",
             f"--heartbeat_timeout={FLAGS.heartbeat_timeout}",
             "--progress_interval=30", "--", sys.executable, SCRIPT, *script_args]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get(
-        "PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
     log_path = os.path.join(root, f"launcher-{index}.log")
     with open(log_path, "w") as log:
-        proc = place.popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = place.popen(argv, env=_child_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         while _tasks_done(_status(job)) < 2:
             if proc.poll() is not None:

@@ -77,11 +77,13 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def _newer_than_cluster(job_dir: str, summary: tuple[int, int, int]) -> bool:
-    """Whether a summary of stamp `summary` was written after the job's
-    cluster.json (absent: no)."""
+def summary_is_newer(job_dir: str) -> bool:
+    """Whether the job of `job_dir` ended: its summary.json was written after
+    its cluster.json (a resumed job writes cluster.json again at its start);
+    False when either is missing. What `keras-elastic join` checks too."""
+    summary = _stamp(os.path.join(job_dir, SUMMARY))
     cluster = _stamp(os.path.join(job_dir, "cluster.json"))
-    return cluster is not None and summary[1] >= cluster[1]
+    return summary is not None and cluster is not None and summary[1] >= cluster[1]
 
 
 class Watch:
@@ -99,9 +101,9 @@ class Watch:
         self._worker_id = worker_id
         self._exit = exit or _exit_now
         self._poll = poll
-        self._start = _stamp(self.path)
-        if self._start is not None and _newer_than_cluster(job_dir, self._start):
-            self._start = None  # the job ended before this watch began
+        # A summary already there counts if the job ended before this watch
+        # began; an earlier run's (older than cluster.json) does not.
+        self._start = None if summary_is_newer(job_dir) else _stamp(self.path)
         self._summary: dict | None = None
         self.lost = False
         self._stop = threading.Event()

@@ -11,8 +11,8 @@ spent per phase (summed over workers: `compute`, `push`, `pull`,
 
 The rules, in order (each decision names its reason):
 
-1. Nothing while the newest window is shorter than `settle_s`, or was
-   measured before the last change settled (sizes differ from the job's).
+1. Nothing while the newest window (the job at its current sizes: the
+   caller starts a new one at each change) is shorter than `settle_s`.
 2. **Give back what did not help.** The last change added a worker (or a
    server) and the samples per second did not grow by `gain` over the
    window before it: it is removed again, and that size is remembered as
@@ -66,7 +66,7 @@ class Window:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """--min_workers/--max_workers and --min_ps/--max_ps."""
+    """--min_workers/--max_workers, and the servers' bounds (flags to come)."""
 
     min_workers: int
     max_workers: int

@@ -291,9 +291,12 @@ class JobMetrics:
             if name in out:
                 out[key] = out[name]
         for key, total in sums.items():
-            count = sums.get(OTHER_LOG_COUNT + key[len(OTHER_LOG):])
-            if key.startswith(OTHER_LOG) and count is not None and int(count) > 0:
-                out.setdefault(key[len(OTHER_LOG):], float(total) / int(count))
+            if not key.startswith(OTHER_LOG):
+                continue
+            name = key[len(OTHER_LOG):]
+            count = sums.get(OTHER_LOG_COUNT + name)
+            if count is not None and int(count) > 0:
+                out.setdefault(name, float(total) / int(count))
         return out
 
 

@@ -207,3 +207,19 @@ def test_chaos_soak_that_cannot_inject_its_faults_in_time_says_so(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     assert ("result: NOT EXACT: only 0 of the 3 faults asked for within the cap of "
             "0 minutes") in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kinds=kill,shake"], "--kinds: no kind of fault ['shake']; the kinds: "),
+    (["--kinds=cut_for_good"], "--kinds: partitions need machines (--testbed)"),
+])
+def test_chaos_soak_refuses_kinds_it_cannot_inject(tmp_path, flags, message):
+    """A kind of fault that does not exist, or a partition without machines:
+    refused before any job starts, naming what is wrong."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tools", "chaos_soak.py"), *flags,
+         f"--job_dir={tmp_path / 'soak'}"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert message in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "soak").exists()

@@ -84,6 +84,16 @@ EMBEDDED = {
 # A 2-worker job: asynchronous updates, twice as loose. The checkpoint every 10
 # batches is written by the chief only, counting the batches it trained (fewer
 # than the epoch's 38): checked in `check_job`, not compared.
+# The add_loss model's one epoch is the exception: its first batch's loss on
+# the initial weights is about 70 (the activity term, 0.1 x the sum of 64 x 64
+# fresh ReLU outputs) against an epoch mean of 7-11, and decays within a few
+# batches. When both workers' first steps pull the initial weights (they
+# start together; which one's first push lands first is the machines'
+# timing), the epoch has two such batches of its 19 instead of one: 70 / 19
+# = 3.7 more on the mean, plus the stale second push. A CI run under load
+# measured 14.42 against plain's 9.74; an idle machine's jobs 10.87, 10.89.
+# Its bound is the plain spread doubled (rel 0.4), and above plain that one
+# batch more (0.4 of the mean): a job that lost the add_loss term (2.3) fails.
 JOB = {
     **SAME,
     "first_val_accuracy": Tol(abs=0.1),
@@ -92,7 +102,7 @@ JOB = {
     "custom_mse_loss": Tol(rel=0.2),
     "custom_mse_class_loss": Tol(rel=0.3),
     "true_positives": Tol(rel=0.2),
-    "activity_regularization_loss": Tol(rel=0.4),
+    "activity_regularization_loss": Tol(rel=0.4, above_rel=0.4),
     "logistic_endpoint_loss": Tol(abs=0.04),
     "validation_split_val_accuracy": Tol(abs=0.2),
     "class_weight_loss": Tol(rel=0.3),

@@ -97,6 +97,13 @@ class LaunchConfig:
     num_ps: int = _flag(1, "Parameter servers to start.")
     min_workers: int = _flag(0, "Fewest workers (0: num_workers).")
     max_workers: int = _flag(0, "Most workers (0: num_workers).")
+    autoscale: bool = _flag(
+        False, "Size the job by itself within --min_workers/--max_workers: add a "
+        "worker while the job's samples/s grows, give back one that did not help "
+        "(launcher/autoscale.py; decisions in the launcher's log and summary.json).")
+    autoscale_window: float = _flag(
+        30.0, "With --autoscale: seconds of training measured at one size before "
+        "the next decision (its first third is left out as warm-up).")
     max_worker_restarts: int = _flag(
         3, "Relaunches of dead workers before the job fails.")
     grads_to_wait: int = _flag(
@@ -236,6 +243,14 @@ class LaunchConfig:
         if self.max_master_restarts < 0:
             raise ValueError("--max_master_restarts must be >= 0, got "
                              f"{self.max_master_restarts}")
+        if self.autoscale and self.bounds[0] == self.bounds[1]:
+            raise ValueError(
+                f"--autoscale has nothing to choose: --min_workers and --max_workers "
+                f"both come to {self.bounds[0]}; give a range, e.g. --min_workers=1 "
+                f"--max_workers=4")
+        if self.autoscale_window <= 0:
+            raise ValueError(f"--autoscale_window must be > 0, got "
+                             f"{self.autoscale_window}")
         if self.resume and not self.job_dir:
             raise ValueError("--resume needs the --job_dir of the job to continue")
         if self.max_ps_restarts < 0:

@@ -17,10 +17,14 @@ up toward `max_workers` while workers fit.
 Parameter servers are saved automatically (`auto_checkpointer.py`). A server
 that dies is restarted (on its address locally, wherever the backend places it
 on a cluster: clients re-read `cluster.json`) from the latest of those checkpoints;
-the other servers restore it too and the master rolls training back to its
-progress, so the job goes on from one consistent point, every element's
-gradient applied exactly once (workers wait for the server and carry on). A
-server that keeps dying (`max_ps_restarts`) fails the job with its log.
+the other servers keep their state, the master rolls training back to the
+checkpoint's progress, and the servers' task logs let each server take only
+what it lacks of the tasks trained again, so every element's gradient is
+applied exactly once (workers wait for the server and carry on). A server
+that keeps dying (`max_ps_restarts`) fails the job with its log.
+
+With `--autoscale`, the job sizes its workers itself (`autoscaler.py` measures
+and applies, `autoscale.py` decides).
 The launcher decides whether to recover (`policy.py`); the steps of a
 recovery, in their order, are `recovery.py`'s. What the job was asked for is
 `config.py`'s `LaunchConfig`; what it prints and writes at the end,
@@ -57,6 +61,8 @@ from absl import logging
 
 from keras_elastic.checkpoint.errors import NoIntactCheckpointError
 from keras_elastic.common import disk
+from keras_elastic.launcher.autoscale import Limits, Thresholds
+from keras_elastic.launcher.autoscaler import Autoscaler, ServerLoad
 from keras_elastic.launcher.backends import Backend, make_backend
 from keras_elastic.launcher.config import LaunchConfig
 from keras_elastic.launcher.job_log import JobLog
@@ -119,6 +125,18 @@ class Launcher:
             raise
         # (made once nothing refused the job: no file of a job never started)
         self.log = JobLog(self.job_dir)  # JOB_DIR/launcher.log
+        self.server_load: ServerLoad | None = None
+        self.autoscaler: Autoscaler | None = None
+        if config.autoscale:
+            lo, hi = config.bounds
+            # Servers cannot be added to a running job yet: their bounds are
+            # --num_ps (the policy still reads their load: workers are not
+            # added when the servers are the wall).
+            self.server_load = ServerLoad(self.services.server_statuses)
+            self.autoscaler = Autoscaler(
+                Limits(lo, hi, config.num_ps, config.num_ps),
+                Thresholds(settle_s=config.autoscale_window),
+                self.server_load.latest, self._autoscale_workers, self.log.say)
         logging.info("backend: %s", self.backend.describe())
 
     def run(self) -> int:
@@ -139,6 +157,8 @@ class Launcher:
                 return 1
             for _ in range(self.config.num_workers):
                 self.group.start_worker()
+            if self.server_load is not None:
+                self.server_load.start()
             last_progress = time.time()
             seen = 0  # the feed's round of the last status acted on
             settled = time.monotonic()
@@ -176,6 +196,8 @@ class Launcher:
                         and asked_at > settled
                         and not self.group.restart_if_reopened(status)):
                     break  # every worker is done, joined ones included
+                if self.autoscaler is not None and not self.group.job_over():
+                    self.autoscaler.tick(status, servers=self.config.num_ps)
                 self.group.scale()
                 if time.time() - last_progress >= self.config.progress_interval:
                     last_progress = time.time()
@@ -194,6 +216,13 @@ class Launcher:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             self._shutdown()
+
+    def _autoscale_workers(self, count: int) -> None:
+        """The autoscaler's worker count, for the workers this launcher runs
+        (joined workers count toward `count` but are not its to start)."""
+        alive = self._last_status.workers.alive if self._last_status else []
+        joined = sum(1 for w in alive if w not in self.group.workers)
+        self.group.autoscale_to(max(0, count - joined))
 
     def _events(self) -> tuple[int, int, int]:
         """Counts that change when a recovery ended or a worker finished."""
@@ -234,6 +263,8 @@ class Launcher:
                            recovery_point_age_s=checkpointer.recovery_point_age()
                            if checkpointer else None,
                            embedding_tables=services.table_stats(),
+                           autoscale=self.autoscaler.record()
+                           if self.autoscaler else None,
                            launcher_error=self.error)
             self.artifacts.write("summary.json", summary, indent=1)
             summary["missing_artifacts"] = dict(self.artifacts.missing)
@@ -250,6 +281,8 @@ class Launcher:
         return 0
 
     def _shutdown(self) -> None:
+        if self.server_load is not None:
+            self.server_load.stop()
         self.services.stop_background()
         self.group.stop()
         self.services.stop()

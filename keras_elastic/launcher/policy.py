@@ -155,22 +155,32 @@ class FailurePolicy:
 
 def desired_workers(num_workers: int, bounds: tuple[int, int],
                     requested: int | None = None, requested_at: float = 0.0,
-                    grown_to: int = 0, grown_at: float = 0.0) -> int:
-    """How many workers the job should run: `keras-elastic scale`'s
-    `requested` number (clamped to `bounds`), unless nodes joined after it
-    was written (`grown_at`; the job then grows to `grown_to`,
-    `--max_workers`); else `--num_workers`.
+                    grown_to: int = 0, grown_at: float = 0.0,
+                    autoscaled: int | None = None, autoscaled_at: float = 0.0) -> int:
+    """How many workers the job should run: the newest of `keras-elastic
+    scale`'s `requested` number, the autoscaler's `autoscaled` one and, when
+    nodes joined (`grown_at`), `grown_to` (`--max_workers`), clamped to
+    `bounds`; else `--num_workers`. (A request written after the
+    autoscaler's last decision wins until its next one.)
 
     >>> desired_workers(2, (1, 4), requested=9, requested_at=5.0)
     4
     >>> desired_workers(2, (1, 4), requested=3, requested_at=5.0, grown_to=4,
     ...                 grown_at=6.0)
     4
+    >>> desired_workers(1, (1, 3), requested=1, requested_at=5.0, autoscaled=2,
+    ...                 autoscaled_at=7.0)
+    2
     """
     lo, hi = bounds
-    if requested is not None and requested_at >= grown_at:
-        return min(max(requested, lo), hi)
-    return grown_to or num_workers
+    sources = [(at, n) for at, n in ((grown_at, grown_to or None),
+                                     (autoscaled_at, autoscaled),
+                                     (requested_at, requested)) if n is not None]
+    if not sources:
+        return num_workers
+    # max() keeps the first of equal times: a request ties in its favour.
+    _, wanted = max(reversed(sources), key=lambda s: s[0])
+    return min(max(wanted, lo), hi)
 
 
 @dataclasses.dataclass(frozen=True)

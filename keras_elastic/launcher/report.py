@@ -65,6 +65,8 @@ def summary_text(summary: dict, job_dir: str) -> str:
         lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "
                      f"{r['seconds']:.1f} s from {r['checkpoint']}, completions "
                      f"undone {r['completions_undone']}")
+    for d in (summary.get("autoscale") or {}).get("decisions", []):
+        lines.append(f"[launcher] autoscale at {d['at_s']:.0f} s: {d['reason']}")
     if summary.get("workers_started_for_reopened"):
         lines.append(f"[launcher] workers started again "
                      f"{summary['workers_started_for_reopened']} time(s): a recovery "

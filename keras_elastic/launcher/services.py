@@ -61,6 +61,7 @@ from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
 from keras_elastic.launcher.report import Artifacts
 from keras_elastic.launcher.status_feed import StatusFeed
 from keras_elastic.master.client import MasterClient
+from keras_elastic.ps.client import PSClient, ServerStatus
 
 JOURNAL_FILE = "master.journal"
 
@@ -95,6 +96,7 @@ class JobServices:
         self.recoveries: list[dict] = []
         self.resumed_from: dict | None = None
         self.checkpointer: AutoCheckpointer | None = None
+        self._status_client: tuple[list[str], PSClient] | None = None
         self.recovery = Recovery(self, config.num_ps)
         interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
@@ -352,6 +354,18 @@ class JobServices:
                             record["completions_undone"])
         return None
 
+    def server_statuses(self, timeout: float = 5.0) -> list[ServerStatus]:
+        """Every server's Status (for the autoscaler's `ServerLoad` thread,
+        its only caller: the client is its own, made again when a server
+        moved)."""
+        addresses = list(self.ps_addresses)
+        if self._status_client is None or self._status_client[0] != addresses:
+            if self._status_client is not None:
+                self._status_client[1].close()
+            self._status_client = (addresses, PSClient(
+                addresses, worker_id=-1, connect_timeout=timeout, reconnect_timeout=1))
+        return self._status_client[1].status_all(timeout=timeout)
+
     # -- the end --------------------------------------------------------------
     def table_stats(self) -> dict[str, dict[str, int]]:
         """The embedding tables' counters summed over the servers (rows,
@@ -385,6 +399,8 @@ class JobServices:
         background threads first: `stop_background`)."""
         if self.master is not None:
             self.master.close()
+        if self._status_client is not None:
+            self._status_client[1].close()
         for proc in self.ps_procs:
             proc.terminate()
         if self.master_proc is not None:

@@ -80,6 +80,8 @@ class WorkerGroup:
         self.pending_slots = 0
         self._grown_to = 0      # target after nodes joined (0: none)
         self._grown_at = 0.0
+        self._autoscaled: int | None = None  # the autoscaler's count (None: none)
+        self._autoscaled_at = 0.0
         self.next_worker_id = 0
         self.restarts = 0
         self.lost = 0
@@ -294,8 +296,9 @@ class WorkerGroup:
         return True
 
     def _desired_workers(self) -> int:
-        """`keras-elastic scale`'s number (clamped to the bounds), unless nodes
-        joined since: then --max_workers; else --num_workers."""
+        """The newest of `keras-elastic scale`'s number, the autoscaler's and
+        (nodes joined) --max_workers, clamped to the bounds; else
+        --num_workers."""
         path = os.path.join(self.job_dir, DESIRED_WORKERS_FILE)
         try:
             written = os.path.getmtime(path)
@@ -304,7 +307,14 @@ class WorkerGroup:
         except (OSError, ValueError):
             wanted, written = None, 0.0
         return desired_workers(self.config.num_workers, self.config.bounds, wanted,
-                               written, self._grown_to, self._grown_at)
+                               written, self._grown_to, self._grown_at,
+                               self._autoscaled, self._autoscaled_at)
+
+    def autoscale_to(self, count: int) -> None:
+        """The autoscaler's decision (`launcher/autoscaler.py`): run `count`
+        workers from now on (as `keras-elastic scale` would; the next
+        `scale()` starts or stops them)."""
+        self._autoscaled, self._autoscaled_at = count, time.time()
 
     def scale(self) -> None:
         if self.job_over():

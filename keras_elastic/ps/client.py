@@ -141,6 +141,7 @@ class ServerStatus:
     hyperparameters: dict[str, float]
     # embedding table -> {"rows", "admitted", "evicted", "dropped", "bytes"}
     table_stats: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    cpu_seconds: float = 0.0  # the process's, since it started
 
     @classmethod
     def from_proto(cls, m: ps_pb2.PSStatusResponse) -> ServerStatus:
@@ -154,7 +155,8 @@ class ServerStatus:
                    table_stats={n: {"rows": t.rows, "admitted": t.admitted,
                                     "evicted": t.evicted, "dropped": t.dropped,
                                     "bytes": t.bytes}
-                                for n, t in m.table_stats.items()})
+                                for n, t in m.table_stats.items()},
+                   cpu_seconds=m.cpu_seconds)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -13,6 +13,7 @@ server that owns it, if another one); a push before init FAILED_PRECONDITION.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import grpc
@@ -450,7 +451,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             dropped=store.dropped, duplicates=store.duplicates,
             refused=store.refused, incarnation=store.incarnation,
             restored_from=store.restored_from or "", tasks_logged=len(store.log),
-            paused=self.paused, hyperparameters=store.hyperparameters())
+            paused=self.paused, hyperparameters=store.hyperparameters(),
+            cpu_seconds=time.process_time())
 
     def Save(self, request, context):
         from keras_elastic.ps.checkpoint_part import save_shard

@@ -41,13 +41,15 @@ def write_ps_manifest(temp: str, final: str, parts: list[Any],
                       progress: dict[str, dict] | None, *, started: float | None = None,
                       epoch: int | None = None, batch: int | None = None,
                       step: int | None = None, extra: dict[str, Any] | None = None,
-                      sequence: int | None = None) -> SaveInfo:
+                      sequence: int | None = None, num_ps: int | None = None
+                      ) -> SaveInfo:
     """Writes the manifest over `parts` into `temp` and commits it as `final`
     (`temp == final`: the parts are in place already). `parts`: the parts
     the servers wrote into `temp`, in server order: their Save answers, or
     anything with the part's `path` (each part's own manifest is read from
     there). `progress=None` means "the start of the job" (the initial
-    model)."""
+    model). `num_ps`: the servers of the job, when `parts` are some of them
+    (a server's copy of its own state for its new backup)."""
     started = time.time() if started is None else started
     infos = [read_manifest(part.path) for part in parts]
     parts = [dict(info.to_json(), name=info.name,
@@ -66,7 +68,8 @@ def write_ps_manifest(temp: str, final: str, parts: list[Any],
         shard_tensors=[[f"{p['name']}:{t}" for t in shard] for p in parts
                        for shard in p["shard_tensors"]],
         epoch=epoch, batch=batch, step=step,
-        extra=dict(extra or {}, layout=LAYOUT, num_ps=len(parts),
+        extra=dict(extra or {}, layout=LAYOUT,
+                   num_ps=len(parts) if num_ps is None else num_ps,
                    parts=[p["name"] for p in parts], progress=progress,
                    model_versions=[p.get("model_version") for p in parts]))
     write_manifest(temp, info)

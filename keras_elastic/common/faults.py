@@ -4,7 +4,8 @@ For tests of what survives a crash, a freeze or a hang at a precise moment
 (like etcd's or TiKV's failpoints). Off unless the environment variable
 `KERAS_ELASTIC_FAULTS` is set: a comma-separated list of `POINT@N[:WHO][=ACTION]`
 entries. The N-th time POINT is reached (in the role WHO only, if given:
-`w<ID>` a worker, `ps<I>` a parameter server, `master`), ACTION happens:
+`w<ID>` a worker, `ps<I>` a parameter server, `ps<I>b` its backup, `master`),
+ACTION happens:
 
 - `kill` (the default): SIGKILL of the process;
 - `freeze`: SIGSTOP of the process, for good (it holds its sockets and
@@ -41,6 +42,8 @@ The points:
   are all evaluated or predicted, the task not reported (a prediction's
   outputs not written): the worker holds it, so a kill there requeues it;
 - `ps_push` (parameter server): a push arrived, before it is applied;
+- `ps_forward` (parameter server with a backup): a call that changes its state
+  (a push, a claim, ...) was applied here, not yet forwarded to the backup;
 - `master_task` (master): a worker asked for a task, before one is handed out.
 
 With `KERAS_ELASTIC_FAULTS_DIR` set, each entry fires once per job, not once
@@ -67,7 +70,7 @@ import time
 ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
-          "fit_end", "task_end", "ps_push", "master_task")
+          "fit_end", "task_end", "ps_push", "ps_forward", "master_task")
 ACTIONS = ("kill", "freeze", "hang", "cut", "hold")
 
 _lock = threading.Lock()

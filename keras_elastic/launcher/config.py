@@ -108,6 +108,11 @@ class LaunchConfig:
         3, "Relaunches of dead workers before the job fails.")
     grads_to_wait: int = _flag(
         1, "Gradients averaged per update (1: asynchronous SGD).")
+    ps_replicas: int = _flag(
+        1, "Copies of each parameter server's state: 2 starts a backup of each "
+        "server that applies every call before the server answers it; a lost "
+        "server is replaced by its backup and nothing is trained again "
+        "(docs/elastic_servers.md).")
     heartbeat_timeout: float = _flag(
         30.0, "Seconds without a heartbeat after which a worker is lost.")
     liveness_timeout: float = _flag(
@@ -238,6 +243,9 @@ class LaunchConfig:
         if self.max_worker_restarts < 0:
             raise ValueError("--max_worker_restarts must be >= 0, got "
                              f"{self.max_worker_restarts}")
+        if self.ps_replicas not in (1, 2):
+            raise ValueError(f"--ps_replicas must be 1 (no backup) or 2 (a backup of "
+                             f"each server), got {self.ps_replicas}")
         if self.grads_to_wait < 1:
             raise ValueError(f"--grads_to_wait must be >= 1, got {self.grads_to_wait}")
         if self.max_master_restarts < 0:

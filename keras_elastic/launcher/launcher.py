@@ -252,6 +252,8 @@ class Launcher:
                            workers_started_for_reopened=group.reopened_starts,
                            ps_restarts=services.ps_restarts,
                            ps_recoveries=services.recoveries,
+                           ps_backups_lost=services.backup_losses,
+                           ps_backups_rebuilt=services.backup_rebuilds,
                            master_restarts=services.master_restarts,
                            master_recoveries=services.master_recoveries,
                            resumed_from=services.resumed_from,

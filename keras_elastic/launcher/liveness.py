@@ -74,6 +74,14 @@ class HealthProber:
             self.liveness.started(role, time.monotonic())
             self._last_trouble = time.monotonic()
 
+    def remove_target(self, role: str) -> None:
+        """Stops probing `role` (a backup that was lost or promoted)."""
+        with self._lock:
+            old = self._targets.pop(role, None)
+            if old is not None:
+                old[1].close()
+            self.liveness.forget(role)
+
     def set_targets(self, targets: dict[str, str]) -> None:
         for role, address in targets.items():
             self.set_target(role, address)

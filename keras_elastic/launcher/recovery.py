@@ -18,6 +18,14 @@ server must be replaced, and when a job is resumed.
   so, and the worker pushes them nothing), the restored one lacks them and
   gets them. So a lost server costs only its own share: the others lose
   nothing, and nothing is applied twice.
+- `fail_over` (`--ps_replicas=2`, from `recover_ps`): the lost server's
+  backup takes its place (ps/replication.py): it applied every call the
+  server answered, so the master does not roll back, no other server pauses,
+  nothing is trained again; the job's generation goes one up and every
+  server (the promoted one included) is fenced into it, and clients follow
+  its address in cluster.json. Only when the backup is alive and the server
+  never answered a call its backup lacks (no `ps-<i>.unreplicated` file);
+  else the checkpoint recovery above (a stale backup is killed first).
 - `resume`: `--resume` of a stopped job: the same rollback, from the
   checkpoint the servers were started with.
 
@@ -50,6 +58,7 @@ from keras_elastic.launcher.auto_checkpointer import AutoCheckpointer
 from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient
+from keras_elastic.ps.replication import is_replicated
 
 
 class RecoveryFailed(ClusterError):
@@ -67,6 +76,9 @@ class ServiceHost(Protocol):
     master_address: str
     ps_procs: list[RoleHandle]
     ps_addresses: list[str]
+    backup_procs: list[RoleHandle | None]
+    backup_addresses: list[str | None]
+    job_dir: str
 
     def _start_service(self, name: str, module: str, args: list[str]
                        ) -> tuple[RoleHandle, dict]: ...
@@ -140,6 +152,9 @@ class Recovery:
         was interrupted (another server died meanwhile: the next check
         recovers that one). Raises RecoveryFailed."""
         host = self.host
+        if self._backup_ready(i):
+            return self.fail_over(i, reason)
+        self._drop_backup(i)
         started = time.time()
         host.checkpointer.pause()
         try:
@@ -195,6 +210,54 @@ class Recovery:
         except (ConnectionError, ValueError) as e:
             logging.error("recovery of parameter server %d was interrupted: %s", i, e)
             return None
+        finally:
+            host.checkpointer.resume()
+
+    def _backup_ready(self, i: int) -> bool:
+        """Whether server `i`'s backup can take its place: alive, and holding
+        every call the server answered."""
+        host = self.host
+        backup = host.backup_procs[i] if i < len(host.backup_procs) else None
+        return (backup is not None and backup.poll() is None
+                and is_replicated(host.job_dir, i))
+
+    def _drop_backup(self, i: int) -> None:
+        """A backup that cannot take server `i`'s place (it lacks calls the
+        server answered) is killed: it must not serve that state."""
+        host = self.host
+        backup = host.backup_procs[i] if i < len(host.backup_procs) else None
+        if backup is None:
+            return
+        logging.warning("the backup of parameter server %d lacks calls the server "
+                        "answered (%s): killed; the server is recovered from its "
+                        "checkpoint", i, f"ps-{i}.unreplicated")
+        backup.kill()
+        backup.close()
+        host.backup_procs[i] = host.backup_addresses[i] = None
+
+    def fail_over(self, i: int, reason: str) -> dict[str, Any]:
+        """Server `i`'s backup takes its place (module doc); returns the
+        record of the recovery."""
+        host = self.host
+        started = time.time()
+        host.checkpointer.pause()
+        try:
+            host.generation += 1
+            promoted = host.backup_addresses[i]
+            host.ps_procs[i], host.ps_addresses[i] = host.backup_procs[i], promoted
+            host.backup_procs[i] = host.backup_addresses[i] = None
+            host.checkpointer.set_ps_addresses(host.ps_addresses)
+            # Clients that lost the server find its backup there, and the
+            # generation that fences the lost one out.
+            host.write_cluster_file()
+            self.fence_all()
+            logging.warning("parameter server %d %s: its backup at %s took its place",
+                            i, reason, promoted)
+            return {"ps": i, "reason": reason, "generation": host.generation,
+                    "failover": True, "promoted": promoted, "checkpoint": None,
+                    "completions_undone": {},
+                    "servers_kept": [j for j in range(self.num_ps) if j != i],
+                    "seconds": round(time.time() - started, 2), "at": time.time()}
         finally:
             host.checkpointer.resume()
 

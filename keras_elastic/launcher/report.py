@@ -62,9 +62,20 @@ def summary_text(summary: dict, job_dir: str) -> str:
                  f"{summary['master_restarts']}, automatic checkpoints "
                  f"{summary['ps_checkpoints']}")
     for r in summary.get("ps_recoveries", []):
+        if r.get("failover"):
+            lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: its "
+                         f"backup took its place in {r['seconds']:.1f} s, nothing "
+                         "trained again")
+            continue
         lines.append(f"[launcher] parameter server {r['ps']} {r['reason']}: back in "
                      f"{r['seconds']:.1f} s from {r['checkpoint']}, completions "
                      f"undone {r['completions_undone']}")
+    for r in summary.get("ps_backups_lost", []):
+        lines.append(f"[launcher] the backup of parameter server {r['ps']} "
+                     f"{r['reason']}")
+    for r in summary.get("ps_backups_rebuilt", []):
+        lines.append(f"[launcher] parameter server {r['ps']} got a new backup in "
+                     f"{r['seconds']:.1f} s")
     for d in (summary.get("autoscale") or {}).get("decisions", []):
         lines.append(f"[launcher] autoscale at {d['at_s']:.0f} s: {d['reason']}")
     if summary.get("workers_started_for_reopened"):

@@ -50,6 +50,7 @@ from keras_elastic.launcher.auto_checkpointer import (
 )
 from keras_elastic.launcher.backends import (
     Backend,
+    ProcessStartError,
     RoleHandle,
     start_service,
     start_services,
@@ -62,6 +63,7 @@ from keras_elastic.launcher.report import Artifacts
 from keras_elastic.launcher.status_feed import StatusFeed
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient, ServerStatus
+from keras_elastic.ps.replication import backup_timeout
 
 JOURNAL_FILE = "master.journal"
 
@@ -97,6 +99,12 @@ class JobServices:
         self.resumed_from: dict | None = None
         self.checkpointer: AutoCheckpointer | None = None
         self._status_client: tuple[list[str], PSClient] | None = None
+        # --ps_replicas=2: each server's backup (ps/replication.py), None
+        # where it has none (lost, or promoted to take its server's place).
+        self.backup_procs: list[RoleHandle | None] = []
+        self.backup_addresses: list[str | None] = []
+        self.backup_losses: list[dict] = []
+        self.backup_rebuilds: list[dict] = []
         self.recovery = Recovery(self, config.num_ps)
         interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
@@ -153,13 +161,17 @@ class JobServices:
         return start_service(name, module, args, self.job_dir, backend=self.backend,
                              kind=name.split("-")[0])
 
-    def _ps_args(self, i: int, port: int = 0) -> list[str]:
-        return [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
+    def _ps_args(self, i: int, port: int = 0, backup: bool = False) -> list[str]:
+        args = [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
                 f"--job_dir={self.job_dir}",
                 f"--host={self.backend.service_host()}",
                 f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
                 f"--generation={self.generation}",
-                f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
+                f"--backup_timeout={backup_timeout(self.config.liveness_timeout)}"]
+        if backup:
+            return args + ["--backup"]
+        return args + [
+            f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
 
     def _master_args(self, port: int = 0) -> list[str]:
         return [f"--host={self.backend.service_host()}", f"--port={port}",
@@ -184,18 +196,27 @@ class JobServices:
         if self.config.resume:
             resume_from = latest_checkpoint(self.ps_checkpoint_dir, self.config.num_ps)
         services = [("master", "keras_elastic.master", self._master_args())]
+        backups = self.config.ps_replicas > 1
         for i in range(self.config.num_ps):
-            args = self._ps_args(i)
-            if resume_from is not None:
-                args += [f"--restore_from={resume_from.path}", "--paused"]
-            services.append((f"ps-{i}", "keras_elastic.ps", args))
+            for backup in (False, True) if backups else (False,):
+                args = self._ps_args(i, backup=backup)
+                if resume_from is not None:
+                    args += [f"--restore_from={resume_from.path}", "--paused"]
+                services.append((f"ps-{i}" + ("b" if backup else ""),
+                                 "keras_elastic.ps", args))
         # All at once: their start-ups (imports) overlap.
         (self.master_proc, info), *servers = start_services(
             services, self.job_dir, backend=self.backend)
         self.master_address = self._advertised(info["address"])
-        self.ps_procs = [proc for proc, _ in servers]
+        step = 2 if backups else 1
+        self.ps_procs = [proc for proc, _ in servers[::step]]
         self.ps_addresses = [self._advertised(ps_info["address"])
-                             for _, ps_info in servers]
+                             for _, ps_info in servers[::step]]
+        if backups:
+            self.backup_procs = [proc for proc, _ in servers[1::2]]
+            self.backup_addresses = [self._advertised(ps_info["address"])
+                                     for _, ps_info in servers[1::2]]
+            self._attach_backups()
         # Short retries: while the master is down the loop must go on (and
         # restart it); workers retry for --connect_timeout.
         self.master = MasterClient(self.master_address, reconnect_timeout=3.0)
@@ -210,11 +231,24 @@ class JobServices:
             keep=self.config.ps_checkpoints_to_keep)
         self.checkpointer.start()
         self.prober.set_targets({"master": self.master_address, **{
-            f"ps-{i}": a for i, a in enumerate(self.ps_addresses)}})
+            f"ps-{i}": a for i, a in enumerate(self.ps_addresses)}, **{
+            f"ps-{i}b": a for i, a in enumerate(self.backup_addresses) if a}})
         self.prober.start()
         self.feed.start()
         logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
                      ", ".join(self.ps_addresses))
+
+    def _attach_backups(self) -> None:
+        """Each server forwards its calls to its backup from now on (both
+        started from the same state: new, or the same checkpoint)."""
+        client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60)
+        try:
+            for i, address in enumerate(self.backup_addresses):
+                client.attach_backup(i, address, same_start=True)
+        finally:
+            client.close()
+        logging.info("every parameter server has a backup: %s",
+                     ", ".join(self.backup_addresses))
 
     # -- cluster.json -----------------------------------------------------------
     def write_cluster_file(self) -> None:
@@ -223,6 +257,7 @@ class JobServices:
         workers, pending_slots = self._workers()
         roles = {"master": self.master_proc, **{f"ps-{i}": p for i, p in
                                                  enumerate(self.ps_procs)},
+                 **{f"ps-{i}b": p for i, p in enumerate(self.backup_procs) if p},
                  **{f"worker-{i}": p for i, p in workers.items()}}
         self.artifacts.write("cluster.json", {
             "master": self.master_address, "ps": self.ps_addresses,
@@ -231,6 +266,9 @@ class JobServices:
             # Lost workers whose replacement waits for room on the backend.
             "worker_slots_pending": pending_slots,
             "ps_pids": [p.pid for p in self.ps_procs],
+            # --ps_replicas=2: each server's backup (None: it has none now).
+            "ps_backups": self.backup_addresses,
+            "ps_backup_pids": [p.pid if p else None for p in self.backup_procs],
             "worker_pids": {str(i): p.pid for i, p in workers.items()},
             "master_pid": self.master_proc.pid,
             "launcher_pid": os.getpid(),
@@ -318,13 +356,90 @@ class JobServices:
     def check_ps(self) -> str | None:
         """Recovers each lost parameter server; returns why the job fails,
         None otherwise."""
+        for i, proc in enumerate(self.backup_procs):
+            if proc is not None:
+                exited = self._exit_or_lost(f"ps-{i}b", proc)
+                if exited is not None:
+                    self._backup_lost(i, exited[1])
+                    self._rebuild_backup(i)
         for i, proc in enumerate(self.ps_procs):
             exited = self._exit_or_lost(f"ps-{i}", proc)
             if exited is not None:
                 error = self._recover_ps(i, exited[1])
                 if error:
                     return error
+                self._rebuild_backup(i)
         return None
+
+    def _rebuild_backup(self, i: int) -> None:
+        """With --ps_replicas=2: a new backup for server `i`, which lost its
+        own or was itself a backup promoted, so the job stays replicated
+        through further losses. The server copies its state to it (under its
+        lock: its calls wait for the copy) and forwards from then on. At most
+        --max_ps_restarts per server; a failure is logged and leaves the
+        server without a backup."""
+        if (self.config.ps_replicas < 2 or i >= len(self.backup_procs)
+                or self.backup_procs[i] is not None):
+            return
+        rebuilt = sum(1 for r in self.backup_rebuilds if r["ps"] == i)
+        if rebuilt >= self.config.max_ps_restarts:
+            logging.warning("parameter server %d has had %d new backups "
+                            "(--max_ps_restarts): it goes on without one", i, rebuilt)
+            return
+        started = time.time()
+        try:
+            proc, info = self._start_service(f"ps-{i}b", "keras_elastic.ps",
+                                             self._ps_args(i, backup=True))
+        except ProcessStartError as e:
+            logging.warning("no new backup for parameter server %d: %s", i, e)
+            return
+        address = self._advertised(info["address"])
+        client = PSClient([self.ps_addresses[i]], worker_id=-1, connect_timeout=10,
+                          reconnect_timeout=5)
+        try:
+            client.attach_backup(0, address, timeout=120, copy_dir=os.path.join(
+                self.job_dir, "backup_copies"))
+        except (ConnectionError, ValueError) as e:
+            logging.warning("parameter server %d did not take its new backup %s: %s",
+                            i, address, e)
+            proc.kill()
+            proc.close()
+            return
+        finally:
+            client.close()
+        self.backup_procs[i], self.backup_addresses[i] = proc, address
+        self.prober.set_target(f"ps-{i}b", address)
+        record = {"ps": i, "backup": address,
+                  "seconds": round(time.time() - started, 2), "at": time.time()}
+        self.backup_rebuilds.append(record)
+        logging.warning("parameter server %d has a new backup at %s (%.1f s)", i,
+                        address, record["seconds"])
+        self.write_cluster_file()
+
+    def _backup_lost(self, i: int, reason: str) -> None:
+        """Server `i`'s backup is gone (dead, or killed as lost): the server
+        is told to go on alone (it would after --backup_timeout anyway; the
+        call's deadline is short, a frozen server must not hold up this
+        loop). It has no backup from now on."""
+        proc = self.backup_procs[i]
+        proc.close()
+        self.backup_procs[i] = self.backup_addresses[i] = None
+        self.prober.remove_target(f"ps-{i}b")
+        logging.warning("the backup of parameter server %d %s: the server goes on "
+                        "without one", i, reason)
+        client = None
+        try:
+            client = PSClient([self.ps_addresses[i]], worker_id=-1, connect_timeout=2,
+                              reconnect_timeout=0)
+            client.attach_backup(0, "", timeout=2)
+        except (ConnectionError, ValueError) as e:
+            logging.warning("could not detach the backup of parameter server %d (it "
+                            "detaches it itself after --backup_timeout): %s", i, e)
+        finally:
+            if client is not None:
+                client.close()
+        self.backup_losses.append({"ps": i, "reason": reason, "at": time.time()})
+        self.write_cluster_file()
 
     def _recover_ps(self, i: int, reason: str) -> str | None:
         """Restarts parameter server `i` on its address from the latest
@@ -346,7 +461,12 @@ class JobServices:
             return str(e)
         self.prober.set_target(f"ps-{i}", self.ps_addresses[i])
         self.prober.recovered()  # (the other servers were paused meanwhile)
-        if record is not None:
+        if record is not None and record.get("failover"):
+            self.prober.remove_target(f"ps-{i}b")
+            self.recoveries.append(record)
+            logging.warning("parameter server %d: its backup took its place in %.1f s; "
+                            "nothing is trained again", i, record["seconds"])
+        elif record is not None:
             self.recoveries.append(record)
             logging.warning("parameter server %d is back from %s in %.1f s; tasks "
                             "undone: %s", i, record["checkpoint"] or "nothing (it was "

@@ -142,6 +142,8 @@ class ServerStatus:
     # embedding table -> {"rows", "admitted", "evicted", "dropped", "bytes"}
     table_stats: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     cpu_seconds: float = 0.0  # the process's, since it started
+    backup: str = ""  # its backup's address ("" none: ps/replication.py)
+    replicated: bool = False  # every call it answered, its backup applied too
 
     @classmethod
     def from_proto(cls, m: ps_pb2.PSStatusResponse) -> ServerStatus:
@@ -156,7 +158,8 @@ class ServerStatus:
                                     "evicted": t.evicted, "dropped": t.dropped,
                                     "bytes": t.bytes}
                                 for n, t in m.table_stats.items()},
-                   cpu_seconds=m.cpu_seconds)
+                   cpu_seconds=m.cpu_seconds, backup=m.backup,
+                   replicated=m.replicated)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -763,6 +766,17 @@ class PSClient:
         """Server `index` answers data calls UNAVAILABLE until `resume`."""
         self._call(index, "Pause", lambda: self._stubs[index].Pause(
             ps_pb2.PauseRequest(), timeout=timeout))
+
+    def attach_backup(self, index: int, address: str, same_start: bool = False,
+                      copy_dir: str = "", timeout: float = 60) -> None:
+        """Server `index` applies every call that changes its state on the
+        server at `address` too before answering (ps/replication.py); ""
+        detaches its backup. `same_start`: both were started from the same
+        state (the same checkpoint); `copy_dir`: the backup is new, the
+        server copies its state to it through this directory first."""
+        self._call(index, "AttachBackup", lambda: self._stubs[index].AttachBackup(
+            ps_pb2.AttachBackupRequest(address=address, same_start=same_start,
+                                       copy_dir=copy_dir), timeout=timeout))
 
     def resume(self, index: int, min_lease: int = 0, timeout: float = 60) -> None:
         """Server `index` serves again; after a rollback, claims with a lease

@@ -90,6 +90,11 @@ def define_flags() -> None:
                          "The job's generation this server belongs to (fencing).")
     flags.DEFINE_string("init_checkpoint_dir", None, "Save this server's share of "
                         "the initial model here when a worker initializes it.")
+    flags.DEFINE_bool("backup", False, "This server is the backup of server "
+                      "--ps_index (ps/replication.py): its primary forwards it every "
+                      "call; fault points name it ps<I>b.")
+    flags.DEFINE_float("backup_timeout", 10.0, "Seconds this server, as a primary, "
+                       "retries its backup before detaching it and going on alone.")
 
 
 def keep_buffers_for(store: ParameterStore) -> None:
@@ -106,7 +111,7 @@ def keep_buffers_for(store: ParameterStore) -> None:
 
 def main(argv) -> None:
     del argv
-    faults.set_role(f"ps{FLAGS.ps_index}")
+    faults.set_role(f"ps{FLAGS.ps_index}" + ("b" if FLAGS.backup else ""))
     stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
     server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
                              FLAGS.grads_to_wait, FLAGS.max_staleness,
@@ -116,10 +121,12 @@ def main(argv) -> None:
     # reuse, not taken back from the kernel page by page (common/allocator.py),
     # once the server knows its share of the model.
     server.servicer.after_init = keep_buffers_for
+    server.servicer.job_dir = FLAGS.job_dir
+    server.servicer.backup_timeout = FLAGS.backup_timeout
     if server.store.initialized:  # restored from a checkpoint
         keep_buffers_for(server.store)
-    logging.info("parameter server %d/%d serving at %s", FLAGS.ps_index, FLAGS.num_ps,
-                 server.address)
+    logging.info("parameter server %d/%d%s serving at %s", FLAGS.ps_index,
+                 FLAGS.num_ps, " (a backup)" if FLAGS.backup else "", server.address)
     # The objects made so far (TensorFlow's and Keras' modules: several hundred
     # thousand) live as long as the process: kept out of the garbage
     # collector's passes, which every request's allocations trigger (py-spy

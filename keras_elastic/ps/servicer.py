@@ -13,6 +13,7 @@ server that owns it, if another one); a push before init FAILED_PRECONDITION.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,12 @@ from keras_elastic.ps.partition import (
     SPARSE_PREFIX,
     ps_for,
     row_owner,
+)
+from keras_elastic.ps.replication import (
+    DEFAULT_TIMEOUT,
+    Backup,
+    copy_state,
+    marker_path,
 )
 from keras_elastic.ps.store import ParameterStore, UnknownVariableError
 from keras_elastic.ps.task_log import Range, StaleLeaseError
@@ -90,6 +97,74 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         # Called with the store once a worker's Init created the model (a
         # launched server sizes its allocator's kept buffers: ps/server.py).
         self.after_init: Callable[[ParameterStore], None] | None = None
+        # The backup every call that changes the state goes to as well
+        # (ps/replication.py; None: none), and the job directory its
+        # "unreplicated" marker is written to.
+        self.backup: Backup | None = None
+        self.job_dir: str | None = None
+        self.backup_timeout = DEFAULT_TIMEOUT
+
+    def _forward(self, method: str, request) -> None:
+        """A call applied here (under the store's lock), applied by the
+        backup too before it is answered (ps/replication.py)."""
+        if self.backup is None:
+            return
+        faults.reached("ps_forward")
+        if not self.backup.forward(method, request):
+            self.backup = None
+
+    def AttachBackup(self, request, context):
+        """From now on (under the store's lock: between two calls), every call
+        that changes the state is applied by the server at `address` too;
+        "" detaches the backup (the launcher found it lost)."""
+        backup = self.backup
+        if backup is not None and not request.address:
+            backup.cancel()  # a call retrying it holds the lock: it gives up
+        with self.store.lock:
+            if self.backup is not None:
+                if request.address:
+                    self.backup.close()
+                else:
+                    self.backup.detach("the launcher detached it")
+                self.backup = None
+            if not request.address:
+                return ps_pb2.AttachBackupResponse(backup="")
+            if not self.job_dir:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"parameter server {self.ps_index} has no job directory "
+                              "to write its replication marker in (--job_dir)")
+            if (self.store.initialized and not request.same_start
+                    and not request.copy_dir):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"parameter server {self.ps_index} already holds a "
+                              "model: a backup attached now needs a copy of it "
+                              "(copy_dir), unless both were started from the same "
+                              "checkpoint (same_start)")
+            backup = Backup(request.address, self.ps_index,
+                            marker_path(self.job_dir, self.ps_index),
+                            self.backup_timeout)
+            if request.copy_dir and self.store.initialized:
+                try:
+                    copied = copy_state(self.store, self.ps_index, self.num_ps,
+                                        request.copy_dir, backup, self.paused)
+                except (errors.KerasElasticError, ValueError, OSError) as e:
+                    backup.close()
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"parameter server {self.ps_index} could not copy its "
+                                  f"state for its backup: {e}")
+                if not copied:
+                    context.abort(grpc.StatusCode.UNAVAILABLE,
+                                  f"parameter server {self.ps_index}: the new backup "
+                                  f"{request.address} did not take the copy")
+            self.backup = backup
+            # Every call answered so far is the backup's too.
+            try:
+                os.remove(marker_path(self.job_dir, self.ps_index))
+            except FileNotFoundError:
+                pass
+            logging.info("parameter server %d: backup %s attached", self.ps_index,
+                         request.address)
+            return ps_pb2.AttachBackupResponse(backup=request.address)
 
     def _refuse_if_paused(self, context) -> None:
         if self.paused:
@@ -100,6 +175,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pause(self, request, context):
         with self.store.lock:  # no push, pull or claim is half done
             self.paused = True
+            self._forward("Pause", request)
         return ps_pb2.PauseResponse(paused=True)
 
     def Resume(self, request, context):
@@ -111,6 +187,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                           f"{request.min_lease}")
         with self.store.lock:
             self.store.log.min_lease = max(self.store.log.min_lease, request.min_lease)
+            self._forward("Resume", request)
         self.paused = False
         return ps_pb2.PauseResponse(paused=False)
 
@@ -250,9 +327,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def Init(self, request_iterator, context):
         self._refuse_if_paused(context)
+        received = []  # what a backup is sent, if the model is made now
+
+        def kept(messages):
+            for message in messages:
+                received.append(message)
+                yield message
+
         try:
             header, specs, values, optimizer_config, tables, state = self._read_init(
-                request_iterator)
+                kept(request_iterator))
         except ValueError as e:
             self._abort_bad_request(context, "Init", e)
         trainable = {name: spec[2] for name, spec in specs.items()}
@@ -273,6 +357,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
                     save_shard(self.store, self.ps_index, self.num_ps,
                                self.init_checkpoint_dir, extra={"initial": True})
+                if created:
+                    self._forward("Init", [
+                        m if isinstance(m, bytes) else m.SerializeToString()
+                        for m in received])
         except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return ps_pb2.InitResponse(initialized_now=created, version=self.store.version)
@@ -315,8 +403,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     self.store.register_optimizer(update.optimizer, *spec)
                 since = self._since(header.base_version, header.incarnation)
                 result = self.store.push(update, since)
-                values = self.store.values_since(since)
+                # (A backup's reply is read by nobody: no values.)
+                values = {} if header.forwarded else self.store.values_since(since)
                 incarnation = self.store.incarnation
+                if self.backup is not None:
+                    forwarded = ps_pb2.PushHeader()
+                    forwarded.CopyFrom(header)
+                    forwarded.forwarded = True
+                    self._forward("PushSmall", bundle_bytes(forwarded, tensors.items()))
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, method, e)
         return ps_pb2.ModelHeader(version=result.version, accepted=result.accepted,
@@ -388,8 +482,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             with self.store.lock:
                 self._refuse_if_paused(context)
                 rows = self.store.lookup(ids, create=not request.no_create)
+                if not request.no_create:  # rows made, ids counted: the backup too
+                    self._forward("Lookup", tensors_bytes(1, ids.items(),
+                                                          varints={3: 1}))
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, "Lookup", e)
+        if request.forwarded:
+            return tensors_bytes(1, [])
         # (a serialized LookupResponse, built with one copy of the rows)
         return tensors_bytes(1, rows.items())
 
@@ -402,6 +501,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self._refuse_if_paused(context)
                 updates = self.store.claim(
                     (request.dataset, request.epoch, request.task_id), request.lease)
+                self._forward("Claim", request)
         except StaleLeaseError as e:
             return ps_pb2.ClaimResponse(ok=False, error=str(e))
         ranges, fingerprint = updates.pop("", ([], 0))
@@ -417,7 +517,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._refuse_if_paused(context)
         if not self.store.initialized:
             return ps_pb2.FlushResponse(version=0)
-        return ps_pb2.FlushResponse(version=self.store.flush())
+        with self.store.lock:
+            version = self.store.flush()
+            self._forward("Flush", request)
+        return ps_pb2.FlushResponse(version=version)
 
     def Pull(self, request, context):
         if not self.store.initialized:
@@ -452,7 +555,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             refused=store.refused, incarnation=store.incarnation,
             restored_from=store.restored_from or "", tasks_logged=len(store.log),
             paused=self.paused, hyperparameters=store.hyperparameters(),
-            cpu_seconds=time.process_time())
+            cpu_seconds=time.process_time(),
+            backup=self.backup.address if self.backup is not None else "",
+            replicated=self.backup is not None)
 
     def Save(self, request, context):
         from keras_elastic.ps.checkpoint_part import save_shard
@@ -478,11 +583,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                           f"parameter server {self.ps_index} could not save: {e}")
 
     def Restore(self, request, context):
-        from keras_elastic.ps.checkpoint_part import restore_shard
+        """Replaces the state with the checkpoint's; a server that holds no
+        model yet (a new backup) creates it from the checkpoint."""
+        from keras_elastic.ps.checkpoint_part import init_from_checkpoint, restore_shard
 
         try:
-            return ps_pb2.RestoreResponse(**restore_shard(
-                self.store, self.ps_index, self.num_ps, request.path))
+            with self.store.lock:
+                restore = restore_shard if self.store.initialized else (
+                    init_from_checkpoint)
+                answer = restore(self.store, self.ps_index, self.num_ps, request.path)
+                self._forward("Restore", request)
+            return ps_pb2.RestoreResponse(**answer)
         except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parameter server {self.ps_index} could not restore: {e}")

@@ -108,6 +108,9 @@ flags.DEFINE_float("heartbeat_timeout", 10.0, "The job's --heartbeat_timeout.")
 flags.DEFINE_float("sleep_per_batch", 0.03, "Paces the workers.")
 flags.DEFINE_integer("epochs", 30, "Epochs of each counting job (the soak runs one "
                      "job after the other until --minutes are over).")
+flags.DEFINE_integer("num_ps", 2, "Parameter servers of each job.")
+flags.DEFINE_integer("ps_replicas", 1, "The jobs' --ps_replicas (2: a backup of each "
+                     "server takes its place when it is lost).")
 flags.DEFINE_string("job_dir", None, "Where the job runs (default: a new temp dir).")
 flags.DEFINE_integer("faults", 0, "Inject exactly this many faults, however long "
                      "the jobs take (a slow machine gets as many as a fast one); "
@@ -464,7 +467,8 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
     script_args = [f"--data={data_dir}/*.tfrecord", f"--epochs={epochs}",
                    f"--output={out}", f"--sleep_per_batch={FLAGS.sleep_per_batch}"]
     argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job}",
-            *place.launcher_flags(), "--num_ps=2", "--ps_checkpoint_secs=2",
+            *place.launcher_flags(), f"--num_ps={FLAGS.num_ps}",
+            f"--ps_replicas={FLAGS.ps_replicas}", "--ps_checkpoint_secs=2",
             "--max_worker_restarts=1000", "--max_ps_restarts=1000",
             "--max_master_restarts=1000",
             f"--liveness_timeout={FLAGS.liveness_timeout}",
@@ -488,7 +492,8 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
                 continue
             if not round_:
                 round_.extend(rng.sample(ROLE_CLASSES, len(ROLE_CLASSES)))
-            members = {"master": ["master"], "ps": ["ps-0", "ps-1"],
+            members = {"master": ["master"],
+                       "ps": [f"ps-{i}" for i in range(FLAGS.num_ps)],
                        "worker": place.workers(job, status)}[round_[0]]
             if not members:
                 continue
@@ -565,7 +570,8 @@ def _traced(job: str, faults: list[dict]) -> list[str]:
     # share is pushed; the others keep their state).
     RECOVERIES.extend({"job": os.path.basename(job), "ps": r.get("ps"),
                        "tasks_redone": sum((r.get("completions_undone") or {}).values()),
-                       "servers_kept": r.get("servers_kept")}
+                       "servers_kept": r.get("servers_kept"),
+                       "failover": bool(r.get("failover"))}
                       for r in summary.get("ps_recoveries") or [])
     problems = []
     for cls, key in TRACES.items():
@@ -659,7 +665,8 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
     where = ("3 machines: 1 worker with the services, 2 joined" if isinstance(
         place, Machines) else "2 workers")
     print(f"chaos soak: {len(faults)} faults in {elapsed / 60:.1f} min over {jobs} "
-          f"counting job(s) of {FLAGS.epochs} epochs, {where}, 2 parameter servers")
+          f"counting job(s) of {FLAGS.epochs} epochs, {where}, {FLAGS.num_ps} "
+          f"parameter servers" + (" with backups" if FLAGS.ps_replicas > 1 else ""))
     print(f"{'kind':<16} {'role':<7} {'injected':>8} {'recovered':>9} "
           f"{'mean s lost':>11} {'max s lost':>10}")
     groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
@@ -672,10 +679,12 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
               f"{max(lost) if lost else float('nan'):>10.1f}")
     if RECOVERIES:
         redone = [r["tasks_redone"] for r in RECOVERIES]
-        print(f"parameter-server recoveries: {len(redone)}; tasks trained again "
-              f"(pushed to the restored server only) per recovery: mean "
+        failovers = sum(1 for r in RECOVERIES if r["failover"])
+        print(f"parameter-server recoveries: {len(redone)} ({failovers} by a backup "
+              f"taking the server's place); tasks trained again (pushed to the "
+              f"restored server only) per recovery: mean "
               f"{statistics.mean(redone):.1f}, max {max(redone)} (an epoch is "
-              f"{TASKS_PER_EPOCH})")
+              f"{TASKS_PER_EPOCH}); per recovery: {redone}")
     unrecovered = [f for f in faults if f["seconds_lost"] is None]
     if unrecovered:
         problems = problems + [f"{len(unrecovered)} fault(s) not recovered within "

@@ -240,26 +240,29 @@ class Recovery:
         record of the recovery."""
         host = self.host
         started = time.time()
+        host.generation += 1
+        promoted = host.backup_addresses[i]
+        host.ps_procs[i], host.ps_addresses[i] = host.backup_procs[i], promoted
+        host.backup_procs[i] = host.backup_addresses[i] = None
+        # Clients that lost the server find its backup there, and the
+        # generation that fences the lost one out. (Before the automatic
+        # checkpoints are paused: a save in flight retries the lost server
+        # for seconds, and fails; the workers need not wait for it.)
+        host.write_cluster_file()
+        self.fence_all()
+        seconds = round(time.time() - started, 2)
         host.checkpointer.pause()
         try:
-            host.generation += 1
-            promoted = host.backup_addresses[i]
-            host.ps_procs[i], host.ps_addresses[i] = host.backup_procs[i], promoted
-            host.backup_procs[i] = host.backup_addresses[i] = None
             host.checkpointer.set_ps_addresses(host.ps_addresses)
-            # Clients that lost the server find its backup there, and the
-            # generation that fences the lost one out.
-            host.write_cluster_file()
-            self.fence_all()
-            logging.warning("parameter server %d %s: its backup at %s took its place",
-                            i, reason, promoted)
-            return {"ps": i, "reason": reason, "generation": host.generation,
-                    "failover": True, "promoted": promoted, "checkpoint": None,
-                    "completions_undone": {},
-                    "servers_kept": [j for j in range(self.num_ps) if j != i],
-                    "seconds": round(time.time() - started, 2), "at": time.time()}
         finally:
             host.checkpointer.resume()
+        logging.warning("parameter server %d %s: its backup at %s took its place",
+                        i, reason, promoted)
+        return {"ps": i, "reason": reason, "generation": host.generation,
+                "failover": True, "promoted": promoted, "checkpoint": None,
+                "completions_undone": {},
+                "servers_kept": [j for j in range(self.num_ps) if j != i],
+                "seconds": seconds, "at": time.time()}
 
     # -- fencing ----------------------------------------------------------------
     def fence_all(self) -> None:

@@ -270,8 +270,8 @@ def await_stop(server: grpc.Server, grace: float | None, what: str) -> bool:
 
 
 def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
-                 resolver: resolver_mod.ClusterResolver | str | None = AUTO
-                 ) -> grpc.Channel:
+                 resolver: resolver_mod.ClusterResolver | str | None = AUTO,
+                 generation: Callable[[], int] | None = None) -> grpc.Channel:
     """A channel to `address` with the project's options, whose calls carry
     this process's job token (`auth.job_token()`), over TLS when it is on
     (`tls.TLSConfig.from_env()`). `options` (gRPC channel arguments) override
@@ -284,7 +284,9 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
     When `resolver` (AUTO: `resolver.for_process()`, the job of
     `KERAS_ELASTIC_JOB_DIR`) knows the role listening at `address`, the
     channel follows that role to its new address after a restart
-    (`ResolvingChannel`); None: never.
+    (`ResolvingChannel`); None: never. `generation`: the generation the
+    calls carry when no resolver gives it (a server's own, for the calls it
+    forwards to its backup: `ps/replication.py`).
     """
     overridden = {key for key, _ in options}
     ours = _CHANNEL_OPTIONS + [("grpc.keepalive_timeout_ms", keepalive_timeout_ms())]
@@ -297,8 +299,9 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
         resolver = resolver_mod.for_process()
     role = resolver.role_of(address) if resolver is not None else None
 
-    def generation() -> list[tuple[str, str]]:
-        return [(fencing.METADATA_KEY, str(resolver.generation()))]
+    def generation_metadata() -> list[tuple[str, str]]:
+        value = resolver.generation() if role is not None else generation()
+        return [(fencing.METADATA_KEY, str(value))]
 
     def connect(target: str) -> grpc.Channel:
         if config is None:
@@ -308,7 +311,8 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
                                           options=merged)
         # A job's role: its calls carry the job's generation (fencing.py).
         return auth.with_token(channel, auth.job_token(),
-                               generation if role is not None else None)
+                               generation_metadata
+                               if role is not None or generation is not None else None)
 
     if role is None:
         return connect(address)

@@ -266,22 +266,31 @@ class Recovery:
 
     # -- fencing ----------------------------------------------------------------
     def fence_all(self) -> None:
-        """Moves every live server (the master, each parameter server) into
-        the job's generation: from now on they answer only its clients. A
+        """Moves every live server (the master, each parameter server and
+        its backup) into the job's generation: from now on they answer only
+        its clients (and a backup only its server's forwarded calls). A
         server that does not answer is left to the next liveness check."""
         host = self.host
         targets = {"master": host.master_address, **{
-            f"parameter server {i}": a for i, a in enumerate(host.ps_addresses)}}
+            f"parameter server {i}": a for i, a in enumerate(host.ps_addresses)}, **{
+            f"the backup of parameter server {i}": a
+            for i, a in enumerate(host.backup_addresses) if a}}
         for name, address in targets.items():
-            channel = rpc.make_channel(address, resolver=None)
-            try:
-                fencing.fence(channel, host.generation)
-            except grpc.RpcError as e:
-                logging.error("could not fence %s at %s into generation %d: %s", name,
-                              address, host.generation, e.details())
-            finally:
-                channel.close()
+            self.fence(address, host.generation, name)
         logging.info("every server fenced into generation %d", host.generation)
+
+    @staticmethod
+    def fence(address: str, generation: int, name: str) -> None:
+        """Moves the server at `address` into `generation` (logged if it
+        does not answer)."""
+        channel = rpc.make_channel(address, resolver=None)
+        try:
+            fencing.fence(channel, generation)
+        except grpc.RpcError as e:
+            logging.error("could not fence %s at %s into generation %d: %s", name,
+                          address, generation, e.details())
+        finally:
+            channel.close()
 
     # -- the job --------------------------------------------------------------
     def resume(self, checkpoint) -> dict[str, Any]:

@@ -39,6 +39,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 from absl import logging
 
@@ -105,6 +106,12 @@ class JobServices:
         self.backup_addresses: list[str | None] = []
         self.backup_losses: list[dict] = []
         self.backup_rebuilds: list[dict] = []
+        # New backups being built off the loop: server -> (the build, the
+        # server's process it is for, when it began).
+        self._building: dict[int, tuple[futures.Future, RoleHandle, float]] = {}
+        # (One thread: a lost backup's detach, then its successor's build.)
+        self._builder = futures.ThreadPoolExecutor(1, "backup-build")
+        self._builds_tried: dict[int, int] = {}
         self.recovery = Recovery(self, config.num_ps)
         interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
@@ -356,6 +363,7 @@ class JobServices:
     def check_ps(self) -> str | None:
         """Recovers each lost parameter server; returns why the job fails,
         None otherwise."""
+        self._adopt_backups()
         for i, proc in enumerate(self.backup_procs):
             if proc is not None:
                 exited = self._exit_or_lost(f"ps-{i}b", proc)
@@ -374,52 +382,82 @@ class JobServices:
     def _rebuild_backup(self, i: int) -> None:
         """With --ps_replicas=2: a new backup for server `i`, which lost its
         own or was itself a backup promoted, so the job stays replicated
-        through further losses. The server copies its state to it (under its
-        lock: its calls wait for the copy) and forwards from then on. At most
+        through further losses. Built off the loop (a process start and a
+        copy of the server's state, under its lock: its calls wait for the
+        copy; `_build_backup`), adopted by `_adopt_backups`. At most
         --max_ps_restarts per server; a failure is logged and leaves the
         server without a backup."""
         if (self.config.ps_replicas < 2 or i >= len(self.backup_procs)
-                or self.backup_procs[i] is not None):
+                or self.backup_procs[i] is not None or i in self._building):
             return
-        rebuilt = sum(1 for r in self.backup_rebuilds if r["ps"] == i)
-        if rebuilt >= self.config.max_ps_restarts:
-            logging.warning("parameter server %d has had %d new backups "
-                            "(--max_ps_restarts): it goes on without one", i, rebuilt)
+        tried = self._builds_tried.get(i, 0)
+        if tried >= self.config.max_ps_restarts + 1:
+            logging.warning("parameter server %d: %d new backups tried "
+                            "(--max_ps_restarts + 1): it goes on without one", i, tried)
             return
-        started = time.time()
-        try:
-            proc, info = self._start_service(f"ps-{i}b", "keras_elastic.ps",
-                                             self._ps_args(i, backup=True))
-        except ProcessStartError as e:
-            logging.warning("no new backup for parameter server %d: %s", i, e)
-            return
+        self._builds_tried[i] = tried + 1
+        build = self._builder.submit(
+            self._build_backup, i, self.ps_addresses[i], self._ps_args(i, backup=True),
+            os.path.join(self.job_dir, "backup_copies"))
+        self._building[i] = (build, self.ps_procs[i], time.time())
+
+    def _build_backup(self, i: int, primary: str, args: list[str], copy_dir: str
+                      ) -> tuple[RoleHandle, str]:
+        """(Off the loop.) Starts a backup process and has the server at
+        `primary` attach it with a copy of its state."""
+        proc, info = self._start_service(f"ps-{i}b", "keras_elastic.ps", args)
         address = self._advertised(info["address"])
-        client = PSClient([self.ps_addresses[i]], worker_id=-1, connect_timeout=10,
-                          reconnect_timeout=5)
+        client = None
         try:
-            client.attach_backup(0, address, timeout=120, copy_dir=os.path.join(
-                self.job_dir, "backup_copies"))
-        except (ConnectionError, ValueError) as e:
-            logging.warning("parameter server %d did not take its new backup %s: %s",
-                            i, address, e)
+            # The job's generation now (it may have moved since `args`): the
+            # server's forwarded calls carry it (adopted, it is fenced along).
+            self.recovery.fence(address, self.generation, f"new backup of server {i}")
+            client = PSClient([primary], worker_id=-1, connect_timeout=10,
+                              reconnect_timeout=5)
+            client.attach_backup(0, address, timeout=120, copy_dir=copy_dir)
+        except BaseException:
             proc.kill()
             proc.close()
-            return
+            raise
         finally:
-            client.close()
-        self.backup_procs[i], self.backup_addresses[i] = proc, address
-        self.prober.set_target(f"ps-{i}b", address)
-        record = {"ps": i, "backup": address,
-                  "seconds": round(time.time() - started, 2), "at": time.time()}
-        self.backup_rebuilds.append(record)
-        logging.warning("parameter server %d has a new backup at %s (%.1f s)", i,
-                        address, record["seconds"])
-        self.write_cluster_file()
+            if client is not None:
+                client.close()
+        return proc, address
+
+    def _adopt_backups(self) -> None:
+        """The new backups built since the last round become their servers'
+        (unless the server was replaced meanwhile: then the backup follows
+        nobody, and the new server gets one of its own)."""
+        for i, (build, server, began) in list(self._building.items()):
+            if not build.done():
+                continue
+            del self._building[i]
+            try:
+                proc, address = build.result()
+            except (ProcessStartError, ConnectionError, ValueError) as e:
+                logging.warning("no new backup for parameter server %d: %s", i, e)
+                self._rebuild_backup(i)  # (within its budget)
+                continue
+            if self.ps_procs[i] is not server or self.backup_procs[i] is not None:
+                proc.kill()
+                proc.close()
+                self._rebuild_backup(i)
+                continue
+            self.backup_procs[i], self.backup_addresses[i] = proc, address
+            # Into the generation of a recovery made while it was built.
+            self.recovery.fence(address, self.generation, f"new backup of server {i}")
+            self.prober.set_target(f"ps-{i}b", address)
+            record = {"ps": i, "backup": address,
+                      "seconds": round(time.time() - began, 2), "at": time.time()}
+            self.backup_rebuilds.append(record)
+            logging.warning("parameter server %d has a new backup at %s (%.1f s)", i,
+                            address, record["seconds"])
+            self.write_cluster_file()
 
     def _backup_lost(self, i: int, reason: str) -> None:
         """Server `i`'s backup is gone (dead, or killed as lost): the server
-        is told to go on alone (it would after --backup_timeout anyway; the
-        call's deadline is short, a frozen server must not hold up this
+        is told to go on alone (off the loop: it would after its
+        backup_timeout anyway, and a frozen server must not hold up this
         loop). It has no backup from now on."""
         proc = self.backup_procs[i]
         proc.close()
@@ -427,19 +465,25 @@ class JobServices:
         self.prober.remove_target(f"ps-{i}b")
         logging.warning("the backup of parameter server %d %s: the server goes on "
                         "without one", i, reason)
+        self._builder.submit(self._detach_backup, i, self.ps_addresses[i])
+        self.backup_losses.append({"ps": i, "reason": reason, "at": time.time()})
+        self.write_cluster_file()
+
+    @staticmethod
+    def _detach_backup(i: int, primary: str) -> None:
+        """(Off the loop.) Tells server `i` its backup is gone: a call of
+        the server retrying it gives up now, not after its backup_timeout."""
         client = None
         try:
-            client = PSClient([self.ps_addresses[i]], worker_id=-1, connect_timeout=2,
+            client = PSClient([primary], worker_id=-1, connect_timeout=5,
                               reconnect_timeout=0)
-            client.attach_backup(0, "", timeout=2)
+            client.attach_backup(0, "", timeout=10)
         except (ConnectionError, ValueError) as e:
             logging.warning("could not detach the backup of parameter server %d (it "
-                            "detaches it itself after --backup_timeout): %s", i, e)
+                            "detaches it itself after its backup_timeout): %s", i, e)
         finally:
             if client is not None:
                 client.close()
-        self.backup_losses.append({"ps": i, "reason": reason, "at": time.time()})
-        self.write_cluster_file()
 
     def _recover_ps(self, i: int, reason: str) -> str | None:
         """Restarts parameter server `i` on its address from the latest
@@ -521,7 +565,15 @@ class JobServices:
             self.master.close()
         if self._status_client is not None:
             self._status_client[1].close()
-        for proc in self.ps_procs:
+        self._builder.shutdown(wait=False, cancel_futures=True)
+        for build, _, _ in self._building.values():
+            try:  # a backup being built ends with the job
+                proc, _ = build.result(timeout=60)
+                proc.terminate()
+            except (futures.CancelledError, futures.TimeoutError, ProcessStartError,
+                    ConnectionError, ValueError):
+                pass
+        for proc in [*self.ps_procs, *(p for p in self.backup_procs if p)]:
             proc.terminate()
         if self.master_proc is not None:
             self.master_proc.terminate()

@@ -83,13 +83,18 @@ class Backup:
     file exists)."""
 
     def __init__(self, address: str, ps_index: int, marker: str,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT,
+                 generation: Callable[[], int] | None = None) -> None:
         self.address = address
         self.ps_index = ps_index
         self.marker = marker
         self.timeout = timeout
         self._cancelled = threading.Event()
-        self._channel = rpc.make_channel(address, resolver=None)
+        # The calls carry the server's generation (`generation()`, in a
+        # launched job): once the backup took the server's place, it is
+        # fenced into the next one and refuses the old server, were it to
+        # wake up (common/fencing.py).
+        self._channel = rpc.make_channel(address, resolver=None, generation=generation)
         raw = {"request_serializer": None, "response_deserializer": None}
         self._calls: dict[str, Callable] = {
             "Init": self._channel.stream_unary(_SERVICE + "Init", **raw),

@@ -51,6 +51,8 @@ class ParameterServer:
                          ps_index, info["restored"], info["path"])
         self.servicer = ParameterServerServicer(self.store, ps_index, num_ps,
                                                 init_checkpoint_dir, paused)
+        if self.generation is not None:
+            self.servicer.generation = lambda: self.generation.value
         self._server = rpc.make_server(max_workers=32, generation=self.generation)
         rpc_service.add_service(self._server, self.servicer,
                                 ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"])

@@ -102,6 +102,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         # "unreplicated" marker is written to.
         self.backup: Backup | None = None
         self.job_dir: str | None = None
+        # The server's generation (a launched server's: common/fencing.py),
+        # which the calls it forwards to its backup carry.
+        self.generation: Callable[[], int] | None = None
         self.backup_timeout = DEFAULT_TIMEOUT
 
     def _forward(self, method: str, request) -> None:
@@ -142,7 +145,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                               "checkpoint (same_start)")
             backup = Backup(request.address, self.ps_index,
                             marker_path(self.job_dir, self.ps_index),
-                            self.backup_timeout)
+                            self.backup_timeout, self.generation)
             if request.copy_dir and self.store.initialized:
                 try:
                     copied = copy_state(self.store, self.ps_index, self.num_ps,

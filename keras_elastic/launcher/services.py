@@ -491,6 +491,13 @@ class JobServices:
         Returns why the job fails, None otherwise."""
         proc = self.ps_procs[i]
         proc.close()
+        building = self._building.get(i)
+        if building is not None:
+            # A new backup the server took before it was lost holds every
+            # call it answered since: adopted first, it can take its place.
+            # (One it had not taken yet fails to attach, at once.)
+            futures.wait([building[0]], timeout=15)
+        self._adopt_backups()
         if not self.policy.restart_service("ps", self.ps_restarts):
             return (f"parameter server {i} {reason} and was already restarted "
                     f"{self.ps_restarts} time(s) (--max_ps_restarts="

@@ -120,8 +120,10 @@ def ps_state(servers) -> list[dict]:
                 "updated_at": dict(store.updated_at),
                 "log": store.log.to_json(),
                 "pending": sum(len(g.pending) for g in store.optimizers.values()),
-                "status": ServerStatus.from_proto(server.servicer.Status(
-                    ps_pb2.PSStatusRequest(), None)).to_dict(),
+                # (cpu_seconds: the process's clock, not the server's state)
+                "status": {k: v for k, v in ServerStatus.from_proto(
+                    server.servicer.Status(ps_pb2.PSStatusRequest(), None)
+                ).to_dict().items() if k != "cpu_seconds"},
             })
     return states
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import read_ledger, wait_for
 from support.counting_jobs import check_exact, counting_job, write_data
 
-from keras_elastic.common import faults
+from keras_elastic.common import faults as faults_mod
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,6 +26,31 @@ HOLD = "ps_push@60:ps0=hold"
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_data(str(tmp_path_factory.mktemp("counting")))
+
+
+def run_holding(tmp_path, data, faults, hold, server, then=lambda job_dir: None):
+    """The job in the background under `faults`; once the fault `hold` holds
+    a push and server `server`'s new backup is in (built off the launcher's
+    loop, while the job trains on: without the hold it could end first),
+    `then(job_dir)`, and the push goes on. Returns (out, output, summary)."""
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=2", "--ps_replicas=2", "--ps_checkpoint_secs=1000",
+        script_args=("--sleep_per_batch=0.05",), background=True, faults=faults)
+    job_dir = tmp_path / "job"
+    try:
+        faults_mod.wait_held(str(tmp_path / "faults"), hold, timeout=300)
+        wait_for(lambda: f"parameter server {server} has a new backup at" in (
+            job_dir / "launcher.log").read_text(), timeout=120,
+            what=f"server {server}'s new backup")
+        then(job_dir)
+        faults_mod.release(str(tmp_path / "faults"), hold)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output[-4000:]
+    return out, output, json.loads((job_dir / "summary.json").read_text())
 
 
 def run(tmp_path, data, faults, *flags):
@@ -87,24 +112,8 @@ def test_a_server_lost_twice_is_replaced_by_its_backup_twice(tmp_path, data):
     # backup, built from the copy and the calls since, takes its place.
     # Nothing trained again either time.
     hold = "ps_push@40:ps1b=hold"
-    out, proc = counting_job(
-        tmp_path, data, "--num_ps=2", "--ps_replicas=2", "--ps_checkpoint_secs=1000",
-        script_args=("--sleep_per_batch=0.05",), background=True,
-        faults=f"ps_push@30:ps1,{hold},ps_forward@5:ps1b")
-    job_dir = tmp_path / "job"
-    try:
-        faults.wait_held(str(tmp_path / "faults"), hold, timeout=300)
-        wait_for(lambda: "parameter server 1 has a new backup at" in (
-            job_dir / "launcher.log").read_text(), timeout=120,
-            what="the promoted server's new backup")
-        faults.release(str(tmp_path / "faults"), hold)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, output[-4000:]
-    summary = json.loads((job_dir / "summary.json").read_text())
+    out, output, summary = run_holding(
+        tmp_path, data, f"ps_push@30:ps1,{hold},ps_forward@5:ps1b", hold, server=1)
     first, second = summary["ps_recoveries"]
     assert first["failover"] and second["failover"], summary["ps_recoveries"]
     assert first["ps"] == second["ps"] == 1
@@ -123,27 +132,13 @@ def test_a_lost_backup_is_replaced_and_its_server_stays_replicated(tmp_path, dat
     # copy of its state; the marker goes). Server 0's 60th push is held; once
     # the new backup is in cluster.json, the test kills server 0 (the held
     # push neither applied nor answered): the new backup takes its place.
-    out, proc = counting_job(
-        tmp_path, data, "--num_ps=2", "--ps_replicas=2", "--ps_checkpoint_secs=1000",
-        script_args=("--sleep_per_batch=0.05",), background=True,
-        faults=f"ps_push@30:ps0b,{HOLD}")
-    job_dir = tmp_path / "job"
-    try:
-        faults.wait_held(str(tmp_path / "faults"), HOLD, timeout=300)
-        wait_for(lambda: "parameter server 0 has a new backup at" in (
-            job_dir / "launcher.log").read_text(), timeout=120,
-            what="server 0's new backup")
+    def kill_server_0(job_dir):
         assert not (job_dir / "ps-0.unreplicated").exists()
         os.kill(json.loads((job_dir / "cluster.json").read_text())["ps_pids"][0],
                 signal.SIGKILL)
-        faults.release(str(tmp_path / "faults"), HOLD)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, output[-4000:]
-    summary = json.loads((job_dir / "summary.json").read_text())
+
+    out, output, summary = run_holding(tmp_path, data, f"ps_push@30:ps0b,{HOLD}", HOLD,
+                                       server=0, then=kill_server_0)
     [lost] = summary["ps_backups_lost"]
     assert lost["ps"] == 0, lost
     [recovery] = summary["ps_recoveries"]

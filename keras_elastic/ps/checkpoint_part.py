@@ -248,8 +248,8 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) 
 def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
                          path: str) -> dict:
     """Creates the variables of a server that has none from a checkpoint, then
-    restores them (a server restarted after a crash)."""
-    info = resolve(path)
+    restores them (a server restarted after a crash, a new backup)."""
+    info = resolve(_required(path, "checkpoint path", "Restore"))
     if not ps_layout.is_ps_checkpoint(info):
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
     trainable: dict[str, bool] = {}

@@ -475,6 +475,10 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
             f"--heartbeat_timeout={FLAGS.heartbeat_timeout}",
             "--progress_interval=30", "--", sys.executable, SCRIPT, *script_args]
     log_path = os.path.join(root, f"launcher-{index}.log")
+    # Processes this job's faults froze for good: never a target again (a
+    # later short freeze's SIGCONT would wake one up, and the summary would
+    # then count one loss less than the soak injected).
+    frozen_for_good: set[int] = set()
     with open(log_path, "w") as log:
         proc = place.popen(argv, env=_child_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -509,7 +513,7 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
                 members = [m for m in members if "@" in m]
             role = rng.choice(members)
             pid = place.pid(job, role)
-            if not _alive(pid):
+            if not _alive(pid) or pid in frozen_for_good:
                 continue
             round_.pop(0)
             done = _tasks_done(status)
@@ -520,6 +524,7 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
                 os.kill(pid, signal.SIGSTOP)
                 if kind == "freeze_for_good":
                     place.froze(pid)
+                    frozen_for_good.add(pid)
                 if kind == "freeze":
                     time.sleep(rng.uniform(1.0, FLAGS.liveness_timeout / 2))
                     if _alive(pid):

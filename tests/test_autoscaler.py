@@ -173,3 +173,11 @@ def test_busy_servers_stop_the_workers_from_growing():
     assert scaler.decisions == [] and applied == []
     [window] = scaler.record()["windows"]
     assert window["server_busy"] == [0.95] and window["workers"] == 1
+
+
+def test_a_window_that_is_not_positive_is_refused():
+    from keras_elastic.launcher.config import LaunchConfig
+
+    with pytest.raises(ValueError, match="--autoscale_window must be > 0, got 0"):
+        LaunchConfig(num_workers=1, max_workers=2, autoscale=True,
+                     autoscale_window=0).validate()

@@ -136,3 +136,28 @@ def test_a_backup_that_refuses_a_call_is_detached(servers, tmp_path):
     assert not link.forward("PushSmall", bundle_bytes(
         header, [("w", np.ones(2, "float32"))]))
     assert "it refused PushSmall: NOT_FOUND" in open(tmp_path / "marker").read()
+
+
+def test_a_copy_that_cannot_be_made_or_taken_is_named(servers, tmp_path):
+    primary, backup, client = servers
+    c = client(primary)
+    c.init({"w": (np.ones(2, "float32"), True)}, SGD)
+    once = PSClient([primary.address], reconnect_timeout=0)
+    try:
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+        with pytest.raises(ValueError, match="could not copy its state for its backup"):
+            once.attach_backup(0, backup.address, copy_dir=str(blocked / "copies"))
+        # Nobody listens there: the copy is not taken (after the 1 s timeout).
+        with pytest.raises(ConnectionError, match="did not take the copy"):
+            once.attach_backup(0, "127.0.0.1:1", copy_dir=str(tmp_path / "copies"))
+    finally:
+        once.close()
+    assert not c.status(0).replicated
+
+
+def test_replicas_other_than_one_or_two_are_refused():
+    from keras_elastic.launcher.config import LaunchConfig
+
+    with pytest.raises(ValueError, match=r"--ps_replicas must be 1 \(no backup\) or 2"):
+        LaunchConfig(ps_replicas=3).validate()

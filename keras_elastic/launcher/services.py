@@ -407,21 +407,16 @@ class JobServices:
         `primary` attach it with a copy of its state."""
         proc, info = self._start_service(f"ps-{i}b", "keras_elastic.ps", args)
         address = self._advertised(info["address"])
-        client = None
         try:
             # The job's generation now (it may have moved since `args`): the
             # server's forwarded calls carry it (adopted, it is fenced along).
             self.recovery.fence(address, self.generation, f"new backup of server {i}")
-            client = PSClient([primary], worker_id=-1, connect_timeout=10,
-                              reconnect_timeout=5)
-            client.attach_backup(0, address, timeout=120, copy_dir=copy_dir)
+            _attach(primary, address, copy_dir=copy_dir, connect_timeout=10,
+                    reconnect_timeout=5, timeout=120)
         except BaseException:
             proc.kill()
             proc.close()
             raise
-        finally:
-            if client is not None:
-                client.close()
         return proc, address
 
     def _adopt_backups(self) -> None:
@@ -473,17 +468,11 @@ class JobServices:
     def _detach_backup(i: int, primary: str) -> None:
         """(Off the loop.) Tells server `i` its backup is gone: a call of
         the server retrying it gives up now, not after its backup_timeout."""
-        client = None
         try:
-            client = PSClient([primary], worker_id=-1, connect_timeout=5,
-                              reconnect_timeout=0)
-            client.attach_backup(0, "", timeout=10)
+            _attach(primary, "", connect_timeout=5, timeout=10)
         except (ConnectionError, ValueError) as e:
             logging.warning("could not detach the backup of parameter server %d (it "
                             "detaches it itself after its backup_timeout): %s", i, e)
-        finally:
-            if client is not None:
-                client.close()
 
     def _recover_ps(self, i: int, reason: str) -> str | None:
         """Restarts parameter server `i` on its address from the latest
@@ -584,6 +573,18 @@ class JobServices:
             proc.terminate()
         if self.master_proc is not None:
             self.master_proc.terminate()
+
+
+def _attach(primary: str, backup: str, copy_dir: str = "", connect_timeout: float = 10,
+            reconnect_timeout: float = 0, timeout: float = 60) -> None:
+    """The server at `primary` takes the server at `backup` as its backup
+    ("": it has none from now on; `copy_dir`: it copies its state first)."""
+    client = PSClient([primary], worker_id=-1, connect_timeout=connect_timeout,
+                      reconnect_timeout=reconnect_timeout)
+    try:
+        client.attach_backup(0, backup, copy_dir=copy_dir, timeout=timeout)
+    finally:
+        client.close()
 
 
 def check_journal(config: LaunchConfig, job_dir: str) -> None:

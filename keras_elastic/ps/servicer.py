@@ -107,14 +107,24 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.generation: Callable[[], int] | None = None
         self.backup_timeout = DEFAULT_TIMEOUT
 
-    def _forward(self, method: str, request) -> None:
+    def _forward(self, method: str, request: Callable[[], object]) -> None:
         """A call applied here (under the store's lock), applied by the
-        backup too before it is answered (ps/replication.py)."""
+        backup too before it is answered (ps/replication.py). `request()`
+        builds what is sent, only when there is a backup (a push's or a
+        lookup's bytes cost a copy)."""
         if self.backup is None:
             return
         faults.reached("ps_forward")
-        if not self.backup.forward(method, request):
+        if not self.backup.forward(method, request()):
             self.backup = None
+
+    @staticmethod
+    def _forwarded_push(header, tensors: dict[str, np.ndarray]) -> bytes:
+        """A push as its backup is sent it: the same, marked `forwarded`."""
+        forwarded = ps_pb2.PushHeader()
+        forwarded.CopyFrom(header)
+        forwarded.forwarded = True
+        return bundle_bytes(forwarded, tensors.items())
 
     def AttachBackup(self, request, context):
         """From now on (under the store's lock: between two calls), every call
@@ -178,7 +188,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pause(self, request, context):
         with self.store.lock:  # no push, pull or claim is half done
             self.paused = True
-            self._forward("Pause", request)
+            self._forward("Pause", lambda: request)
         return ps_pb2.PauseResponse(paused=True)
 
     def Resume(self, request, context):
@@ -190,7 +200,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                           f"{request.min_lease}")
         with self.store.lock:
             self.store.log.min_lease = max(self.store.log.min_lease, request.min_lease)
-            self._forward("Resume", request)
+            self._forward("Resume", lambda: request)
         self.paused = False
         return ps_pb2.PauseResponse(paused=False)
 
@@ -361,7 +371,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                     save_shard(self.store, self.ps_index, self.num_ps,
                                self.init_checkpoint_dir, extra={"initial": True})
                 if created:
-                    self._forward("Init", [
+                    self._forward("Init", lambda: [
                         m if isinstance(m, bytes) else m.SerializeToString()
                         for m in received])
         except (errors.KerasElasticError, ValueError, OSError) as e:
@@ -409,11 +419,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 # (A backup's reply is read by nobody: no values.)
                 values = {} if header.forwarded else self.store.values_since(since)
                 incarnation = self.store.incarnation
-                if self.backup is not None:
-                    forwarded = ps_pb2.PushHeader()
-                    forwarded.CopyFrom(header)
-                    forwarded.forwarded = True
-                    self._forward("PushSmall", bundle_bytes(forwarded, tensors.items()))
+                self._forward("PushSmall", lambda: self._forwarded_push(header, tensors))
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, method, e)
         return ps_pb2.ModelHeader(version=result.version, accepted=result.accepted,
@@ -486,8 +492,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self._refuse_if_paused(context)
                 rows = self.store.lookup(ids, create=not request.no_create)
                 if not request.no_create:  # rows made, ids counted: the backup too
-                    self._forward("Lookup", tensors_bytes(1, ids.items(),
-                                                          varints={3: 1}))
+                    self._forward("Lookup", lambda: tensors_bytes(
+                        1, ids.items(), varints={3: 1}))
         except (errors.KerasElasticError, KeyError, ValueError, RuntimeError) as e:
             self._abort_bad_request(context, "Lookup", e)
         if request.forwarded:
@@ -504,7 +510,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self._refuse_if_paused(context)
                 updates = self.store.claim(
                     (request.dataset, request.epoch, request.task_id), request.lease)
-                self._forward("Claim", request)
+                self._forward("Claim", lambda: request)
         except StaleLeaseError as e:
             return ps_pb2.ClaimResponse(ok=False, error=str(e))
         ranges, fingerprint = updates.pop("", ([], 0))
@@ -522,7 +528,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return ps_pb2.FlushResponse(version=0)
         with self.store.lock:
             version = self.store.flush()
-            self._forward("Flush", request)
+            self._forward("Flush", lambda: request)
         return ps_pb2.FlushResponse(version=version)
 
     def Pull(self, request, context):
@@ -595,7 +601,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 restore = restore_shard if self.store.initialized else (
                     init_from_checkpoint)
                 answer = restore(self.store, self.ps_index, self.num_ps, request.path)
-                self._forward("Restore", request)
+                self._forward("Restore", lambda: request)
             return ps_pb2.RestoreResponse(**answer)
         except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,

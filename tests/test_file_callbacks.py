@@ -282,11 +282,14 @@ class ArmAtTrainEnd(keras.callbacks.Callback):
         self.cluster.calls = 0
 
 
-def fit_as_worker_1(out: str, cluster: ChiefAtTrainEnd) -> JobCallbacks:
+def fit_as_worker_1(out: str, cluster: ChiefAtTrainEnd,
+                    callbacks: list | None = None) -> JobCallbacks:
     x, y = make_arrays(128)
     model = make_model()
-    checkpoint = keras.callbacks.ModelCheckpoint(os.path.join(out, "ckpt-{epoch}.keras"))
-    jc = JobCallbacks(model, [checkpoint], cluster, fit_name="training@2")
+    if callbacks is None:
+        callbacks = [keras.callbacks.ModelCheckpoint(
+            os.path.join(out, "ckpt-{epoch}.keras"))]
+    jc = JobCallbacks(model, callbacks, cluster, fit_name="training@2")
     # The helper that waits is last: the test's callback runs just before it.
     callbacks = jc.callbacks[:-1] + [ArmAtTrainEnd(cluster)] + jc.callbacks[-1:]
     try:
@@ -329,6 +332,39 @@ def test_a_non_chief_waiting_for_a_chief_that_dies_promotes_its_own_files(
     fit_as_worker_1(out, cluster)
     assert listing(out) == ["ckpt-1.keras", "ckpt-2.keras"], listing(out)
     assert cluster.marks == {1: {"callbacks/training@2": 1}}  # now the chief
+
+
+@pytest.mark.parametrize("chief_wrote", ["nothing", "epoch 0"])
+def test_a_worker_that_becomes_the_chief_at_the_fits_end_promotes_every_file(
+        tmp_path, monkeypatch, chief_wrote):
+    # A CI run: worker 0, the chief, was killed in its first epoch (its
+    # CSVLogger had opened log.csv, no row written); the master saw it lost
+    # only once worker 1 had trained every epoch. Worker 1 became the chief in
+    # its last callback: its CSV rows were deleted at train end before that
+    # promotion, and log.csv stayed empty.
+    out = str(tmp_path / "out")
+    monkeypatch.setenv(cluster_env.JOB_DIR, str(tmp_path / "job"))
+    os.makedirs(out)
+    if chief_wrote == "nothing":
+        open(os.path.join(out, "log.csv"), "w").close()
+    else:  # epoch 0's files, its backup too, as plain Keras writes them
+        x, y = make_arrays(128)
+        make_model().fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                         callbacks=file_callbacks(out, delete_checkpoint=False))
+        assert os.path.exists(os.path.join(out, "backup"))
+
+    def chief_dies(cluster):
+        cluster.alive = [1]
+
+    cluster = ChiefAtTrainEnd(at=3, then=chief_dies)
+    fit_as_worker_1(out, cluster, callbacks=file_callbacks(out))
+    # As after a plain Keras fit: every epoch's files, no backup left.
+    assert listing(out) == ["best.weights.h5", "ckpt/model-01.keras",
+                            "ckpt/model-02.keras", "log.csv"], listing(out)
+    rows = csv_rows(os.path.join(out, "log.csv"))
+    assert [r["epoch"] for r in rows] == ["0", "1"], rows
+    assert not os.path.exists(os.path.join(str(tmp_path / "job"), SCRATCH))
+    assert cluster.marks == {1: {"callbacks/training@2": 1}}
 
 
 def test_a_non_chief_stops_waiting_for_a_silent_chief_with_a_warning(

@@ -317,7 +317,13 @@ class _ChiefTracker(keras.callbacks.Callback):
             self.wait_for_chief(mark)
         for adapter in self.job.adapters:
             adapter.prune()
-        if self.decide():
+        chief = self.decide()
+        # Only after that last decision: a worker that became the chief in it
+        # promoted its temporary files (every epoch's CSV rows among them),
+        # and does the chief's train-end work on the real paths.
+        for adapter in self.job.adapters:
+            adapter.train_end(chief)
+        if chief:
             self._remove_dead_workers_files()
             try:
                 self.job.cluster.master.set_mark(mark)
@@ -325,9 +331,6 @@ class _ChiefTracker(keras.callbacks.Callback):
                 logging.warning("keras_elastic: cannot report the end of %s's "
                                 "callbacks (%s): the other workers wait for it up "
                                 "to the liveness timeout", self.job.fit_name, e)
-        for adapter in self.job.adapters:
-            if isinstance(adapter, _CheckpointAdapter):
-                adapter.close()  # Keras' ModelCheckpoint does nothing at train end
 
     def _remove_dead_workers_files(self) -> None:
         """Temporary directories of workers no longer alive (killed workers
@@ -389,6 +392,13 @@ class _Adapter:
 
     def prune(self) -> None:
         """Drops temporary files that can no longer be promoted."""
+
+    def train_end(self, chief: bool) -> None:
+        """The fit's end, after the job's last word on the chief (`chief`):
+        the callback's own train-end work if it has some on the real paths,
+        then this worker's temporary files go (kept until then: a worker
+        that becomes the chief at the very end promotes them)."""
+        self.close()
 
     def close(self) -> None:
         """Deletes the temporary files; the callback gets its real path back."""
@@ -494,8 +504,7 @@ class _CSVAdapter(_Adapter, _Forwarding):
         self.callback.on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs=None):
-        self.callback.on_train_end(logs)
-        self.close()
+        self.callback.on_train_end(logs)  # closes the file; `train_end` cleans up
 
     def _open(self, path: str, append: bool) -> None:
         """The callback's `on_train_begin` on `path` (its file closed first)."""
@@ -538,9 +547,8 @@ class _CSVAdapter(_Adapter, _Forwarding):
 
     def close(self) -> None:
         callback = self.callback
-        if (callback.filename != self.real and callback.csv_file is not None
-                and not callback.csv_file.closed):
-            callback.csv_file.close()
+        if callback.csv_file is not None and not callback.csv_file.closed:
+            callback.csv_file.close()  # (a promotion at train end reopens it)
         super().close()
 
     def restore(self) -> None:
@@ -567,8 +575,13 @@ class _BackupAdapter(_Adapter, _Forwarding):
         pass  # restored by JobCallbacks.restore_weights, before the servers init
 
     def on_train_end(self, logs=None):
-        if self.chief:
-            self.callback.on_train_end(logs)  # delete_checkpoint: the real backup
+        if not self.managed:  # the real path in any case
+            self.callback.on_train_end(logs)
+        # else `train_end`, once the chief of the fit's end is known
+
+    def train_end(self, chief: bool) -> None:
+        if chief:
+            self.callback.on_train_end()  # delete_checkpoint: the real backup
         self.close()
 
     def use(self, path: str) -> None:

@@ -70,6 +70,10 @@ _OPTIONS = [
 # server's).
 KEEPALIVE_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 10_000
+# The metadata key naming the parameter-server partition a call is for
+# (`ps/host.py`: a process may hold several).
+PARTITION_METADATA = "ke-partition"
+
 _CHANNEL_OPTIONS = _OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -271,7 +275,8 @@ def await_stop(server: grpc.Server, grace: float | None, what: str) -> bool:
 
 def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
                  resolver: resolver_mod.ClusterResolver | str | None = AUTO,
-                 generation: Callable[[], int] | None = None) -> grpc.Channel:
+                 generation: Callable[[], int] | None = None,
+                 partition: int | None = None) -> grpc.Channel:
     """A channel to `address` with the project's options, whose calls carry
     this process's job token (`auth.job_token()`), over TLS when it is on
     (`tls.TLSConfig.from_env()`). `options` (gRPC channel arguments) override
@@ -286,7 +291,10 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
     channel follows that role to its new address after a restart
     (`ResolvingChannel`); None: never. `generation`: the generation the
     calls carry when no resolver gives it (a server's own, for the calls it
-    forwards to its backup: `ps/replication.py`).
+    forwards to its backup: `ps/replication.py`). `partition`: the
+    parameter-server partition every call names (`ps/host.py`); a channel to
+    a job's parameter server follows that partition's role ("ps/<p>"), also
+    where one process holds several partitions (they share its address).
     """
     overridden = {key for key, _ in options}
     ours = _CHANNEL_OPTIONS + [("grpc.keepalive_timeout_ms", keepalive_timeout_ms())]
@@ -298,10 +306,16 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
     if resolver == AUTO:
         resolver = resolver_mod.for_process()
     role = resolver.role_of(address) if resolver is not None else None
+    if role is not None and role != resolver_mod.MASTER and partition is not None:
+        role = resolver_mod.ps_role(partition)
+    fenced = role is not None or generation is not None
+    named = [] if partition is None else [(PARTITION_METADATA, str(partition))]
 
-    def generation_metadata() -> list[tuple[str, str]]:
+    def call_metadata() -> list[tuple[str, str]]:
+        if not fenced:
+            return named
         value = resolver.generation() if role is not None else generation()
-        return [(fencing.METADATA_KEY, str(value))]
+        return [(fencing.METADATA_KEY, str(value))] + named
 
     def connect(target: str) -> grpc.Channel:
         if config is None:
@@ -311,8 +325,7 @@ def make_channel(address: str, options: Sequence[tuple[str, Any]] = (),
                                           options=merged)
         # A job's role: its calls carry the job's generation (fencing.py).
         return auth.with_token(channel, auth.job_token(),
-                               generation_metadata
-                               if role is not None or generation is not None else None)
+                               call_metadata if fenced or named else None)
 
     if role is None:
         return connect(address)

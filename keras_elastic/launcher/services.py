@@ -411,7 +411,7 @@ class JobServices:
             # The job's generation now (it may have moved since `args`): the
             # server's forwarded calls carry it (adopted, it is fenced along).
             self.recovery.fence(address, self.generation, f"new backup of server {i}")
-            _attach(primary, address, copy_dir=copy_dir, connect_timeout=10,
+            _attach(i, primary, address, copy_dir=copy_dir, connect_timeout=10,
                     reconnect_timeout=5, timeout=120)
         except BaseException:
             proc.kill()
@@ -469,7 +469,7 @@ class JobServices:
         """(Off the loop.) Tells server `i` its backup is gone: a call of
         the server retrying it gives up now, not after its backup_timeout."""
         try:
-            _attach(primary, "", connect_timeout=5, timeout=10)
+            _attach(i, primary, "", connect_timeout=5, timeout=10)
         except (ConnectionError, ValueError) as e:
             logging.warning("could not detach the backup of parameter server %d (it "
                             "detaches it itself after its backup_timeout): %s", i, e)
@@ -575,12 +575,13 @@ class JobServices:
             self.master_proc.terminate()
 
 
-def _attach(primary: str, backup: str, copy_dir: str = "", connect_timeout: float = 10,
-            reconnect_timeout: float = 0, timeout: float = 60) -> None:
-    """The server at `primary` takes the server at `backup` as its backup
+def _attach(i: int, primary: str, backup: str, copy_dir: str = "",
+            connect_timeout: float = 10, reconnect_timeout: float = 0,
+            timeout: float = 60) -> None:
+    """Server `i` at `primary` takes the server at `backup` as its backup
     ("": it has none from now on; `copy_dir`: it copies its state first)."""
     client = PSClient([primary], worker_id=-1, connect_timeout=connect_timeout,
-                      reconnect_timeout=reconnect_timeout)
+                      reconnect_timeout=reconnect_timeout, partitions=[i])
     try:
         client.attach_backup(0, backup, copy_dir=copy_dir, timeout=timeout)
     finally:

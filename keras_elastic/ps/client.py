@@ -220,16 +220,24 @@ class PSClient:
     def __init__(self, addresses: list[str], worker_id: int = 0,
                  connect_timeout: float = 60.0,
                  reconnect_timeout: float | None = None,
-                 resolver: ClusterResolver | str | None = rpc.AUTO) -> None:
+                 resolver: ClusterResolver | str | None = rpc.AUTO,
+                 partitions: Sequence[int] | None = None) -> None:
         if not addresses:
             raise ValueError("PSClient needs at least one parameter server address")
         self.addresses = list(addresses)
+        # The partition at each address (`ps/host.py`): server i of the
+        # model's layout is partition i, unless a caller talks to some only.
+        self.partitions = (list(range(len(self.addresses))) if partitions is None
+                           else [int(p) for p in partitions])
+        if len(self.partitions) != len(self.addresses):
+            raise ValueError(f"PSClient: {len(self.partitions)} partitions for "
+                             f"{len(self.addresses)} addresses")
         self.worker_id = worker_id
         self.reconnect_timeout = (connect_timeout if reconnect_timeout is None
                                   else reconnect_timeout)
         self._channels = []
-        for address in self.addresses:
-            channel = rpc.make_channel(address, resolver=resolver)
+        for address, partition in zip(self.addresses, self.partitions):
+            channel = rpc.make_channel(address, resolver=resolver, partition=partition)
             rpc.wait_ready(channel, address, "parameter server", connect_timeout)
             self._channels.append(channel)
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]

@@ -94,7 +94,8 @@ class Backup:
         # launched job): once the backup took the server's place, it is
         # fenced into the next one and refuses the old server, were it to
         # wake up (common/fencing.py).
-        self._channel = rpc.make_channel(address, resolver=None, generation=generation)
+        self._channel = rpc.make_channel(address, resolver=None, generation=generation,
+                                         partition=ps_index)
         raw = {"request_serializer": None, "response_deserializer": None}
         self._calls: dict[str, Callable] = {
             "Init": self._channel.stream_unary(_SERVICE + "Init", **raw),

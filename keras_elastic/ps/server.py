@@ -1,5 +1,9 @@
 """Runs a parameter server, in this process or as its own process.
 
+A server process holds one or more of the job's partitions (`ps/host.py`):
+partition `--ps_index` by default, `--partitions` to hold several (after
+a scale-in, one process holds what several did).
+
 Example:
 
 >>> server = ParameterServer()
@@ -13,7 +17,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
-from absl import flags, logging
+from absl import app, flags, logging
 
 from keras_elastic.common import (
     allocator,
@@ -25,39 +29,93 @@ from keras_elastic.common import (
     stacks,
 )
 from keras_elastic.proto import ps_pb2
+from keras_elastic.ps.host import PartitionHost
 from keras_elastic.ps.servicer import ParameterServerServicer
 from keras_elastic.ps.store import ParameterStore
 
 
 class ParameterServer:
-    """A gRPC server holding one `ParameterStore`."""
+    """A gRPC server holding partitions `partitions` (default: `ps_index`) of
+    `num_ps`, each a `ParameterStore`; `store` and `servicer` are the first
+    one's."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, ps_index: int = 0,
                  num_ps: int = 1, grads_to_wait: int = 1,
                  max_staleness: int = 0, restore_from: str | None = None,
                  init_checkpoint_dir: str | None = None, paused: bool = False,
-                 generation: int | None = None) -> None:
-        self.store = ParameterStore(grads_to_wait, max_staleness, num_ps)
+                 generation: int | None = None,
+                 partitions: list[int] | None = None) -> None:
+        # (No partition: a process that waits for partitions to move in.)
+        partitions = [ps_index] if partitions is None else list(partitions)
+        bad = [p for p in partitions if not 0 <= p < num_ps]
+        if bad or len(set(partitions)) != len(partitions):
+            raise ValueError(f"partitions {partitions}: each must be one of "
+                             f"0..{num_ps - 1} (--num_ps partitions), once")
+        self.num_ps = num_ps
+        self._settings = (grads_to_wait, max_staleness, init_checkpoint_dir)
+        # Set on every partition's servicer, those made later too (`configure`).
+        self.job_dir: str | None = None
+        self.backup_timeout: float | None = None
+        self.after_init = None
         # A launched server is fenced (common/fencing.py); one made in a
         # process (embedded, tests) is not, unless given a generation.
         self.generation = None if generation is None else fencing.Generation(generation)
-        if restore_from:
-            # A server restarted after a crash: its state comes back before it
-            # serves anybody.
-            from keras_elastic.ps.checkpoint_part import init_from_checkpoint
+        stores = {}
+        for p in partitions:
+            stores[p] = ParameterStore(grads_to_wait, max_staleness, num_ps)
+            if restore_from:
+                # A server restarted after a crash: its state comes back before
+                # it serves anybody.
+                from keras_elastic.ps.checkpoint_part import init_from_checkpoint
 
-            info = init_from_checkpoint(self.store, ps_index, num_ps, restore_from)
-            logging.info("parameter server %d restored %d variables from %s",
-                         ps_index, info["restored"], info["path"])
-        self.servicer = ParameterServerServicer(self.store, ps_index, num_ps,
-                                                init_checkpoint_dir, paused)
-        if self.generation is not None:
-            self.servicer.generation = lambda: self.generation.value
+                info = init_from_checkpoint(stores[p], p, num_ps, restore_from)
+                logging.info("parameter-server partition %d restored %d variables "
+                             "from %s", p, info["restored"], info["path"])
+        self.host = PartitionHost(
+            lambda p: self._servicer(p, stores.pop(p, None), paused), partitions)
+        self.servicer = self.host.servicer(partitions[0]) if partitions else None
+        self.store = self.servicer.store if partitions else None
         self._server = rpc.make_server(max_workers=32, generation=self.generation)
-        rpc_service.add_service(self._server, self.servicer,
+        rpc_service.add_service(self._server, self.host,
                                 ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"])
         self.address = rpc.bind(self._server, host, port)
         self._server.start()
+
+    def _servicer(self, partition: int, store: ParameterStore | None,
+                  paused: bool = False) -> ParameterServerServicer:
+        """Partition `partition`'s servicer (over `store`; a new empty one for
+        a partition that comes here later: a move's target)."""
+        grads_to_wait, max_staleness, init_checkpoint_dir = self._settings
+        if store is None:
+            store, paused = ParameterStore(grads_to_wait, max_staleness, self.num_ps), False
+        servicer = ParameterServerServicer(store, partition, self.num_ps,
+                                           init_checkpoint_dir, paused)
+        if self.generation is not None:
+            servicer.generation = lambda: self.generation.value
+        self._configure(servicer)
+        return servicer
+
+    def _configure(self, servicer: ParameterServerServicer) -> None:
+        if self.job_dir is not None:
+            servicer.job_dir = self.job_dir
+        if self.backup_timeout is not None:
+            servicer.backup_timeout = self.backup_timeout
+        if self.after_init is not None:
+            servicer.after_init = self.after_init
+
+    def configure(self, job_dir: str | None = None, backup_timeout: float | None = None,
+                  after_init=None) -> None:
+        """Settings of every partition's servicer, now and to come: the job
+        directory (replication markers), the backup timeout, and what runs
+        once a worker's Init made a partition's model."""
+        if job_dir is not None:
+            self.job_dir = job_dir
+        if backup_timeout is not None:
+            self.backup_timeout = backup_timeout
+        if after_init is not None:
+            self.after_init = after_init
+        for servicer in self.host.servicers():
+            self._configure(servicer)
 
     def stop(self, grace: float | None = None) -> None:
         """Stops serving (calls in flight get `grace` seconds, None: none)
@@ -72,7 +130,10 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
     flags.DEFINE_integer("port", 0, "Port to bind; 0 picks a free one.")
-    flags.DEFINE_integer("ps_index", 0, "Index of this parameter server.")
+    flags.DEFINE_integer("ps_index", 0, "Index of this parameter server (the "
+                         "partition it holds, without --partitions).")
+    flags.DEFINE_list("partitions", None, "The partitions this server holds (of "
+                      "--num_ps); default: --ps_index alone.")
     flags.DEFINE_integer("num_ps", 1, "Number of parameter servers in the job.")
     flags.DEFINE_integer("grads_to_wait", 1,
                          "Gradients averaged per update (1: asynchronous SGD).")
@@ -115,20 +176,32 @@ def main(argv) -> None:
     del argv
     faults.set_role(f"ps{FLAGS.ps_index}" + ("b" if FLAGS.backup else ""))
     stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
-    server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
-                             FLAGS.grads_to_wait, FLAGS.max_staleness,
-                             FLAGS.restore_from, FLAGS.init_checkpoint_dir,
-                             FLAGS.paused, FLAGS.generation)
+    try:
+        partitions = ([int(p) for p in FLAGS.partitions] if FLAGS.partitions
+                      else None)
+    except ValueError:
+        raise app.UsageError(f"--partitions={','.join(FLAGS.partitions)}: give "
+                             "partition numbers, e.g. --partitions=0,2") from None
+    try:
+        server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
+                                 FLAGS.grads_to_wait, FLAGS.max_staleness,
+                                 FLAGS.restore_from, FLAGS.init_checkpoint_dir,
+                                 FLAGS.paused, FLAGS.generation, partitions)
+    except ValueError as e:
+        if partitions is None:
+            raise
+        raise app.UsageError(f"--partitions: {e}") from None
     # Every push allocates and frees buffers of the model's size: kept for
     # reuse, not taken back from the kernel page by page (common/allocator.py),
     # once the server knows its share of the model.
-    server.servicer.after_init = keep_buffers_for
-    server.servicer.job_dir = FLAGS.job_dir
-    server.servicer.backup_timeout = FLAGS.backup_timeout
-    if server.store.initialized:  # restored from a checkpoint
-        keep_buffers_for(server.store)
-    logging.info("parameter server %d/%d%s serving at %s", FLAGS.ps_index,
-                 FLAGS.num_ps, " (a backup)" if FLAGS.backup else "", server.address)
+    server.configure(job_dir=FLAGS.job_dir, backup_timeout=FLAGS.backup_timeout,
+                     after_init=keep_buffers_for)
+    for servicer in server.host.servicers():
+        if servicer.store.initialized:  # restored from a checkpoint
+            keep_buffers_for(servicer.store)
+    logging.info("parameter server %d/%d%s serving at %s (partitions %s)",
+                 FLAGS.ps_index, FLAGS.num_ps, " (a backup)" if FLAGS.backup else "",
+                 server.address, server.host.held())
     # The objects made so far (TensorFlow's and Keras' modules: several hundred
     # thousand) live as long as the process: kept out of the garbage
     # collector's passes, which every request's allocations trigger (py-spy

@@ -281,28 +281,58 @@ subcommand(
 def _define_scale() -> None:
     flags.DEFINE_string("job_dir", None, "The running job's --job_dir.")
     flags.DEFINE_integer("num_workers", None, "Workers the job should have.")
+    flags.DEFINE_integer("num_ps", None, "Parameter-server processes the job should "
+                         "have (1 to its --ps_partitions): partitions move between "
+                         "them while the job trains.")
+    flags.DEFINE_string("drain_ps", None, "A parameter-server process (its name in "
+                        "cluster.json's ps_hosts, e.g. ps-1) whose partitions move to "
+                        "the others before it stops: its machine is being taken away.")
 
 
 def _main_scale(command: list[str]) -> int:
     from keras_elastic.launcher.launcher import DESIRED_WORKERS_FILE
+    from keras_elastic.launcher.server_scaler import (
+        DESIRED_SERVERS_FILE,
+        DRAIN_SERVER_FILE,
+    )
 
-    if not FLAGS.job_dir or FLAGS.num_workers is None:
-        raise UsageError("--job_dir and --num_workers are required")
-    _read_cluster(FLAGS.job_dir)
-    path = os.path.join(FLAGS.job_dir, DESIRED_WORKERS_FILE)
-    with open(path + ".tmp", "w") as f:
-        f.write(str(FLAGS.num_workers))
-    os.replace(path + ".tmp", path)
-    print(f"asked the launcher for {FLAGS.num_workers} workers")
+    asked = {"num_workers": FLAGS.num_workers, "num_ps": FLAGS.num_ps,
+             "drain_ps": FLAGS.drain_ps}
+    if not FLAGS.job_dir or all(v is None for v in asked.values()):
+        raise UsageError("--job_dir and one of --num_workers, --num_ps, --drain_ps "
+                         "are required")
+    if FLAGS.num_ps is not None and FLAGS.num_ps < 1:
+        raise UsageError(f"--num_ps must be at least 1, got {FLAGS.num_ps}")
+    cluster = _read_cluster(FLAGS.job_dir)
+    if FLAGS.drain_ps is not None:
+        names = [h.get("name") for h in cluster.get("ps_hosts") or ()]
+        if FLAGS.drain_ps not in names:
+            raise UsageError(f"--drain_ps={FLAGS.drain_ps}: the job's server processes "
+                             f"are {', '.join(map(str, names)) or 'unknown'} "
+                             "(cluster.json's ps_hosts)")
+    for value, name, said in (
+            (FLAGS.num_workers, DESIRED_WORKERS_FILE, "{} workers"),
+            (FLAGS.num_ps, DESIRED_SERVERS_FILE, "{} parameter servers"),
+            (FLAGS.drain_ps, DRAIN_SERVER_FILE, "{} drained")):
+        if value is None:
+            continue
+        path = os.path.join(FLAGS.job_dir, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(str(value))
+        os.replace(path + ".tmp", path)
+        print("asked the launcher for " + said.format(value))
     return 0
 
 
 subcommand(
-    "scale", "change the number of workers of a running job",
-    "--job_dir=DIR --num_workers=N",
+    "scale", "change the number of workers or parameter servers of a running job",
+    "--job_dir=DIR [--num_workers=N] [--num_ps=N] [--drain_ps=NAME]",
     "Asks the launcher of the job running with --job_dir for --num_workers "
     "workers (kept within the job's --min_workers/--max_workers): it starts or "
-    "stops workers to match.",
+    "stops workers to match; for --num_ps parameter-server processes (1 to the "
+    "job's --ps_partitions): it starts or stops processes and moves partitions "
+    "between them while the job trains; --drain_ps moves one process's "
+    "partitions to the others, then stops it.",
 )((_define_scale, _main_scale))
 
 

@@ -95,6 +95,11 @@ class LaunchConfig:
 
     num_workers: int = _flag(1, "Workers to start.")
     num_ps: int = _flag(1, "Parameter servers to start.")
+    ps_partitions: int = _flag(
+        0, "Partitions of the model over the parameter servers (0: --num_ps): "
+        "each server process holds some; `keras-elastic scale --num_ps` moves "
+        "them between processes while the job trains, up to this many servers "
+        "(docs/elastic_servers.md).")
     min_workers: int = _flag(0, "Fewest workers (0: num_workers).")
     max_workers: int = _flag(0, "Most workers (0: num_workers).")
     autoscale: bool = _flag(
@@ -227,6 +232,12 @@ class LaunchConfig:
             return self.tls
         return not tls.is_loopback(self.bind) and not self.insecure
 
+    @property
+    def partitions(self) -> int:
+        """The model's partitions over the parameter servers (what workers and
+        checkpoints see as servers; at most this many server processes)."""
+        return self.ps_partitions or self.num_ps
+
     def validate(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"--num_workers must be at least 1, got {self.num_workers}")
@@ -243,6 +254,14 @@ class LaunchConfig:
         if self.max_worker_restarts < 0:
             raise ValueError("--max_worker_restarts must be >= 0, got "
                              f"{self.max_worker_restarts}")
+        if self.ps_partitions and self.ps_partitions < self.num_ps:
+            raise ValueError(f"--ps_partitions={self.ps_partitions} is fewer than "
+                             f"--num_ps={self.num_ps}: every server holds at least "
+                             "one partition")
+        if self.ps_replicas == 2 and self.partitions != self.num_ps:
+            raise ValueError(f"--ps_replicas=2 with --ps_partitions={self.partitions} "
+                             f"over --num_ps={self.num_ps}: servers with backups "
+                             "hold one partition each (leave --ps_partitions out)")
         if self.ps_replicas not in (1, 2):
             raise ValueError(f"--ps_replicas must be 1 (no backup) or 2 (a backup of "
                              f"each server), got {self.ps_replicas}")

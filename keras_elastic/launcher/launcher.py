@@ -68,6 +68,7 @@ from keras_elastic.launcher.config import LaunchConfig
 from keras_elastic.launcher.job_log import JobLog
 from keras_elastic.launcher.policy import FailurePolicy
 from keras_elastic.launcher.report import Artifacts, progress_line, summary_text
+from keras_elastic.launcher.server_scaler import ServerScaler
 from keras_elastic.launcher.services import (
     JobServices,
     check_journal,
@@ -125,6 +126,8 @@ class Launcher:
             raise
         # (made once nothing refused the job: no file of a job never started)
         self.log = JobLog(self.job_dir)  # JOB_DIR/launcher.log
+        # `keras-elastic scale --num_ps / --drain_ps`: servers moved live.
+        self.server_scaler = ServerScaler(self.services)
         self.server_load: ServerLoad | None = None
         self.autoscaler: Autoscaler | None = None
         if config.autoscale:
@@ -199,6 +202,8 @@ class Launcher:
                 if self.autoscaler is not None and not self.group.job_over():
                     self.autoscaler.tick(status, servers=self.config.num_ps)
                 self.group.scale()
+                if not self.group.job_over():
+                    self.server_scaler.tick()
                 if time.time() - last_progress >= self.config.progress_interval:
                     last_progress = time.time()
                     self.log.say(progress_line(status, self.group.pending_slots))
@@ -254,6 +259,7 @@ class Launcher:
                            ps_recoveries=services.recoveries,
                            ps_backups_lost=services.backup_losses,
                            ps_backups_rebuilt=services.backup_rebuilds,
+                           ps_scaling=self.server_scaler.records,
                            master_restarts=services.master_restarts,
                            master_recoveries=services.master_recoveries,
                            resumed_from=services.resumed_from,
@@ -285,6 +291,7 @@ class Launcher:
     def _shutdown(self) -> None:
         if self.server_load is not None:
             self.server_load.stop()
+        self.server_scaler.stop()
         self.services.stop_background()
         self.group.stop()
         self.services.stop()

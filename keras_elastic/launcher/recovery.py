@@ -87,7 +87,8 @@ class ServiceHost(Protocol):
 
     def _master_args(self, port: int = 0) -> list[str]: ...
 
-    def _ps_args(self, i: int, port: int = 0) -> list[str]: ...
+    def _ps_args(self, i: int, port: int = 0, backup: bool = False,
+                 partitions: list[int] | None = None) -> list[str]: ...
 
     def write_cluster_file(self) -> None: ...
 
@@ -145,14 +146,18 @@ class Recovery:
         old.close()
 
     # -- a parameter server ---------------------------------------------------
-    def recover_ps(self, i: int, reason: str) -> dict[str, Any] | None:
-        """Restarts parameter server `i` from the latest automatic checkpoint;
-        the master goes back to it, the other servers keep their state (see
+    def recover_ps(self, i: int | list[int], reason: str) -> dict[str, Any] | None:
+        """Restarts parameter server `i` (the process of partitions `i`, a
+        list) from the latest automatic checkpoint, as one process holding
+        them all; the master goes back to it, the other servers keep their
+        state (see
         the module doc). Returns the record of the recovery, or None if it
         was interrupted (another server died meanwhile: the next check
         recovers that one). Raises RecoveryFailed."""
         host = self.host
-        if self._backup_ready(i):
+        held = [i] if isinstance(i, int) else sorted(i)
+        i = held[0]
+        if len(held) == 1 and self._backup_ready(i):
             return self.fail_over(i, reason)
         self._drop_backup(i)
         started = time.time()
@@ -167,14 +172,15 @@ class Recovery:
                                      f"restored: {e}") from None
             # Its old port locally; on a cluster it may land on another node.
             port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
-            args = host._ps_args(i, port)
+            args = host._ps_args(i, port, partitions=held)
             if checkpoint is not None:
                 # Paused until the master has rolled back too (see below).
                 args += [f"--restore_from={checkpoint.path}", "--paused"]
             for attempt in range(5):
                 try:
-                    host.ps_procs[i], info = host._start_service(
-                        f"ps-{i}", "keras_elastic.ps", args)
+                    proc, info = host._start_service(f"ps-{i}", "keras_elastic.ps", args)
+                    for p in held:
+                        host.ps_procs[p] = proc
                     break
                 except ProcessStartError as e:
                     if attempt == 4:
@@ -185,14 +191,15 @@ class Recovery:
             if address != host.ps_addresses[i]:
                 logging.warning("parameter server %d moved from %s to %s", i,
                                 host.ps_addresses[i], address)
-                host.ps_addresses[i] = address
+                for p in held:
+                    host.ps_addresses[p] = address
                 host.checkpointer.set_ps_addresses(host.ps_addresses)
             # Clients waiting for it find its address there (it is paused
             # until the rollback below is done), and the new generation.
             host.write_cluster_file()
             self.fence_all()
             undone = {}
-            others = [j for j in range(self.num_ps) if j != i]
+            others = [j for j in range(self.num_ps) if j not in held]
             if checkpoint is not None:
                 # The master goes back to the checkpoint's progress; the other
                 # servers keep their state, their task logs say what they
@@ -203,7 +210,8 @@ class Recovery:
                     checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
                     prepare=lambda client: [client.pause(j) for j in others])
             host.write_cluster_file()
-            return {"ps": i, "reason": reason, "generation": host.generation,
+            return {"ps": i, "partitions": held, "reason": reason,
+                    "generation": host.generation,
                     "checkpoint": getattr(checkpoint, "path", None),
                     "completions_undone": undone, "servers_kept": others,
                     "seconds": round(time.time() - started, 2), "at": time.time()}

@@ -44,6 +44,7 @@ from concurrent import futures
 from absl import logging
 
 from keras_elastic.common import auth, rpc, tls
+from keras_elastic.launcher import placement
 from keras_elastic.launcher.auto_checkpointer import (
     INIT,
     AutoCheckpointer,
@@ -112,7 +113,7 @@ class JobServices:
         # (One thread: a lost backup's detach, then its successor's build.)
         self._builder = futures.ThreadPoolExecutor(1, "backup-build")
         self._builds_tried: dict[int, int] = {}
-        self.recovery = Recovery(self, config.num_ps)
+        self.recovery = Recovery(self, config.partitions)
         interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
         self.prober = HealthProber(
@@ -168,13 +169,18 @@ class JobServices:
         return start_service(name, module, args, self.job_dir, backend=self.backend,
                              kind=name.split("-")[0])
 
-    def _ps_args(self, i: int, port: int = 0, backup: bool = False) -> list[str]:
-        args = [f"--ps_index={i}", f"--num_ps={self.config.num_ps}",
+    def _ps_args(self, i: int, port: int = 0, backup: bool = False,
+                 partitions: list[int] | None = None) -> list[str]:
+        """A server process's flags: partition `i`, or `partitions` (of the
+        job's --ps_partitions), none (`[]`: one that waits for moves)."""
+        args = [f"--ps_index={i}", f"--num_ps={self.config.partitions}",
                 f"--job_dir={self.job_dir}",
                 f"--host={self.backend.service_host()}",
                 f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
                 f"--generation={self.generation}",
                 f"--backup_timeout={backup_timeout(self.config.liveness_timeout)}"]
+        if partitions is not None and partitions != [i]:
+            args.append(f"--partitions={','.join(map(str, partitions)) or 'none'}")
         if backup:
             return args + ["--backup"]
         return args + [
@@ -201,12 +207,15 @@ class JobServices:
         os.makedirs(os.path.join(self.ps_checkpoint_dir, INIT), exist_ok=True)
         resume_from = None
         if self.config.resume:
-            resume_from = latest_checkpoint(self.ps_checkpoint_dir, self.config.num_ps)
+            resume_from = latest_checkpoint(self.ps_checkpoint_dir,
+                                            self.config.partitions)
         services = [("master", "keras_elastic.master", self._master_args())]
         backups = self.config.ps_replicas > 1
-        for i in range(self.config.num_ps):
+        layout = placement.initial(self.config.partitions, self.config.num_ps)
+        for held in layout:
+            i = held[0]
             for backup in (False, True) if backups else (False,):
-                args = self._ps_args(i, backup=backup)
+                args = self._ps_args(i, backup=backup, partitions=held)
                 if resume_from is not None:
                     args += [f"--restore_from={resume_from.path}", "--paused"]
                 services.append((f"ps-{i}" + ("b" if backup else ""),
@@ -216,9 +225,15 @@ class JobServices:
             services, self.job_dir, backend=self.backend)
         self.master_address = self._advertised(info["address"])
         step = 2 if backups else 1
-        self.ps_procs = [proc for proc, _ in servers[::step]]
-        self.ps_addresses = [self._advertised(ps_info["address"])
-                             for _, ps_info in servers[::step]]
+        # Per partition: the process holding it (shared by the partitions of
+        # one process) and its address.
+        self.ps_procs, self.ps_addresses = [], []
+        by_partition = {p: (proc, self._advertised(ps_info["address"]))
+                        for held, (proc, ps_info) in zip(layout, servers[::step])
+                        for p in held}
+        for p in range(self.config.partitions):
+            self.ps_procs.append(by_partition[p][0])
+            self.ps_addresses.append(by_partition[p][1])
         if backups:
             self.backup_procs = [proc for proc, _ in servers[1::2]]
             self.backup_addresses = [self._advertised(ps_info["address"])
@@ -257,6 +272,13 @@ class JobServices:
         logging.info("every parameter server has a backup: %s",
                      ", ".join(self.backup_addresses))
 
+    def hosts(self) -> list[tuple[RoleHandle, list[int]]]:
+        """The server processes, each with the partitions it holds."""
+        held: dict[int, tuple[RoleHandle, list[int]]] = {}
+        for p, proc in enumerate(self.ps_procs):
+            held.setdefault(id(proc), (proc, []))[1].append(p)
+        return list(held.values())
+
     # -- cluster.json -----------------------------------------------------------
     def write_cluster_file(self) -> None:
         """JOB_DIR/cluster.json: where the services are (clients re-read it
@@ -273,6 +295,10 @@ class JobServices:
             # Lost workers whose replacement waits for room on the backend.
             "worker_slots_pending": pending_slots,
             "ps_pids": [p.pid for p in self.ps_procs],
+            # The server processes and the partitions each holds.
+            "ps_hosts": [{"name": proc.name, "pid": proc.pid,
+                          "address": self.ps_addresses[held[0]], "partitions": held}
+                         for proc, held in self.hosts()],
             # --ps_replicas=2: each server's backup (None: it has none now).
             "ps_backups": self.backup_addresses,
             "ps_backup_pids": [p.pid if p else None for p in self.backup_procs],
@@ -370,13 +396,18 @@ class JobServices:
                 if exited is not None:
                     self._backup_lost(i, exited[1])
                     self._rebuild_backup(i)
-        for i, proc in enumerate(self.ps_procs):
-            exited = self._exit_or_lost(f"ps-{i}", proc)
+        for proc, held in self.hosts():
+            exited = None
+            for p in held:
+                exited = self._exit_or_lost(f"ps-{p}", proc)
+                if exited is not None:
+                    break
             if exited is not None:
-                error = self._recover_ps(i, exited[1])
+                error = self._recover_ps(held, exited[1])
                 if error:
                     return error
-                self._rebuild_backup(i)
+                for p in held:
+                    self._rebuild_backup(p)
         return None
 
     def _rebuild_backup(self, i: int) -> None:
@@ -474,10 +505,11 @@ class JobServices:
             logging.warning("could not detach the backup of parameter server %d (it "
                             "detaches it itself after its backup_timeout): %s", i, e)
 
-    def _recover_ps(self, i: int, reason: str) -> str | None:
-        """Restarts parameter server `i` on its address from the latest
-        automatic checkpoint; the other servers and the master go back to it.
-        Returns why the job fails, None otherwise."""
+    def _recover_ps(self, held: list[int], reason: str) -> str | None:
+        """Restarts the server process of partitions `held` on its address
+        from the latest automatic checkpoint (or promotes its backup); the
+        master goes back to it. Returns why the job fails, None otherwise."""
+        i = held[0]
         proc = self.ps_procs[i]
         proc.close()
         building = self._building.get(i)
@@ -496,10 +528,11 @@ class JobServices:
         logging.warning("parameter server %d %s; restarting it (restart %d of %d)", i,
                         reason, self.ps_restarts, self.config.max_ps_restarts)
         try:
-            record = self.recovery.recover_ps(i, reason)
+            record = self.recovery.recover_ps(held, reason)
         except RecoveryFailed as e:
             return str(e)
-        self.prober.set_target(f"ps-{i}", self.ps_addresses[i])
+        for p in held:
+            self.prober.set_target(f"ps-{p}", self.ps_addresses[p])
         self.prober.recovered()  # (the other servers were paused meanwhile)
         if record is not None and record.get("failover"):
             self.prober.remove_target(f"ps-{i}b")
@@ -569,7 +602,8 @@ class JobServices:
             except (futures.CancelledError, futures.TimeoutError, ProcessStartError,
                     ConnectionError, ValueError):
                 pass
-        for proc in [*self.ps_procs, *(p for p in self.backup_procs if p)]:
+        for proc in [*(proc for proc, _ in self.hosts()),
+                     *(p for p in self.backup_procs if p)]:
             proc.terminate()
         if self.master_proc is not None:
             self.master_proc.terminate()

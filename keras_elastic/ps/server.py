@@ -133,7 +133,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("ps_index", 0, "Index of this parameter server (the "
                          "partition it holds, without --partitions).")
     flags.DEFINE_list("partitions", None, "The partitions this server holds (of "
-                      "--num_ps); default: --ps_index alone.")
+                      "--num_ps); default: --ps_index alone; `none`: it waits for "
+                      "partitions to move in (keras-elastic scale --num_ps).")
     flags.DEFINE_integer("num_ps", 1, "Number of parameter servers in the job.")
     flags.DEFINE_integer("grads_to_wait", 1,
                          "Gradients averaged per update (1: asynchronous SGD).")
@@ -177,8 +178,9 @@ def main(argv) -> None:
     faults.set_role(f"ps{FLAGS.ps_index}" + ("b" if FLAGS.backup else ""))
     stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
     try:
-        partitions = ([int(p) for p in FLAGS.partitions] if FLAGS.partitions
-                      else None)
+        partitions = (None if not FLAGS.partitions
+                      else [] if FLAGS.partitions == ["none"]
+                      else [int(p) for p in FLAGS.partitions])
     except ValueError:
         raise app.UsageError(f"--partitions={','.join(FLAGS.partitions)}: give "
                              "partition numbers, e.g. --partitions=0,2") from None

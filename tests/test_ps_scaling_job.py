@@ -1,0 +1,159 @@
+"""Parameter servers added, removed and drained while a job trains (issue 43,
+item 3): `keras-elastic scale --num_ps` and `--drain_ps` move partitions
+between server processes (`launcher/server_scaler.py`, `ps/moves.py`); the
+counting model stays exact, nothing rolls back, nothing is trained again.
+
+Each change is asked while a worker's push is held at a fault point (the
+other worker trains on), so it happens mid-epoch by the code's clock, not a
+guess from the job's status.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, subprocess_env, wait_for
+from support.counting_jobs import check_exact, counting_job, write_data
+
+from keras_elastic.common import faults as faults_mod
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_data(str(tmp_path_factory.mktemp("counting")))
+
+
+def cluster(job_dir) -> dict:
+    return json.loads((job_dir / "cluster.json").read_text())
+
+
+def scale(job_dir, *flags: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_elastic", "scale", f"--job_dir={job_dir}", *flags],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def hosts(job_dir) -> list[list[int]]:
+    return sorted(h["partitions"] for h in cluster(job_dir)["ps_hosts"])
+
+
+def run_with_changes(tmp_path, data, changes, *flags):
+    """The counting job with 4 partitions on 2 servers; at each hold in
+    `changes` ({fault entry: (scale flags, the hosts' partitions after)}),
+    the change is asked and awaited, then the held push goes on."""
+    holds = ",".join(changes)
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=2", "--ps_partitions=4", "--ps_checkpoint_secs=1000",
+        *flags, script_args=("--sleep_per_batch=0.03",), background=True, faults=holds)
+    job_dir = tmp_path / "job"
+    try:
+        for hold, (scale_flags, after) in changes.items():
+            faults_mod.wait_held(str(tmp_path / "faults"), hold, timeout=300)
+            scale(job_dir, *scale_flags)
+            wait_for(lambda after=after: hosts(job_dir) == after, timeout=120,
+                     what=f"the servers' partitions {after}")
+            faults_mod.release(str(tmp_path / "faults"), hold)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output[-4000:]
+    check_exact(tmp_path, out, output)
+    return output, json.loads((job_dir / "summary.json").read_text())
+
+
+def test_servers_scaled_2_to_4_to_1_during_training_stay_exact(tmp_path, data):
+    output, summary = run_with_changes(tmp_path, data, {
+        # (One entry per fault point.) Two more processes, one partition each.
+        "after_push@15:w0=hold": (("--num_ps=4",), [[0], [1], [2], [3]]),
+        # Later (worker 1 trained on meanwhile): every partition into one.
+        "after_claim@12:w1=hold": (("--num_ps=1",), [[0, 1, 2, 3]]),
+    })
+    scaling = summary["ps_scaling"]
+    assert [(r["servers_before"], r["servers_after"]) for r in scaling] == [
+        (2, 4), (4, 1)], scaling
+    assert [len(r["moves"]) for r in scaling] == [2, 3] and not any(
+        r["failed"] for r in scaling), scaling
+    assert len(scaling[1]["stopped"]) == 3
+    # No recovery, no rollback: nothing was trained again.
+    assert summary["ps_recoveries"] == [] and summary["ps_restarts"] == 0
+    assert summary["requeued"] == 0, summary["requeued"]
+    assert "partition(s) moved" in output
+
+
+def test_a_drained_server_hands_its_partitions_over_and_stops(tmp_path, data):
+    output, summary = run_with_changes(tmp_path, data, {
+        "after_push@20:w1=hold": (("--drain_ps=ps-1",), [[0, 1, 2, 3]]),
+    })
+    (record,) = summary["ps_scaling"]
+    assert record["request"] == {"drain": "ps-1"} and record["stopped"] == ["ps-1"]
+    assert sorted(m["partition"] for m in record["moves"]) == [1, 3]
+    assert summary["ps_recoveries"] == [] and summary["requeued"] == 0
+
+
+def test_a_process_holding_two_partitions_is_recovered_as_one(tmp_path, data):
+    # One process holds both partitions; killed as its 60th push arrives
+    # (its fault role is its first partition's), it comes back as one
+    # process holding both, from the checkpoint: exact.
+    out, result = counting_job(
+        tmp_path, data, "--num_ps=1", "--ps_partitions=2", "--ps_checkpoint_secs=1",
+        script_args=("--sleep_per_batch=0.03",), faults="ps_push@60:ps0")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    check_exact(tmp_path, out, output)
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    (recovery,) = summary["ps_recoveries"]
+    assert recovery["partitions"] == [0, 1] and recovery["servers_kept"] == []
+    assert hosts(tmp_path / "job") == [[0, 1]]
+
+
+def test_a_checkpoint_taken_after_scaling_resumes_onto_another_count(tmp_path, data):
+    import os
+    import signal
+
+    from conftest import launch
+    from support.counting_jobs import SCRIPT
+
+    # Worker 0 hangs at its 15th push for good: the job cannot end before
+    # the launcher is killed.
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=2", "--ps_partitions=4", "--ps_checkpoint_secs=1",
+        script_args=("--sleep_per_batch=0.03",), faults="after_push@15:w0=hang",
+        background=True)
+    job_dir = tmp_path / "job"
+    try:
+        wait_for(lambda: "fault injection: hang" in (job_dir / "worker-0.log").read_text()
+                 if (job_dir / "worker-0.log").exists() else False, timeout=300,
+                 what="worker 0 hanging")
+        scale(job_dir, "--num_ps=4")
+        wait_for(lambda: hosts(job_dir) == [[0], [1], [2], [3]], timeout=120,
+                 what="four servers")
+        # An automatic checkpoint of the four processes.
+        log = job_dir / "launcher.log"
+        wait_for(lambda: "automatic parameter-server checkpoint" in log.read_text().split(
+            "partition(s) moved")[-1], timeout=120, what="a checkpoint after the moves")
+        pids = [p for p in cluster(job_dir)["ps_pids"]]
+        os.kill(cluster(job_dir)["launcher_pid"], signal.SIGKILL)
+        proc.communicate(timeout=60)
+        wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids),
+                 timeout=60, what="the servers to be gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # Three processes now, the same four partitions.
+    args = (f"--data={data}", "--epochs=2", f"--output={out}", "--sleep_per_batch=0.01")
+    result = launch(str(job_dir), SCRIPT, "--num_workers=2", "--num_ps=3",
+                    "--ps_partitions=4", "--resume", script_args=args, timeout=400)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["resumed_from"]["checkpoint"], summary["resumed_from"]
+    # (The --num_ps=4 asked of the first run is not this run's.)
+    assert hosts(job_dir) == [[0, 3], [1], [2]]
+    check_exact(tmp_path, out, output)

@@ -32,6 +32,18 @@ model in 64 tensors): (server CPU per push with 64 tensors - with 4) / 60,
 and the same for the client's CPU (a model of many small variables pays it
 per variable on both ends).
 
+Last, a server added while the workers push (`--live_add_workers`, default
+8; 0: not measured): one process holds both partitions of a 2-partition
+model (`--ps_partitions=2` over 1 server), a second process is started
+empty, and partition 1 moves to it while the simulated workers push
+(`ps/moves.py`, as `keras-elastic scale --num_ps 2` does; the workers follow
+it through the job's cluster.json). Printed: pushes/s before the move, during
+the phase the move happens in (its longest push), and after, with the ratio
+after / before, in the same run. The new process runs on the same machine:
+with few cores, servers and clients share them, and the ratio says what a
+second server process costs or gains here (`--server_cores` gives each its
+own).
+
 ```
 PYTHONPATH=. python bench/bench_ps_scaling.py
 PYTHONPATH=. python bench/bench_ps_scaling.py --model_mb=16 --seconds=10
@@ -100,13 +112,17 @@ flags.DEFINE_integer("server_cores", 0, "Cores of its own for each server proces
                      "and clients do not share cores, so a server's busy figure and the "
                      "scaling efficiency are the servers' own. 0: all processes share "
                      "every core.", lower_bound=0)
+flags.DEFINE_integer("live_add_workers", 8, "Also measure adding a server while this "
+                     "many simulated workers push: pushes/s before and after a "
+                     "partition moves to a new process (0: not measured).",
+                     lower_bound=0)
 flags.DEFINE_bool("smoke", False, "Tiny sizes (1 and 2 servers, a 0.1 MB model, 2 and "
                   "4 workers, 1 s per configuration; a test runs it: "
                   "tests/test_bench_smoke*.py); the figures mean nothing.")
 
 # --smoke: the values of the flags not given on the command line.
 SMOKE = {"num_ps": ["1", "2"], "workers": ["2", "4"], "model_mb": 0.1, "tensors": 4,
-         "client_processes": 2, "seconds": 1.0, "warmup": 0.3}
+         "client_processes": 2, "seconds": 1.0, "warmup": 0.3, "live_add_workers": 2}
 
 _MB = 1_000_000
 # --server_cores: {"servers": [the cores of server i], "clients": [cores]}.
@@ -120,7 +136,8 @@ def model_shapes(num_ps: int, model_mb: float, tensors: int) -> dict[str, int]:
 
 # -- the simulated workers (client processes) --------------------------------
 def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
-                    threads: int, first_id: int, commands, results) -> None:
+                    threads: int, first_id: int, commands, results,
+                    job_dir: str | None = None) -> None:
     """`threads` workers, each a `PSClient` (`kind` "ps") or an `EchoClient`
     sending the same bytes ("echo"); runs the phases it is told (`(active
     threads, start time, measured seconds, warm-up seconds)`) until told None;
@@ -134,9 +151,14 @@ def _client_process(kind: str, addresses: list[str], shapes: dict[str, int],
         clients = [EchoClient(addresses) for _ in range(threads)]
         exchanges = [lambda c=c: c.exchange(sent) for c in clients]
     else:
+        from keras_elastic.common.resolver import ClusterResolver
         from keras_elastic.ps.client import PSClient
 
-        clients = [PSClient(addresses, worker_id=first_id + k, resolver=None)
+        # With a job directory, the clients follow moved partitions through
+        # its cluster.json, as a job's workers do.
+        resolver = ClusterResolver(job_dir) if job_dir else None
+        clients = [PSClient(addresses, worker_id=first_id + k, resolver=resolver,
+                            reconnect_timeout=60)
                    for k in range(threads)]
         for client in clients:  # learn the servers' versions (a worker's first pull)
             client.pull()
@@ -188,7 +210,7 @@ class Clients:
     """`--client_processes` processes holding `max(--workers)` workers."""
 
     def __init__(self, addresses: list[str], shapes: dict[str, int],
-                 max_workers: int, kind: str = "ps") -> None:
+                 max_workers: int, kind: str = "ps", job_dir: str | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self.count = min(FLAGS.client_processes, max_workers)
         per = -(-max_workers // self.count)
@@ -196,7 +218,8 @@ class Clients:
         self.results = context.Queue()
         self.commands = [context.Queue() for _ in range(self.count)]
         self.procs = [context.Process(target=_client_process, args=(
-            kind, addresses, shapes, per, i * per, self.commands[i], self.results))
+            kind, addresses, shapes, per, i * per, self.commands[i], self.results,
+            job_dir))
             for i in range(self.count)]
         for p in self.procs:
             p.start()
@@ -329,6 +352,80 @@ def measure_phase(clients: Clients, ps_pids: list[int], workers: int) -> dict:
             "client_cpu_per_push": client_cpu / max(pushes, 1),
             "ps_busy": ps_cpu / FLAGS.seconds,
             "client_busy": client_cpu / FLAGS.seconds}
+
+
+def measure_live_add(workers: int, job_dir: str, model_mb: float, tensors: int
+                     ) -> dict[str, dict]:
+    """Pushes of `workers` simulated workers against a 2-partition model held
+    by one process, before, during and after partition 1 moves to a second
+    process (module doc). Returns {"before", "during", "after"}: figures of
+    `measure_phase`, "during" with the move's seconds."""
+    import json
+
+    from keras_elastic.launcher.backends import start_services
+    from keras_elastic.ps.client import PSClient
+    from keras_elastic.ps.moves import move_partition
+
+    live_dir = os.path.join(job_dir, "live-add")
+    os.makedirs(live_dir, exist_ok=True)
+    started = start_services([
+        ("ps-0", "keras_elastic.ps", ["--ps_index=0", "--num_ps=2", "--partitions=0,1",
+                                      "--grads_to_wait=1", f"--job_dir={live_dir}"]),
+        ("ps-n0", "keras_elastic.ps", ["--ps_index=2", "--num_ps=2", "--partitions=none",
+                                       "--grads_to_wait=1", f"--job_dir={live_dir}"])],
+        live_dir)
+    (old, old_info), (new, new_info) = started
+
+    def write_cluster(ps: list[str]) -> None:
+        path = os.path.join(live_dir, "cluster.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"ps": ps}, f)
+        os.replace(path + ".tmp", path)
+
+    try:
+        a, b = old_info["address"], new_info["address"]
+        write_cluster([a, a])
+        shapes = model_shapes(2, model_mb, tensors)
+        init = PSClient([a, a], worker_id=10_000, resolver=None)
+        rng = np.random.default_rng(0)
+        init.init({n: (rng.standard_normal(size, dtype=np.float32), True)
+                   for n, size in shapes.items()},
+                  {"class_name": FLAGS.optimizer, "config": {"learning_rate": 1e-6}})
+        init.close()
+        clients = Clients([a, a], shapes, workers, job_dir=live_dir)
+        pids = [old_info["pid"], new_info["pid"]]
+        try:
+            rows = {"before": measure_phase(clients, pids, workers)}
+            moved: dict[str, float] = {}
+
+            def move() -> None:
+                time.sleep(FLAGS.warmup + FLAGS.seconds / 3)
+                moved["seconds"] = move_partition(
+                    1, a, b, os.path.join(live_dir, "moves"),
+                    switch=lambda: write_cluster([a, b]))
+
+            mover = threading.Thread(target=move)
+            mover.start()
+            rows["during"] = measure_phase(clients, pids, workers)
+            mover.join()
+            rows["during"]["move_s"] = moved.get("seconds", float("nan"))
+            rows["after"] = measure_phase(clients, pids, workers)
+        finally:
+            clients.close()
+        return rows
+    finally:
+        old.terminate()
+        new.terminate()
+
+
+def report_live_add(rows: dict[str, dict]) -> list[str]:
+    before, during, after = rows["before"], rows["during"], rows["after"]
+    return ["", f"  a server added while {before['workers']} workers push (a "
+            f"2-partition model; partition 1 moves from the first process to a new "
+            f"one): pushes/s before {before['rate']:.1f}, during the move "
+            f"{during['rate']:.1f} (the move {during['move_s']:.2f} s, p90 push "
+            f"{during['p90_ms']:.1f} ms), after {after['rate']:.1f}: ratio after / "
+            f"before {after['rate'] / max(before['rate'], 1e-9):.2f}"]
 
 
 def _row(label: str, r: dict, model_mb: float) -> str:
@@ -489,6 +586,9 @@ def main(argv: list[str]) -> None:
         if FLAGS.per_tensor_tensors > tensors:
             many = measure_servers(1, workers, job_dir, kb, FLAGS.per_tensor_tensors)[0]
             show(report_per_tensor(fixed, many, tensors, FLAGS.per_tensor_tensors))
+    if FLAGS.live_add_workers:
+        show(report_live_add(measure_live_add(FLAGS.live_add_workers, job_dir,
+                                              FLAGS.model_mb, FLAGS.tensors)))
     print(f"  ({time.time() - started:.0f} s in all; service logs in {job_dir})",
           flush=True)
 

@@ -51,6 +51,11 @@ def test_ps_scaling(tmp_path):
     found = figures(r"cost of each tensor of a push \(4 KB model in 64 tensors "
                     rf"against 4\): {NUM} us of server CPU, {NUM} us of client CPU", out)
     assert len(found) == 1, out
+    # A server added while 2 workers push: pushes/s before, during, after.
+    found = figures(r"a server added while 2 workers push .*: pushes/s before "
+                    rf"{NUM}, during the move {NUM} \(the move {NUM} s, p90 push "
+                    rf"{NUM} ms\), after {NUM}: ratio after / before {NUM}", out)
+    assert len(found) == 1 and all(v > 0 for v in found[0]), out
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")

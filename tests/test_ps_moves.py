@@ -83,6 +83,11 @@ def test_a_partition_moves_while_a_worker_pushes_and_nothing_is_lost_or_doubled(
     client.init({n: (np.zeros(3, np.float32), True) for n in NAMES}, SGD1)
     moved_names = [n for n in NAMES if client.owner(n) == 1]
     assert moved_names
+    # A client that does not push while the partition moves (it learns of
+    # the move from the old process's answer, after it).
+    idle = PSClient([a.address, a.address], resolver=ClusterResolver(job_dir),
+                    reconnect_timeout=30)
+    idle.pull()
     errors: list[BaseException] = []
     done = threading.Event()
     count = 0
@@ -126,6 +131,14 @@ def test_a_partition_moves_while_a_worker_pushes_and_nothing_is_lost_or_doubled(
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "it moved" in refused.value.details()
     channel.close()
+    # A push without task ranges is not repeated after a lost reply (it could
+    # be applied twice), but one the old process refused, applying nothing,
+    # is sent where the partition is now: applied once.
+    reply = idle.send(Update(grads={n: np.full(3, -1, np.float32) for n in NAMES}))
+    assert reply.accepted and set(reply.statuses.values()) == {"applied"}
+    values = client.pull()
+    assert all((values[n] == count + 1).all() for n in NAMES), (count, values)
+    idle.close()
     client.close()
 
 

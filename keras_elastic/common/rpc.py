@@ -73,6 +73,18 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 # The metadata key naming the parameter-server partition a call is for
 # (`ps/host.py`: a process may hold several).
 PARTITION_METADATA = "ke-partition"
+# How a process answers a call for a partition it does not hold (it moved, or
+# is not there yet): UNAVAILABLE with details that begin so. Nothing of such
+# a call was applied: even a call that is not safe to repeat may be sent
+# again, where cluster.json says the partition is now (`is_misdirected`).
+PARTITION_ELSEWHERE = "not here: "
+
+
+def is_misdirected(error: grpc.RpcError) -> bool:
+    """The call reached a parameter-server process that does not hold its
+    partition: nothing of it was applied."""
+    return (error.code() == grpc.StatusCode.UNAVAILABLE
+            and (error.details() or "").startswith(PARTITION_ELSEWHERE))
 
 _CHANNEL_OPTIONS = _OPTIONS + [
     ("grpc.initial_reconnect_backoff_ms", 100),

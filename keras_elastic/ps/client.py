@@ -384,12 +384,27 @@ class PSClient:
                    on_unreachable=None):
         try:
             if not retry:
-                return call()
+                return self._call_misdirected(index, call)
             return rpc.retry_unreachable(
                 call, f"parameter server {index} at {self._address(index)}",
                 self.reconnect_timeout, on_unreachable)
         except grpc.RpcError as e:
             raise self._error(index, method, e) from None
+
+    def _call_misdirected(self, index: int, call):
+        """`call()` (not safe to repeat), sent again only while the process it
+        reached says it does not hold the partition (nothing applied: the
+        partition moved, and cluster.json says where), for up to
+        `reconnect_timeout` seconds."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as e:
+                if not rpc.is_misdirected(e) or time.monotonic() > deadline:
+                    raise
+                rpc.refresh_all()
+                time.sleep(0.05)
 
     def _took(self, index: int, header) -> None:
         if header.incarnation != self.incarnations[index]:

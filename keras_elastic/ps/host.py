@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 import grpc
 from absl import logging
 
-from keras_elastic.common.rpc import PARTITION_METADATA
+from keras_elastic.common.rpc import PARTITION_ELSEWHERE, PARTITION_METADATA
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
 
@@ -110,7 +110,8 @@ class PartitionHost:
         if servicer is None:
             context.abort(
                 grpc.StatusCode.UNAVAILABLE,
-                f"parameter-server partition {partition} is not on this process"
+                f"{PARTITION_ELSEWHERE}parameter-server partition {partition} is not "
+                "on this process"
                 + (" any more (it moved)" if moved else "")
                 + "; its address is in the job's cluster.json: retry there")
         return servicer

@@ -157,3 +157,38 @@ def test_a_checkpoint_taken_after_scaling_resumes_onto_another_count(tmp_path, d
     # (The --num_ps=4 asked of the first run is not this run's.)
     assert hosts(job_dir) == [[0, 3], [1], [2]]
     check_exact(tmp_path, out, output)
+
+
+def test_table_rows_move_with_their_partitions_1_to_3_servers_exact(tmp_path, data):
+    # An embedding table on the servers (the counting model's: record i adds
+    # one on row i % 300); its rows live in 3 partitions, all on one process,
+    # then each on its own (the CTR example's tables scaled live). Every row
+    # counts each of its records once per epoch, wherever it was applied.
+    holds = "after_push@15:w0=hold"
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=1", "--ps_partitions=3", "--ps_checkpoint_secs=1000",
+        script_args=("--sleep_per_batch=0.03", "--table_rows=300"), background=True,
+        faults=holds)
+    job_dir = tmp_path / "job"
+    try:
+        faults_mod.wait_held(str(tmp_path / "faults"), holds, timeout=300)
+        scale(job_dir, "--num_ps=3")
+        wait_for(lambda: hosts(job_dir) == [[0], [1], [2]], timeout=120,
+                 what="three servers")
+        faults_mod.release(str(tmp_path / "faults"), holds)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output[-4000:]
+    result = check_exact(tmp_path, out, output)
+    from support.counting_jobs import RECORDS
+
+    expected = [2 * len(range(r, RECORDS, 300)) for r in range(300)]
+    assert [abs(v) for v in result["table"]] == expected, result["table"]
+    # Each server holds the rows of its partition.
+    rows = [p["table_stats"]["0/1"]["rows"] for p in result["ps"]]
+    assert sum(rows) == 300 and all(r > 0 for r in rows), rows
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["ps_recoveries"] == [] and summary["requeued"] == 0

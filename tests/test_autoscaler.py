@@ -181,3 +181,45 @@ def test_a_window_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="--autoscale_window must be > 0, got 0"):
         LaunchConfig(num_workers=1, max_workers=2, autoscale=True,
                      autoscale_window=0).validate()
+
+
+def test_busy_servers_get_one_more_server_within_max_ps_and_keep_it_when_it_pays():
+    # One worker whose steps are mostly push and pull, its server 95% busy:
+    # a server is added (through the scaler: `apply_servers`), a second
+    # process halves each server's share, the job's samples/s doubles, and
+    # --max_ps=2 keeps it there.
+    clock, applied, said = [0.0], [], []
+    servers, tasks = [1], [0.0]
+
+    def apply_servers(n):
+        applied.append(n)
+        servers[0] = n  # (the moves take a moment: here, the next second)
+
+    scaler = Autoscaler(Limits(1, 1, 1, 2), Thresholds(settle_s=30),
+                        server_cpu=lambda: [(0.95 if servers[0] == 1 else 0.6)
+                                            * clock[0]] * servers[0],
+                        apply_workers=lambda n: None, say=said.append,
+                        clock=lambda: clock[0], apply_servers=apply_servers)
+    for t in range(1, 200):
+        clock[0] = float(t)
+        tasks[0] += 3 * servers[0]
+        scaler.tick(status([0], int(tasks[0]), timings={
+            "compute": 0.3 * t, "push": 0.7 * t}), servers=servers[0])
+    assert [tuple(d["servers"]) for d in scaler.decisions] == [(1, 2)], scaler.decisions
+    assert applied == [2] and servers[0] == 2
+    assert "add a server: the steps are 70% push and pull, and the busiest server " \
+           "is 95% busy; 2 of at most 2" in said[0], said
+    assert [w["servers"] for w in scaler.record()["windows"]] == [1, 2]
+
+
+def test_server_bounds_are_checked_with_what_to_do():
+    from keras_elastic.launcher.config import LaunchConfig
+
+    with pytest.raises(ValueError, match="--num_ps=3 is outside --min_ps=1 .. --max_ps=2"):
+        LaunchConfig(num_ps=3, min_ps=1, max_ps=2).validate()
+    with pytest.raises(ValueError, match="--max_ps=4 is more than --ps_partitions=3"):
+        LaunchConfig(num_ps=1, max_ps=4, ps_partitions=3).validate()
+    # --max_ps above --num_ps makes room in the partitions by itself.
+    config = LaunchConfig(num_ps=1, max_ps=3, autoscale=True)
+    config.validate()
+    assert config.partitions == 3 and config.ps_bounds == (1, 3)

@@ -220,13 +220,15 @@ class Autoscaler:
     def __init__(self, limits: Limits, thresholds: Thresholds,
                  server_cpu: Callable[[], list[float] | None],
                  apply_workers: Callable[[int], None], say: Callable[[str], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 apply_servers: Callable[[int], None] | None = None) -> None:
         self.limits = limits
         self.thresholds = thresholds
         self.tracker = WindowTracker(warmup_s=thresholds.settle_s / 3,
                                      reopen_s=max(120.0, 4 * thresholds.settle_s))
         self._server_cpu = server_cpu
         self._apply_workers = apply_workers
+        self._apply_servers = apply_servers
         self._say = say
         self._clock = clock
         self._began = clock()
@@ -256,10 +258,13 @@ class Autoscaler:
                        "samples_per_s": round(window.samples_per_s, 1),
                        "server_busy": window.server_busy}})
         self._say(f"[launcher] autoscale: {decision.reason} (the last "
-                  f"{window.seconds:.0f} s at {window.workers} worker(s): "
+                  f"{window.seconds:.0f} s at {window.workers} worker(s), "
+                  f"{window.servers} server(s): "
                   f"{window.samples_per_s:.0f} samples/s)")
         if decision.workers != window.workers:
             self._apply_workers(decision.workers)
+        if decision.servers != window.servers and self._apply_servers is not None:
+            self._apply_servers(decision.servers)
         return decision
 
     def record(self) -> dict:

@@ -95,8 +95,12 @@ class LaunchConfig:
 
     num_workers: int = _flag(1, "Workers to start.")
     num_ps: int = _flag(1, "Parameter servers to start.")
+    min_ps: int = _flag(0, "With --autoscale: fewest parameter servers (0: --num_ps).")
+    max_ps: int = _flag(0, "With --autoscale: most parameter servers (0: --num_ps); "
+                        "more than --num_ps makes --ps_partitions at least this many.")
     ps_partitions: int = _flag(
-        0, "Partitions of the model over the parameter servers (0: --num_ps): "
+        0, "Partitions of the model over the parameter servers (0: --num_ps, or "
+        "--max_ps if more): "
         "each server process holds some; `keras-elastic scale --num_ps` moves "
         "them between processes while the job trains, up to this many servers "
         "(docs/elastic_servers.md).")
@@ -236,7 +240,12 @@ class LaunchConfig:
     def partitions(self) -> int:
         """The model's partitions over the parameter servers (what workers and
         checkpoints see as servers; at most this many server processes)."""
-        return self.ps_partitions or self.num_ps
+        return self.ps_partitions or max(self.num_ps, self.max_ps)
+
+    @property
+    def ps_bounds(self) -> tuple[int, int]:
+        """The parameter servers' range for --autoscale."""
+        return self.min_ps or self.num_ps, self.max_ps or self.num_ps
 
     def validate(self) -> None:
         if self.num_workers < 1:
@@ -270,11 +279,19 @@ class LaunchConfig:
         if self.max_master_restarts < 0:
             raise ValueError("--max_master_restarts must be >= 0, got "
                              f"{self.max_master_restarts}")
-        if self.autoscale and self.bounds[0] == self.bounds[1]:
+        lo_ps, hi_ps = self.ps_bounds
+        if not lo_ps <= self.num_ps <= hi_ps:
+            raise ValueError(f"--num_ps={self.num_ps} is outside --min_ps={lo_ps} .. "
+                             f"--max_ps={hi_ps}")
+        if hi_ps > self.partitions:
+            raise ValueError(f"--max_ps={hi_ps} is more than --ps_partitions="
+                             f"{self.partitions}: every server holds at least one "
+                             "partition")
+        if self.autoscale and self.bounds[0] == self.bounds[1] and lo_ps == hi_ps:
             raise ValueError(
                 f"--autoscale has nothing to choose: --min_workers and --max_workers "
-                f"both come to {self.bounds[0]}; give a range, e.g. --min_workers=1 "
-                f"--max_workers=4")
+                f"both come to {self.bounds[0]}, --min_ps and --max_ps to {lo_ps}; "
+                f"give a range, e.g. --min_workers=1 --max_workers=4")
         if self.autoscale_window <= 0:
             raise ValueError(f"--autoscale_window must be > 0, got "
                              f"{self.autoscale_window}")

@@ -132,14 +132,14 @@ class Launcher:
         self.autoscaler: Autoscaler | None = None
         if config.autoscale:
             lo, hi = config.bounds
-            # Servers cannot be added to a running job yet: their bounds are
-            # --num_ps (the policy still reads their load: workers are not
-            # added when the servers are the wall).
+            # Servers within --min_ps/--max_ps (--num_ps unless given), added
+            # and removed live (server_scaler.py).
             self.server_load = ServerLoad(self.services.server_statuses)
             self.autoscaler = Autoscaler(
-                Limits(lo, hi, config.num_ps, config.num_ps),
+                Limits(lo, hi, *config.ps_bounds),
                 Thresholds(settle_s=config.autoscale_window),
-                self.server_load.latest, self._autoscale_workers, self.log.say)
+                self.server_load.latest, self._autoscale_workers, self.log.say,
+                apply_servers=self.server_scaler.ask)
         logging.info("backend: %s", self.backend.describe())
 
     def run(self) -> int:
@@ -200,7 +200,7 @@ class Launcher:
                         and not self.group.restart_if_reopened(status)):
                     break  # every worker is done, joined ones included
                 if self.autoscaler is not None and not self.group.job_over():
-                    self.autoscaler.tick(status, servers=self.config.num_ps)
+                    self.autoscaler.tick(status, servers=len(self.services.hosts()))
                 self.group.scale()
                 if not self.group.job_over():
                     self.server_scaler.tick()

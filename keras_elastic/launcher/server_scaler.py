@@ -58,6 +58,9 @@ class ServerScaler:
         # New processes being started off the loop: (the start, the request).
         self._starting: tuple[futures.Future, dict] | None = None
         self._refused: object = None  # the last request refused (logged once)
+        # The autoscaler's count and when it asked (`ask`); the newer of it
+        # and `keras-elastic scale`'s file wins.
+        self._asked: tuple[int, float] | None = None
         # Requests of an earlier run of this job (--resume): this run's flags
         # are newer.
         for name in (DESIRED_SERVERS_FILE, DRAIN_SERVER_FILE):
@@ -69,13 +72,20 @@ class ServerScaler:
                 pass
 
     # -- requests -----------------------------------------------------------------
+    def ask(self, count: int) -> None:
+        """The autoscaler's request for `count` server processes."""
+        self._asked = (count, time.time())
+
     def _desired(self) -> int | None:
         path = os.path.join(self.job_dir, DESIRED_SERVERS_FILE)
         try:
             with open(path) as f:
-                return int(f.read().strip())
+                written = (int(f.read().strip()), os.path.getmtime(path))
         except (OSError, ValueError):
-            return None
+            written = None
+        newest = max((r for r in (written, self._asked) if r is not None),
+                     key=lambda r: r[1], default=None)
+        return None if newest is None else newest[0]
 
     def _drain(self) -> str | None:
         path = os.path.join(self.job_dir, DRAIN_SERVER_FILE)

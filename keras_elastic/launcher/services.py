@@ -100,7 +100,7 @@ class JobServices:
         self.recoveries: list[dict] = []
         self.resumed_from: dict | None = None
         self.checkpointer: AutoCheckpointer | None = None
-        self._status_client: tuple[list[str], PSClient] | None = None
+        self._status_client: tuple[list, PSClient] | None = None
         # --ps_replicas=2: each server's backup (ps/replication.py), None
         # where it has none (lost, or promoted to take its server's place).
         self.backup_procs: list[RoleHandle | None] = []
@@ -548,15 +548,18 @@ class JobServices:
         return None
 
     def server_statuses(self, timeout: float = 5.0) -> list[ServerStatus]:
-        """Every server's Status (for the autoscaler's `ServerLoad` thread,
-        its only caller: the client is its own, made again when a server
+        """Each server process's Status, asked of its first partition (for
+        the autoscaler's `ServerLoad` thread, its only caller: the process's
+        CPU seconds; the client is its own, made again when a partition
         moved)."""
-        addresses = list(self.ps_addresses)
-        if self._status_client is None or self._status_client[0] != addresses:
+        firsts = [held[0] for _, held in self.hosts()]
+        key = [(p, self.ps_addresses[p]) for p in firsts]
+        if self._status_client is None or self._status_client[0] != key:
             if self._status_client is not None:
                 self._status_client[1].close()
-            self._status_client = (addresses, PSClient(
-                addresses, worker_id=-1, connect_timeout=timeout, reconnect_timeout=1))
+            self._status_client = (key, PSClient(
+                [a for _, a in key], worker_id=-1, connect_timeout=timeout,
+                reconnect_timeout=1, partitions=firsts))
         return self._status_client[1].status_all(timeout=timeout)
 
     # -- the end --------------------------------------------------------------

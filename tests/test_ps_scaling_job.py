@@ -192,3 +192,47 @@ def test_table_rows_move_with_their_partitions_1_to_3_servers_exact(tmp_path, da
     assert sum(rows) == 300 and all(r > 0 for r in rows), rows
     summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["ps_recoveries"] == [] and summary["requeued"] == 0
+
+
+def test_scale_requests_that_cannot_be_met_say_what_to_do(tmp_path):
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "cluster.json").write_text(json.dumps({
+        "master": "127.0.0.1:1", "ps": ["127.0.0.1:2", "127.0.0.1:2"],
+        "ps_hosts": [{"name": "ps-0", "pid": 1, "address": "127.0.0.1:2",
+                      "partitions": [0, 1]}]}))
+
+    def run(*flags):
+        return subprocess.run([sys.executable, "-m", "keras_elastic", "scale",
+                               f"--job_dir={job_dir}", *flags], capture_output=True,
+                              text=True, env=subprocess_env(), cwd=REPO, timeout=60)
+
+    refused = run("--drain_ps=ps-7")
+    assert refused.returncode != 0
+    assert "--drain_ps=ps-7: the job's server processes are ps-0" in refused.stderr
+    refused = run("--num_ps=0")
+    assert refused.returncode != 0 and "--num_ps must be at least 1" in refused.stderr
+    refused = run()
+    assert refused.returncode != 0 and "one of --num_workers, --num_ps" in refused.stderr
+    assert not (job_dir / "desired_servers").exists()
+    asked = run("--num_ps=2")
+    assert asked.returncode == 0 and "asked the launcher for 2 parameter servers" in (
+        asked.stdout)
+    assert (job_dir / "desired_servers").read_text() == "2"
+
+
+def test_a_job_refuses_server_bounds_it_cannot_hold(tmp_path):
+    from conftest import launch
+    from support.counting_jobs import SCRIPT
+
+    for flags, says in (
+            (("--num_ps=3", "--ps_partitions=2"),
+             "--ps_partitions=2 is fewer than --num_ps=3"),
+            (("--num_ps=2", "--ps_partitions=4", "--ps_replicas=2"),
+             "servers with backups hold one partition each"),
+            (("--num_ps=1", "--max_ps=3", "--ps_partitions=2"),
+             "--max_ps=3 is more than --ps_partitions=2")):
+        out = launch(str(tmp_path / "job"), SCRIPT, *flags,
+                     script_args=("--data=unused",), timeout=60)
+        assert out.returncode != 0 and says in out.stdout + out.stderr, (
+            flags, out.stdout + out.stderr)

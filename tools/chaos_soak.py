@@ -50,6 +50,16 @@ class as well:
                          liveness timeout), while the launcher and the
                          worker on its own machine still reach it.
 
+With `--ps_partitions=P` (more than `--num_ps`), the parameter servers hold
+P partitions, and the faults of the parameter-server class include:
+
+- ps `scale`:            `keras-elastic scale --num_ps K` (K from 1 to P,
+                         another count than now): partitions move between
+                         server processes while the job trains (its wait is
+                         until the job runs with K processes and made
+                         progress); a kill or freeze of "ps-<p>" hits the
+                         process holding partition p, whichever that is now.
+
 After each job the soak checks as well that no process of it still runs on
 any machine `OUTLIVE_S` after it ended (a worker cut off for good reads the
 job directory, which every machine shares, and leaves).
@@ -58,6 +68,7 @@ job directory, which every machine shares, and leaves).
     python tools/chaos_soak.py --faults=20     # 20 faults, however long
     python tools/chaos_soak.py --smoke        # 3 faults, one per role class (CI)
     python tools/chaos_soak.py --testbed --minutes=30   # machines, partitions
+    python tools/chaos_soak.py --num_ps=2 --ps_partitions=4   # servers scaled live
 """
 
 from __future__ import annotations
@@ -85,6 +96,7 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "counting_script.py")
 RECORDS = 1024
 TASKS_PER_EPOCH = 16  # 1024 records / (batch 16 x 4 minibatches per task)
 KINDS = ("kill", "freeze", "freeze_for_good")
+SCALE = ("scale",)  # --ps_partitions: servers added or removed live
 ROLE_CLASSES = ("worker", "ps", "master")
 # The summary.json count each class's kill or freeze for good adds to (a
 # short freeze leaves none).
@@ -109,6 +121,8 @@ flags.DEFINE_float("sleep_per_batch", 0.03, "Paces the workers.")
 flags.DEFINE_integer("epochs", 30, "Epochs of each counting job (the soak runs one "
                      "job after the other until --minutes are over).")
 flags.DEFINE_integer("num_ps", 2, "Parameter servers of each job.")
+flags.DEFINE_integer("ps_partitions", 0, "The jobs' --ps_partitions (0: --num_ps); "
+                     "more than --num_ps adds `scale` to the faults of the servers.")
 flags.DEFINE_integer("ps_replicas", 1, "The jobs' --ps_replicas (2: a backup of each "
                      "server takes its place when it is lost).")
 flags.DEFINE_string("job_dir", None, "Where the job runs (default: a new temp dir).")
@@ -469,6 +483,7 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
     argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job}",
             *place.launcher_flags(), f"--num_ps={FLAGS.num_ps}",
             f"--ps_replicas={FLAGS.ps_replicas}", "--ps_checkpoint_secs=2",
+            f"--ps_partitions={_partitions()}",
             "--max_worker_restarts=1000", "--max_ps_restarts=1000",
             "--max_master_restarts=1000",
             f"--liveness_timeout={FLAGS.liveness_timeout}",
@@ -497,18 +512,23 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
             if not round_:
                 round_.extend(rng.sample(ROLE_CLASSES, len(ROLE_CLASSES)))
             members = {"master": ["master"],
-                       "ps": [f"ps-{i}" for i in range(FLAGS.num_ps)],
+                       "ps": [f"ps-{i}" for i in range(_partitions())],
                        "worker": place.workers(job, status)}[round_[0]]
             if not members:
                 continue
             if FLAGS.kinds and not set(place.kinds(round_[0])) & set(FLAGS.kinds):
                 round_.pop(0)  # none of --kinds is for this class, ever
                 continue
-            kinds = [k for k in place.kinds(round_[0], members)
+            kinds = [k for k in place.kinds(round_[0], members) + (
+                SCALE if round_[0] == "ps" and _partitions() > FLAGS.num_ps else ())
                      if not FLAGS.kinds or k in FLAGS.kinds]
             if not kinds:  # not now (no joined worker in the job yet)
                 continue
             kind = rng.choice(kinds)
+            if kind == "scale":
+                round_.pop(0)
+                faults.append(_scale(job, index, rng, status, started, proc))
+                continue
             if kind in PARTITIONS["worker"]:  # a machine's: a joined worker
                 members = [m for m in members if "@" in m]
             role = rng.choice(members)
@@ -555,6 +575,39 @@ def _run_job(root: str, index: int, data_dir: str, epochs: int, rng: random.Rand
     problems += [f"job {index}: {p}" for p in _traced(
         job, [f for f in faults if f["job"] == index])]
     return problems + [f"job {index}: {p}" for p in _exact(job, out, epochs)]
+
+
+def _partitions() -> int:
+    return FLAGS.ps_partitions or FLAGS.num_ps
+
+
+def _scale(job: str, index: int, rng: random.Random, status: dict, started: float,
+           launcher: subprocess.Popen) -> dict:
+    """`keras-elastic scale --num_ps K` of the job, K another count than now;
+    waits until the job runs with K server processes and made progress."""
+    now = len(_cluster(job).get("ps_hosts") or ()) or FLAGS.num_ps
+    count = rng.choice([k for k in range(1, _partitions() + 1) if k != now])
+    done = _tasks_done(status)
+    injected = time.monotonic()
+    subprocess.run([sys.executable, "-m", "keras_elastic", "scale", f"--job_dir={job}",
+                    f"--num_ps={count}"], env=_child_env(), check=True,
+                   capture_output=True, timeout=60)
+    took = None
+    while time.monotonic() - injected < 300 and launcher.poll() is None:
+        if len(_cluster(job).get("ps_hosts") or ()) == count:
+            status = _status(job)
+            if status is not None and (_tasks_done(status) > done or _finished(status)):
+                took = time.monotonic() - injected
+                break
+        time.sleep(0.25)
+    if took is None and launcher.poll() == 0:
+        took = time.monotonic() - injected
+    logging.info("scale (job %d): %d -> %d server processes at %.0f s: %s", index,
+                 now, count, injected - started,
+                 "not done" if took is None else f"done in {took:.1f} s")
+    return {"job": index, "at": round(injected - started, 1), "role": "ps",
+            "kind": "scale", "pid": 0, "servers": [now, count],
+            "seconds_lost": None if took is None else round(took, 1)}
 
 
 def _traced(job: str, faults: list[dict]) -> list[str]:
@@ -671,7 +724,9 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
         place, Machines) else "2 workers")
     print(f"chaos soak: {len(faults)} faults in {elapsed / 60:.1f} min over {jobs} "
           f"counting job(s) of {FLAGS.epochs} epochs, {where}, {FLAGS.num_ps} "
-          f"parameter servers" + (" with backups" if FLAGS.ps_replicas > 1 else ""))
+          f"parameter servers" + (" with backups" if FLAGS.ps_replicas > 1 else "")
+          + (f" over {_partitions()} partitions, scaled live" if _partitions()
+             > FLAGS.num_ps else ""))
     print(f"{'kind':<16} {'role':<7} {'injected':>8} {'recovered':>9} "
           f"{'mean s lost':>11} {'max s lost':>10}")
     groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
@@ -705,11 +760,11 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
 def main(argv) -> None:
     del argv
     minutes, max_faults, target = FLAGS.minutes, FLAGS.max_faults, FLAGS.faults
-    known = set(KINDS).union(*PARTITIONS.values())
+    known = set(KINDS).union(SCALE, *PARTITIONS.values())
     if set(FLAGS.kinds) - known:
         sys.exit(f"--kinds: no kind of fault {sorted(set(FLAGS.kinds) - known)}; "
                  f"the kinds: {', '.join(sorted(known))}")
-    if not FLAGS.testbed and set(FLAGS.kinds) and not set(FLAGS.kinds) & set(KINDS):
+    if not FLAGS.testbed and set(FLAGS.kinds) and not set(FLAGS.kinds) & set(KINDS + SCALE):
         sys.exit("--kinds: partitions need machines (--testbed)")
     if FLAGS.smoke:
         target = target or 3

@@ -127,6 +127,11 @@ class ServerScaler:
         services = self.services
         hosts = services.hosts()
         partitions = len(services.ps_addresses)
+        # Not while a server process is silent (frozen, cut off): a move would
+        # wait on it; the liveness checks replace it first.
+        if any(services.prober.silent_for(f"ps-{held[0]}") > 2 * services.prober_interval
+               for _, held in hosts):
+            return
         drain = self._drain()
         if drain is not None:
             names = [proc.name for proc, _ in hosts]
@@ -211,6 +216,11 @@ class ServerScaler:
         targets += started
         copy_dir = os.path.join(self.job_dir, "moves")
         done, failed = [], []
+        # A move waits on its processes up to half the liveness timeout (a
+        # frozen one is then left to the liveness checks); after one failed,
+        # no other move from or to the same process is tried this round.
+        timeout = max(5.0, min(60.0, services.config.liveness_timeout / 2))
+        unreachable: set[str] = set()
         checkpointer = services.checkpointer
         if checkpointer is not None:
             checkpointer.pause()
@@ -224,12 +234,18 @@ class ServerScaler:
                     services.write_cluster_file()
 
                 source = services.ps_addresses[p]
+                if {source, address} & unreachable:
+                    failed.append({"partition": p, "error": "not tried: a move from "
+                                   "or to the same process failed"})
+                    continue
                 try:
                     seconds = move_partition(p, source, address, copy_dir, switch,
-                                             timeout=60)
+                                             timeout=timeout)
                 except (MoveError, ValueError) as e:
                     logging.warning("partition %d stays at %s: %s", p, source, e)
                     failed.append({"partition": p, "error": str(e)})
+                    if isinstance(e, MoveError):
+                        unreachable.update((source, address))
                     continue
                 services.prober.set_target(f"ps-{p}", address)
                 done.append({"partition": p, "from": source, "to": address,

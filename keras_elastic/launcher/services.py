@@ -114,7 +114,7 @@ class JobServices:
         self._builder = futures.ThreadPoolExecutor(1, "backup-build")
         self._builds_tried: dict[int, int] = {}
         self.recovery = Recovery(self, config.partitions)
-        interval = min(2.0, config.liveness_timeout / 5)
+        interval = self.prober_interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
         self.prober = HealthProber(
             ServiceLiveness(config.liveness_timeout, interval, deadline=deadline),

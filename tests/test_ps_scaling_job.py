@@ -41,14 +41,17 @@ def hosts(job_dir) -> list[list[int]]:
     return sorted(h["partitions"] for h in cluster(job_dir)["ps_hosts"])
 
 
-def run_with_changes(tmp_path, data, changes, *flags):
-    """The counting job with 4 partitions on 2 servers; at each hold in
-    `changes` ({fault entry: (scale flags, the hosts' partitions after)}),
-    the change is asked and awaited, then the held push goes on."""
+def run_with_changes(tmp_path, data, changes, servers=(2, 4), script_args=()):
+    """The counting job with `servers` (processes, partitions); at each hold
+    in `changes` ({fault entry: (scale flags, the hosts' partitions after)}),
+    the change is asked and awaited, then the held call goes on. Returns
+    (the counting model's result, the output, the summary)."""
     holds = ",".join(changes)
     out, proc = counting_job(
-        tmp_path, data, "--num_ps=2", "--ps_partitions=4", "--ps_checkpoint_secs=1000",
-        *flags, script_args=("--sleep_per_batch=0.03",), background=True, faults=holds)
+        tmp_path, data, f"--num_ps={servers[0]}", f"--ps_partitions={servers[1]}",
+        "--ps_checkpoint_secs=1000",
+        script_args=("--sleep_per_batch=0.03", *script_args), background=True,
+        faults=holds)
     job_dir = tmp_path / "job"
     try:
         for hold, (scale_flags, after) in changes.items():
@@ -63,12 +66,12 @@ def run_with_changes(tmp_path, data, changes, *flags):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, output[-4000:]
-    check_exact(tmp_path, out, output)
-    return output, json.loads((job_dir / "summary.json").read_text())
+    result = check_exact(tmp_path, out, output)
+    return result, output, json.loads((job_dir / "summary.json").read_text())
 
 
 def test_servers_scaled_2_to_4_to_1_during_training_stay_exact(tmp_path, data):
-    output, summary = run_with_changes(tmp_path, data, {
+    _, output, summary = run_with_changes(tmp_path, data, {
         # (One entry per fault point.) Two more processes, one partition each.
         "after_push@15:w0=hold": (("--num_ps=4",), [[0], [1], [2], [3]]),
         # Later (worker 1 trained on meanwhile): every partition into one.
@@ -87,7 +90,7 @@ def test_servers_scaled_2_to_4_to_1_during_training_stay_exact(tmp_path, data):
 
 
 def test_a_drained_server_hands_its_partitions_over_and_stops(tmp_path, data):
-    output, summary = run_with_changes(tmp_path, data, {
+    _, output, summary = run_with_changes(tmp_path, data, {
         "after_push@20:w1=hold": (("--drain_ps=ps-1",), [[0, 1, 2, 3]]),
     })
     (record,) = summary["ps_scaling"]
@@ -164,33 +167,16 @@ def test_table_rows_move_with_their_partitions_1_to_3_servers_exact(tmp_path, da
     # one on row i % 300); its rows live in 3 partitions, all on one process,
     # then each on its own (the CTR example's tables scaled live). Every row
     # counts each of its records once per epoch, wherever it was applied.
-    holds = "after_push@15:w0=hold"
-    out, proc = counting_job(
-        tmp_path, data, "--num_ps=1", "--ps_partitions=3", "--ps_checkpoint_secs=1000",
-        script_args=("--sleep_per_batch=0.03", "--table_rows=300"), background=True,
-        faults=holds)
-    job_dir = tmp_path / "job"
-    try:
-        faults_mod.wait_held(str(tmp_path / "faults"), holds, timeout=300)
-        scale(job_dir, "--num_ps=3")
-        wait_for(lambda: hosts(job_dir) == [[0], [1], [2]], timeout=120,
-                 what="three servers")
-        faults_mod.release(str(tmp_path / "faults"), holds)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, output[-4000:]
-    result = check_exact(tmp_path, out, output)
     from support.counting_jobs import RECORDS
 
+    result, _, summary = run_with_changes(
+        tmp_path, data, {"after_push@15:w0=hold": (("--num_ps=3",), [[0], [1], [2]])},
+        servers=(1, 3), script_args=("--table_rows=300",))
     expected = [2 * len(range(r, RECORDS, 300)) for r in range(300)]
     assert [abs(v) for v in result["table"]] == expected, result["table"]
     # Each server holds the rows of its partition.
     rows = [p["table_stats"]["0/1"]["rows"] for p in result["ps"]]
     assert sum(rows) == 300 and all(r > 0 for r in rows), rows
-    summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["ps_recoveries"] == [] and summary["requeued"] == 0
 
 
@@ -231,7 +217,9 @@ def test_a_job_refuses_server_bounds_it_cannot_hold(tmp_path):
             (("--num_ps=2", "--ps_partitions=4", "--ps_replicas=2"),
              "servers with backups hold one partition each"),
             (("--num_ps=1", "--max_ps=3", "--ps_partitions=2"),
-             "--max_ps=3 is more than --ps_partitions=2")):
+             "--max_ps=3 is more than --ps_partitions=2"),
+            (("--num_ps=1", "--min_ps=2", "--max_ps=3"),
+             "--num_ps=1 is outside --min_ps=2 .. --max_ps=3")):
         out = launch(str(tmp_path / "job"), SCRIPT, *flags,
                      script_args=("--data=unused",), timeout=60)
         assert out.returncode != 0 and says in out.stdout + out.stderr, (

@@ -290,6 +290,18 @@ class ElasticSession:
             sync.watch.discard()
         return lambda: chief.reach(cluster, "sync", point)
 
+    def _abandon_sync_point(self, cluster) -> None:
+        """This worker's fit raised before the sync point of its end (a
+        callback's error, TerminateOnNaN(raise_error=True) on the batches it
+        trained): the point is passed without taking values, so that every
+        worker still counts the same points, and its mark is reached, so
+        that no other worker waits for it (a script that catches the error
+        goes on in step with the others)."""
+        point = cluster.__dict__.get("_ke_sync_points", 0) + 1
+        cluster.__dict__["_ke_sync_points"] = point
+        if not cluster.embedded:
+            chief.reach(cluster, "sync", point)
+
     def _link(self, cluster, restore_from: str = "", adopt: bool = False) -> None:
         """A `ModelSync` of the (built) model with the cluster's servers,
         which it initializes (first worker wins) and takes its values from."""
@@ -443,6 +455,7 @@ class ElasticSession:
             # that failed) ends before `fit` raises, whatever its outcome, so
             # no update of this fit reaches the servers after it returned.
             sync.drop_push()
+            self._abandon_sync_point(cluster)
             if stream.error is not None:
                 raise stream.error from None
             refused = next((s.error for s in sync.hyperparameter_syncs.values()
@@ -452,6 +465,7 @@ class ElasticSession:
             raise e
         except BaseException:
             sync.drop_push()
+            self._abandon_sync_point(cluster)
             raise
         finally:
             self.runtime = None

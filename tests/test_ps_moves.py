@@ -5,6 +5,7 @@ processes while a worker pushes (issue 43, item 3: `ps/host.py`,
 import json
 import os
 import threading
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -156,3 +157,39 @@ def test_a_move_that_cannot_copy_leaves_the_partition_where_it_was(job, tmp_path
     pushes(client, task_id=1, count=1)
     assert all((v == 3).all() for v in client.pull().values())
     client.close()
+
+
+def test_what_a_partitioned_server_refuses_names_what_is_wrong(job):
+    job_dir, a, b = job
+    with pytest.raises(ValueError, match=r"partitions \[0, 2\]: each must be one of "
+                                         r"0..1 \(--num_ps partitions\), once"):
+        ParameterServer(num_ps=2, partitions=[0, 2])
+    with pytest.raises(ValueError, match="once"):
+        ParameterServer(num_ps=2, partitions=[1, 1])
+    stub = ps_pb2_grpc.ParameterServerStub(rpc.make_channel(b.address, resolver=None))
+    with pytest.raises(grpc.RpcError, match="HostPartition: partition -1 is negative"):
+        stub.HostPartition(ps_pb2.HostPartitionRequest(partition=-1))
+    # A partition number that is not one.
+    channel = grpc.intercept_channel(rpc.make_channel(a.address, resolver=None),
+                                     _Metadata((rpc.PARTITION_METADATA, "one")))
+    with pytest.raises(grpc.RpcError, match="metadata ke-partition='one' is not a "
+                                            "partition number"):
+        ps_pb2_grpc.ParameterServerStub(channel).Status(ps_pb2.PSStatusRequest())
+    # A partition with a backup is not moved (its replica would go stale).
+    a.host.servicer(1).backup = SimpleNamespace(address="127.0.0.1:1")  # its backup
+    try:
+        with pytest.raises(ValueError, match="partition 1 has a backup"):
+            move_partition(1, a.address, b.address, os.path.join(job_dir, "moves"),
+                           switch=lambda: None, timeout=5)
+    finally:
+        a.host.servicer(1).backup = None
+    assert a.host.held() == [0, 1] and b.host.held() == []
+
+
+class _Metadata(grpc.UnaryUnaryClientInterceptor):
+    def __init__(self, item):
+        self.item = item
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = list(details.metadata or []) + [self.item]
+        return continuation(details._replace(metadata=metadata), request)

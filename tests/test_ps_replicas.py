@@ -14,9 +14,7 @@ import signal
 
 import pytest
 from conftest import read_ledger, wait_for
-from support.counting_jobs import check_exact, counting_job, write_data
-
-from keras_elastic.common import faults as faults_mod
+from support.counting_jobs import check_exact, counting_job, through_holds, write_data
 
 pytestmark = pytest.mark.multiprocess
 
@@ -36,21 +34,15 @@ def run_holding(tmp_path, data, faults, hold, server, then=lambda job_dir: None)
     out, proc = counting_job(
         tmp_path, data, "--num_ps=2", "--ps_replicas=2", "--ps_checkpoint_secs=1000",
         script_args=("--sleep_per_batch=0.05",), background=True, faults=faults)
-    job_dir = tmp_path / "job"
-    try:
-        faults_mod.wait_held(str(tmp_path / "faults"), hold, timeout=300)
+
+    def then_after_the_backup(job_dir):
         wait_for(lambda: f"parameter server {server} has a new backup at" in (
             job_dir / "launcher.log").read_text(), timeout=120,
             what=f"server {server}'s new backup")
         then(job_dir)
-        faults_mod.release(str(tmp_path / "faults"), hold)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, output[-4000:]
-    return out, output, json.loads((job_dir / "summary.json").read_text())
+
+    output = through_holds(tmp_path, proc, [(hold, then_after_the_backup)])
+    return out, output, json.loads((tmp_path / "job" / "summary.json").read_text())
 
 
 def run(tmp_path, data, faults, *flags):

@@ -14,9 +14,7 @@ import sys
 
 import pytest
 from conftest import REPO, subprocess_env, wait_for
-from support.counting_jobs import check_exact, counting_job, write_data
-
-from keras_elastic.common import faults as faults_mod
+from support.counting_jobs import check_exact, counting_job, through_holds, write_data
 
 pytestmark = pytest.mark.multiprocess
 
@@ -52,20 +50,16 @@ def run_with_changes(tmp_path, data, changes, servers=(2, 4), script_args=()):
         "--ps_checkpoint_secs=1000",
         script_args=("--sleep_per_batch=0.03", *script_args), background=True,
         faults=holds)
-    job_dir = tmp_path / "job"
-    try:
-        for hold, (scale_flags, after) in changes.items():
-            faults_mod.wait_held(str(tmp_path / "faults"), hold, timeout=300)
+    def change(scale_flags, after):
+        def action(job_dir):
             scale(job_dir, *scale_flags)
-            wait_for(lambda after=after: hosts(job_dir) == after, timeout=120,
+            wait_for(lambda: hosts(job_dir) == after, timeout=120,
                      what=f"the servers' partitions {after}")
-            faults_mod.release(str(tmp_path / "faults"), hold)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, output[-4000:]
+        return action
+
+    output = through_holds(tmp_path, proc, [(hold, change(*what))
+                                            for hold, what in changes.items()])
+    job_dir = tmp_path / "job"
     result = check_exact(tmp_path, out, output)
     return result, output, json.loads((job_dir / "summary.json").read_text())
 

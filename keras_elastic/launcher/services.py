@@ -227,13 +227,11 @@ class JobServices:
         step = 2 if backups else 1
         # Per partition: the process holding it (shared by the partitions of
         # one process) and its address.
-        self.ps_procs, self.ps_addresses = [], []
         by_partition = {p: (proc, self._advertised(ps_info["address"]))
                         for held, (proc, ps_info) in zip(layout, servers[::step])
                         for p in held}
-        for p in range(self.config.partitions):
-            self.ps_procs.append(by_partition[p][0])
-            self.ps_addresses.append(by_partition[p][1])
+        self.ps_procs = [by_partition[p][0] for p in sorted(by_partition)]
+        self.ps_addresses = [by_partition[p][1] for p in sorted(by_partition)]
         if backups:
             self.backup_procs = [proc for proc, _ in servers[1::2]]
             self.backup_addresses = [self._advertised(ps_info["address"])

@@ -147,20 +147,17 @@ class PartitionHost:
         it was this partition's backup). Under the partition's lock, so no
         call is half applied; its calls are answered UNAVAILABLE from now."""
         partition = request.partition
-        with self._lock:
-            servicer = self._servicers.get(partition)
+        servicer = self.servicer(partition)
         if servicer is None:
-            with self._lock:
-                held = sorted(self._servicers)
-            return ps_pb2.PartitionsResponse(partitions=held)
+            return ps_pb2.PartitionsResponse(partitions=self.held())
         with servicer.store.lock:
             with self._lock:
                 del self._servicers[partition]
                 self._released.add(partition)
-                held = sorted(self._servicers)
             if servicer.backup is not None:
                 servicer.backup.close()  # the new holder: no marker, nothing lost
                 servicer.backup = None
+        held = self.held()
         logging.info("parameter-server partition %d: released (moved away); this "
                      "process holds %s", partition, held)
         return ps_pb2.PartitionsResponse(partitions=held)

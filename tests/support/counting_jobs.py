@@ -47,6 +47,28 @@ def counting_job(tmp_path, data, *flags, script_args=(), faults="", epochs=2,
                        script_args=args, env=env or None, background=background)
 
 
+def through_holds(tmp_path, proc, steps) -> str:
+    """Runs the background counting job `proc` through its held fault points:
+    for each `(hold entry, action)` of `steps`, once the entry holds its
+    thread, `action(job_dir)`, then the held call goes on. Returns the job's
+    output once it succeeded; the job is killed if anything failed first."""
+    from keras_elastic.common import faults
+
+    job_dir = tmp_path / "job"
+    try:
+        for hold, action in steps:
+            faults.wait_held(str(tmp_path / "faults"), hold, timeout=300)
+            action(job_dir)
+            faults.release(str(tmp_path / "faults"), hold)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
 def check_exact(tmp_path, out, output: str, epochs=2, per_record=1.0) -> dict:
     """The job succeeded and every weight counts each record once per epoch."""
     assert os.path.exists(out), output[-4000:]

@@ -61,3 +61,45 @@ def test_a_second_models_last_learning_rate_reaches_the_servers(tmp_path):
     assert len(found) == 2, found
     for r in found.values():
         assert r["rates"] == [pytest.approx(0.01)] * 2, found
+
+
+# The worker that is not the chief (either id may be: the first to register
+# is) held where it takes the first sync point's values (the start of its
+# fit) until the chief's fit has ended (the first fit_end of the job: the
+# other is held before its fit): the chief's LearningRateScheduler halved the
+# rate at epoch 1 and pushed it first.
+HOLD_FOLLOWER = "follower_sync@1=hold"
+HOLD_CHIEF = "fit_end@1=hold"
+
+
+@pytest.mark.multiprocess
+def test_a_schedule_on_the_previous_rate_is_applied_once_by_a_late_follower(tmp_path):
+    """A follower that starts a fit after the chief's scheduler changed the
+    rate in it takes the rate from before that change and applies its own
+    schedule once: 0.04 then 0.02, as plain Keras. It took the changed 0.02
+    and halved it again (0.01), and pushed that to the servers (found by
+    Keras' LearningRateScheduler test in a loaded job)."""
+    from keras_elastic.common import faults
+
+    job = str(tmp_path / "job")
+    directory = str(tmp_path / "faults")
+    proc = launch(job, os.path.join(REPO, "tests", "scripts",
+                                    "late_follower_lr_script.py"),
+                  "--num_workers=2", "--num_ps=1", background=True,
+                  env={"KERAS_ELASTIC_FAULTS": f"{HOLD_FOLLOWER},{HOLD_CHIEF}",
+                       "KERAS_ELASTIC_FAULTS_DIR": directory})
+    try:
+        faults.wait_held(directory, HOLD_FOLLOWER, timeout=240)
+        faults.wait_held(directory, HOLD_CHIEF, timeout=240)
+        faults.release(directory, HOLD_FOLLOWER)
+        faults.release(directory, HOLD_CHIEF)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-6000:]
+    found = results(job)
+    assert len(found) == 2, found
+    for r in found.values():
+        assert r["rates"] == [pytest.approx(0.04), pytest.approx(0.02)], found
+        assert r["after_fit"] == pytest.approx(0.02), found

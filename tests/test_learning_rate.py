@@ -435,3 +435,44 @@ def test_elasticdl_learning_rate_scheduler_of_zero_leaves_the_weights(tmp_path):
     for key, variable in zip(variable_keys(initial), model_variables(initial)):
         np.testing.assert_array_equal(saved[ps_layout.variable_name(key)],
                                       variable.numpy(), err_msg=key)
+
+
+def test_servers_keep_their_rate_from_before_a_phases_first_change():
+    """Over gRPC: the first push of a phase (the sync points a worker passed)
+    that changes the rate keeps the rate from before it, which a pull reports
+    to a worker that starts that phase late; later changes of the phase keep
+    it, a new phase's first change replaces it, and a restore forgets it."""
+    server = ParameterServer()
+    chief, late = PSClient([server.address], worker_id=0), PSClient(
+        [server.address], worker_id=1)
+    try:
+        config = keras.optimizers.serialize(keras.optimizers.SGD(0.04))
+        chief.init({"w": (np.ones(2, np.float32), True)}, config)
+        late.pull()
+        chief.phase = late.phase = 1
+        assert late.hyperparameters_at_phase_start() == [
+            {"learning_rate": pytest.approx(0.04)}]
+        for rate in (0.02, 0.01):  # two changes in phase 1
+            chief.send(Update(grads={"w": np.ones(2, np.float32)},
+                              hyperparameters={"learning_rate": rate}))
+        late.pull()
+        assert late.server_hyperparameters == [{"learning_rate": pytest.approx(0.01)}]
+        assert late.hyperparameters_at_phase_start() == [
+            {"learning_rate": pytest.approx(0.04)}]
+        # A worker already in phase 2 (none changed it there) takes the rate now.
+        late.phase = 2
+        assert late.hyperparameters_at_phase_start() == [
+            {"learning_rate": pytest.approx(0.01)}]
+        chief.phase = 2
+        chief.send(Update(hyperparameters={"learning_rate": 0.005}))
+        late.pull()
+        assert late.hyperparameters_at_phase_start() == [
+            {"learning_rate": pytest.approx(0.01)}]
+        server.store.mark_restored("elsewhere")
+        late.pull()
+        assert late.hyperparameters_at_phase_start() == [
+            {"learning_rate": pytest.approx(0.005)}]
+    finally:
+        chief.close()
+        late.close()
+        server.stop(0)

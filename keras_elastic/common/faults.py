@@ -36,6 +36,9 @@ The points:
   pushed, not reported;
 - `validation` (worker): during a validation round, after the first evaluated
   task;
+- `follower_sync` (worker, not the chief): at the start of a fit, an
+  evaluate or a predict call, the chief passed the sync point and this
+  worker is about to take the point's values (worker/session.py);
 - `fit_end` (worker): `fit` trained the job's last epoch and is about to
   return (the script goes on after it);
 - `task_end` (worker): in an evaluation or a prediction, a task's batches
@@ -70,7 +73,7 @@ import time
 ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
-          "fit_end", "task_end", "ps_push", "ps_forward", "master_task")
+          "follower_sync", "fit_end", "task_end", "ps_push", "ps_forward", "master_task")
 ACTIONS = ("kill", "freeze", "hang", "cut", "hold")
 
 _lock = threading.Lock()

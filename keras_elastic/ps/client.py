@@ -248,6 +248,12 @@ class PSClient:
         # knows (pulls, pushes it applied); {} after it restarted or restored.
         self.server_hyperparameters: list[dict[str, float]] = [
             {} for _ in self.addresses]
+        # Each server's (phase, hyperparameters before that phase's first
+        # change), from pulls; and the phase this client's pushes are of (the
+        # sync points its worker passed: worker/session.py sets it).
+        self.server_phase_starts: list[tuple[int, dict[str, float]]] = [
+            (0, {}) for _ in self.addresses]
+        self.phase = 0
         self._pool = (futures.ThreadPoolExecutor(len(self.addresses), "ke-ps")
                       if len(self.addresses) > 1 else None)
         self.dropped_pushes = 0
@@ -409,6 +415,7 @@ class PSClient:
     def _took(self, index: int, header) -> None:
         if header.incarnation != self.incarnations[index]:
             self.server_hyperparameters[index] = {}  # restarted or restored
+            self.server_phase_starts[index] = (0, {})
         self.versions[index] = header.version
         self.incarnations[index] = header.incarnation
 
@@ -501,6 +508,8 @@ class PSClient:
                     timeout=600)))
             self._took(i, header)
             self.server_hyperparameters[i] = dict(header.hyperparameters)
+            self.server_phase_starts[i] = (header.phase_start,
+                                           dict(header.phase_start_hyperparameters))
             if since_version is None and not changed_only:
                 self._owned_bytes[i] = sum(v.nbytes for v in values.values())
             return values
@@ -604,6 +613,25 @@ class PSClient:
                 out[t][call[t]] = r
         return out
 
+    def hyperparameters_at_phase_start(self) -> list[dict[str, float]]:
+        """Each server's hyperparameters as they were when this client's phase
+        began (from the last pull): the values from before the phase's first
+        change if a push of this phase changed them, else the values now.
+
+        >>> client = PSClient.__new__(PSClient)
+        >>> client.phase = 3
+        >>> client.server_hyperparameters = [{"learning_rate": 0.005}]
+        >>> client.server_phase_starts = [(3, {"learning_rate": 0.01})]
+        >>> client.hyperparameters_at_phase_start()
+        [{'learning_rate': 0.01}]
+        >>> client.server_phase_starts = [(2, {"learning_rate": 0.02})]
+        >>> client.hyperparameters_at_phase_start()   # none changed in phase 3
+        [{'learning_rate': 0.005}]
+        """
+        return [dict(start) if phase == self.phase and self.phase else dict(now)
+                for now, (phase, start) in zip(self.server_hyperparameters,
+                                               self.server_phase_starts)]
+
     def send(self, update: Update, targets: Sequence[int] | None = None
              ) -> PushReply:
         """Sends `update` (ps/update.py), each server its part (`split`);
@@ -642,7 +670,8 @@ class PSClient:
                 ranges=[] if i in extra else ranges,
                 num_tensors=len(grads) + len(assigns), hyperparameters=changes[i],
                 optimizer=update.optimizer, optimizer_spec=spec,
-                assignment=update.assignment and bool(assigns))
+                assignment=update.assignment and bool(assigns),
+                phase=self.phase)
             status, values = self._push(i, header, grads, assigns, retry or i in extra)
             if changes[i] and status == "applied":  # set with the push
                 self.server_hyperparameters[i].update(

@@ -442,7 +442,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             optimizer=header.optimizer,
             optimizer_spec=None if spec is None else (spec.config,
                                                       tuple(spec.variables)),
-            assignment=header.assignment)
+            assignment=header.assignment, phase=header.phase)
 
     def _sparse_grads(self, tensors: dict[str, np.ndarray]
                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -540,6 +540,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             version = self.store.version
             incarnation = self.store.incarnation
             hyperparameters = self.store.hyperparameters()
+            phase, phase_start_hyperparameters = self.store.phase_start
             try:
                 values = self.store.optimizer_state() if request.optimizer_state else (
                     self.store.values_since(
@@ -549,7 +550,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 self._abort_bad_request(context, "Pull", e)
         yield from self._model_stream(ps_pb2.ModelHeader(
             version=version, accepted=True, status="applied", incarnation=incarnation,
-            hyperparameters=hyperparameters), values)
+            hyperparameters=hyperparameters, phase_start=phase,
+            phase_start_hyperparameters=phase_start_hyperparameters), values)
 
     def Status(self, request, context):
         store = self.store

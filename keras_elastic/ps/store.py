@@ -176,6 +176,9 @@ class ParameterStore:
         self.duplicates = 0
         self.refused = 0
         self.restored_from: str | None = None
+        # (phase, hyperparameters before that phase's first change): the
+        # latest phase in which a push changed them (see `push`).
+        self.phase_start: tuple[int, dict[str, float]] = (0, {})
         self.log = TaskLog()
         self.incarnation = new_incarnation()
         # (the variables' identities, a tf.function reading them all): see
@@ -651,6 +654,11 @@ class ParameterStore:
                     and base_version < self.version - self.max_staleness):
                 self.dropped += 1
                 return PushResult(False, self.version, STALE)
+            if hyperparameters and update.phase > self.phase_start[0]:
+                # The first change of this phase: a worker that starts the
+                # phase late takes the values from before it (Pull), so that
+                # its own callbacks change them once, as the first worker's did.
+                self.phase_start = (update.phase, self.hyperparameters())
             hp.set_hyperparameters(hyperparameters, group.optimizer)
             if assigns:
                 self._fresh = None
@@ -793,6 +801,7 @@ class ParameterStore:
             self.updated_at = dict.fromkeys(self.variables, self.version)
             self.incarnation = new_incarnation()
             self.restored_from = path
+            self.phase_start = (0, {})
 
 
 def _table_spec(name: str, spec: dict) -> dict:

@@ -48,7 +48,10 @@ class Update:
       ({"learning_rate": v}), set before the gradients are applied;
     - `optimizer`: the optimizer group that applies the gradients ("": the
       model's own); another group's updates carry `optimizer_spec`, (config
-      JSON, keys of the variables it updates), from which a server makes it.
+      JSON, keys of the variables it updates), from which a server makes it;
+    - `phase`: the sync points the worker passed (worker/session.py); the
+      first change of `hyperparameters` in a phase keeps the values from
+      before it (`ParameterStore.phase_start`).
     """
 
     grads: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
@@ -60,6 +63,7 @@ class Update:
     optimizer: str = ""
     optimizer_spec: tuple[str, tuple[str, ...]] | None = None
     assignment: bool = False
+    phase: int = 0
 
     @property
     def trains(self) -> bool:

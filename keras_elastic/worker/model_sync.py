@@ -317,15 +317,20 @@ class ModelSync:
     def adopt_hyperparameters(self) -> None:
         """Takes the servers' learning rates (from the last pull) into the
         model's optimizers, unless this worker changed its own since it last
-        sent or adopted one (see worker/hyperparameters.py)."""
+        sent or adopted one (see worker/hyperparameters.py). The rates are
+        those the servers had when this worker's phase began: a worker that
+        starts a fit after the chief's callbacks already changed the rate in
+        it (a LearningRateScheduler at epoch 1) changes it once itself, from
+        the same value, instead of a second time."""
+        servers = self.ps.hyperparameters_at_phase_start()
         for group, sync in self.hyperparameter_syncs.items():
             if not group:
-                sync.adopt(self.ps.server_hyperparameters)
+                sync.adopt(servers)
                 continue
             prefix = f"{group}/"
             sync.adopt([{k[len(prefix):]: v for k, v in known.items()
                          if k.startswith(prefix)}
-                        for known in self.ps.server_hyperparameters])
+                        for known in servers])
 
     def pull(self) -> None:
         """Loads the newest values from the parameter servers into the model."""

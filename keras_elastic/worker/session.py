@@ -246,6 +246,8 @@ class ElasticSession:
             restore_model(model, local_restore.path)
         reached = self._sync_point(cluster, "start a fit, evaluate or predict call "
                                    "as this worker did")
+        if not cluster.embedded and not is_chief(cluster):
+            faults.reached("follower_sync")
         if self.sync is None or self.sync.ps is not cluster.ps:
             self._link(cluster, restore_from, adopt)
         elif self.sync.outdated():
@@ -275,6 +277,7 @@ class ElasticSession:
         """
         point = cluster.__dict__.get("_ke_sync_points", 0) + 1
         cluster.__dict__["_ke_sync_points"] = point
+        _set_phase(cluster, point)
         sync = self.sync
         if cluster.embedded:
             if sync is not None:
@@ -299,6 +302,7 @@ class ElasticSession:
         goes on in step with the others)."""
         point = cluster.__dict__.get("_ke_sync_points", 0) + 1
         cluster.__dict__["_ke_sync_points"] = point
+        _set_phase(cluster, point)
         if not cluster.embedded:
             chief.reach(cluster, "sync", point)
 
@@ -671,6 +675,13 @@ def _build(model: keras.Model, dataset: ElasticDataset) -> None:
                 "weights yet. The parameter servers need every weight before "
                 "training starts: build the model first (call it on a batch, or "
                 "model.build(input_shape), or build its sub-models).") from e
+
+
+def _set_phase(cluster, point: int) -> None:
+    """The pushes after sync point `point` are of phase `point`: the servers
+    keep their hyperparameters from before a phase's first change for the
+    workers that start it late (`ModelSync.adopt_hyperparameters`)."""
+    cluster.ps.phase = point
 
 
 def _next_namespace(cluster) -> str:

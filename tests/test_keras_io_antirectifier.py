@@ -65,10 +65,16 @@ EMBEDDED = {
 # replayed by the reference tells whether asynchrony explains it.
 # A 1-worker job has no stale gradient: test accuracy 0.882, validation
 # 0.964, the same in every run (test_job_of_one_worker).
+# The last epoch's validation accuracy (not the best epoch's) spreads more:
+# 42 2-worker jobs of 2026-12-01 gave 0.871..0.969 and a loaded suite run
+# 0.836 (plain 0.956: 0.12 below), with staleness measured as above (70% of
+# updates 0, 26% 1, 4% 2-4); one epoch's last updates move 225 images' last
+# figure by a few images either way, while the best epoch's stayed within
+# 0.05. 0.15 covers that spread.
 JOB = {
     "best_val_sparse_categorical_accuracy": Tol(abs=0.05),
     "test_accuracy": Tol(abs=0.10),
-    "val_sparse_categorical_accuracy": Tol(abs=0.12),
+    "val_sparse_categorical_accuracy": Tol(abs=0.15),
     "epochs_run": EXACT,
 }
 

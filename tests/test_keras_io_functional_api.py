@@ -52,12 +52,18 @@ EMBEDDED = {
     "resnet_accuracy": Tol(abs=0.05),
     "resnet_val_accuracy": Tol(abs=0.06),
 }
-# A 2-worker job: asynchronous updates, twice as loose.
+# A 2-worker job: asynchronous updates, twice as loose; the MLP's test loss
+# more. Measured (2026-12-01): a 1-worker job (no stale gradient) 0.439 in
+# every run (plain 0.444); 19 2-worker jobs 0.452..0.654, and 0.757 in a
+# loaded CI run (1 to 3 jobs at once on 2 cores): the loss, a mean of
+# log-probabilities over 297 images, follows the few images a stale update
+# leaves confidently wrong, while the test accuracy stayed within 0.1 in
+# every one of them. 0.35 covers that spread around plain Keras' figure.
 JOB = {
     **SAME,
     "mnist_val_accuracy": Tol(abs=0.1),
     "test_accuracy": Tol(abs=0.1),
-    "test_loss": Tol(abs=0.2),
+    "test_loss": Tol(abs=0.35),
     "ticket_loss": Tol(rel=0.2),
     "ticket_priority_loss": Tol(abs=0.02),
     "ticket_department_loss": Tol(rel=0.4),

@@ -103,3 +103,48 @@ def test_a_schedule_on_the_previous_rate_is_applied_once_by_a_late_follower(tmp_
     for r in found.values():
         assert r["rates"] == [pytest.approx(0.04), pytest.approx(0.02)], found
         assert r["after_fit"] == pytest.approx(0.02), found
+
+
+# The first epoch's end on the chief (its tasks all trained) held until the
+# other worker has joined the fit: that one trains no batch of epoch 1.
+HOLD_EPOCH_END = "epoch_end@1=hold"
+
+
+@pytest.mark.multiprocess
+def test_train_end_logs_are_the_jobs_last_epoch_logs_on_every_worker(tmp_path):
+    """Keras passes on_train_end the logs of the last epoch; in a job every
+    callback gets the job's (they got this worker's own batches'). And a
+    worker that trained no batch of an epoch logs its own validation's
+    val_loss (it logged the job's training loss under that name)."""
+    from keras_elastic.common import faults
+
+    job = str(tmp_path / "job")
+    directory = str(tmp_path / "faults")
+    proc = launch(job, os.path.join(REPO, "tests", "scripts", "train_end_logs_script.py"),
+                  "--num_workers=2", "--num_ps=1", background=True,
+                  env={"KERAS_ELASTIC_FAULTS": f"{HOLD_FOLLOWER},{HOLD_EPOCH_END}",
+                       "KERAS_ELASTIC_FAULTS_DIR": directory})
+    try:
+        faults.wait_held(directory, HOLD_FOLLOWER, timeout=240)
+        faults.wait_held(directory, HOLD_EPOCH_END, timeout=240)
+        faults.release(directory, HOLD_FOLLOWER)
+        faults.release(directory, HOLD_EPOCH_END)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-6000:]
+    found = results(job)
+    assert len(found) == 2, found
+    first, second = found.values()
+    for r in found.values():
+        assert len(r["epochs"]) == 2, found
+        assert r["train_end"] == r["epochs"][-1], found
+        for epoch in r["epochs"]:
+            assert set(epoch) == {"loss", "mae", "val_loss", "val_mae"}, found
+            # The validation data is far from the training data: its loss
+            # is another figure than the training loss.
+            assert abs(epoch["val_loss"] - epoch["loss"]) > 0.05, found
+    for a, b in zip(first["epochs"], second["epochs"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), found
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4), found

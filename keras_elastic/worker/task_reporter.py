@@ -39,6 +39,8 @@ class TaskReporter(keras.callbacks.Callback):
         self._last_seq = -1
         self.epoch = 0  # the epoch running (or last run)
         self._epoch_ended = False  # its tasks all reported (`end_training_epoch`)
+        # The last epoch's logs as the callbacks saw them (the job's figures).
+        self._last_epoch_logs: dict | None = None
         # The stream's training hooks send its states with each report.
         self.job_metrics = job_metrics if job_metrics is not None else JobMetrics()
 
@@ -96,10 +98,16 @@ class TaskReporter(keras.callbacks.Callback):
             # ModelCheckpoint, the progress bar) see the job's numbers, in
             # Keras' order: the training logs, then the validation's (a
             # worker that trained no batch of the epoch has only the latter).
-            job = self.job_metrics.job_logs(self.stream, epoch, logs)
+            # Only the training logs are tied to the job's metrics: after
+            # Keras' validation the metrics hold the validation's results, so
+            # a worker that trained no batch had its `val_loss` equal to the
+            # metric `loss` and logged the job's training loss under it.
+            training = {k: v for k, v in logs.items() if not k.startswith("val_")}
+            job = self.job_metrics.job_logs(self.stream, epoch, training)
             merged = {**job, **{k: v for k, v in logs.items() if k not in job}}
             logs.clear()
             logs.update(merged)
+            self._last_epoch_logs = dict(merged)
         self.job_metrics.end_epoch()
         if self._sync is not None and not self.model.stop_training:
             # The epoch is over for the job: the model and its optimizers hold
@@ -110,6 +118,12 @@ class TaskReporter(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.job_metrics.active = False
+        if logs is not None and self._last_epoch_logs is not None:
+            # Keras passes on_train_end its own last epoch logs (this worker's
+            # batches), not the callbacks' copy this reporter gave the job's
+            # figures: every callback after it sees the job's last epoch logs.
+            logs.clear()
+            logs.update(self._last_epoch_logs)
 
 
 # Keys of the reports' sums that carry a train_step's own logs (`note_logs`):

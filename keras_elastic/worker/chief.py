@@ -78,6 +78,22 @@ def wait_for_workers(cluster, mark: str, count: int,
         time.sleep(POLL_SECONDS)
 
 
+def follows_live_chief(cluster) -> bool:
+    """Whether another worker is the chief and has not finished its script:
+    this worker then comes to each sync point after it (`wait_for_chief`),
+    and what the servers hold may already be the chief's changes of the
+    phase. False on an embedded cluster, for the chief, and where the master
+    cannot be reached."""
+    if cluster.embedded:
+        return False
+    try:
+        workers = cluster.master.job_status().workers
+    except ConnectionError:
+        return False
+    return workers.chief not in (None, cluster.worker_id) and (
+        workers.chief not in workers.exited)
+
+
 def wait_for_chief(cluster, mark: str, count: int = 1,
                    limit: float | None = None, what: str = "",
                    then: str = "going on") -> bool:

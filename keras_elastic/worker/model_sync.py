@@ -176,10 +176,12 @@ class ModelSync:
         self.updates[push.update] = frozenset(servers)
         self.update_keys[push.update] = push.grad_keys
 
-    def initialize(self, restore_from: str = "", adopt: bool = False) -> None:
+    def initialize(self, restore_from: str = "", adopt: bool = False,
+                   at_phase_start: bool = False) -> None:
         """Initializes the PS with this model (first worker wins; it has the
         servers load the checkpoint `restore_from`, if any) and loads the PS's
-        values into the model; `adopt`: and their learning rate (see
+        values into the model; `adopt`: and their learning rate, that of the
+        phase's start if `at_phase_start` (see `adopt_hyperparameters`,
         `ElasticSession.connect`)."""
         optimizer = self.model.optimizer
         if optimizer is None:
@@ -209,7 +211,7 @@ class ModelSync:
         self.hyperparameter_syncs[self.main_group] = HyperparameterSync(
             lambda: self.model.optimizer)
         if adopt:
-            self.adopt_hyperparameters()
+            self.adopt_hyperparameters(at_phase_start)
 
     def _initialize_shared(self, optimizer, config, restore_from: str) -> None:
         """`initialize` with the store in this process: it takes this model's
@@ -314,15 +316,16 @@ class ModelSync:
         optimizer = self.model.optimizer
         return None if optimizer is None else learning_rate_variable(optimizer)
 
-    def adopt_hyperparameters(self) -> None:
+    def adopt_hyperparameters(self, at_phase_start: bool = False) -> None:
         """Takes the servers' learning rates (from the last pull) into the
         model's optimizers, unless this worker changed its own since it last
-        sent or adopted one (see worker/hyperparameters.py). The rates are
-        those the servers had when this worker's phase began: a worker that
-        starts a fit after the chief's callbacks already changed the rate in
-        it (a LearningRateScheduler at epoch 1) changes it once itself, from
-        the same value, instead of a second time."""
-        servers = self.ps.hyperparameters_at_phase_start()
+        sent or adopted one (see worker/hyperparameters.py). `at_phase_start`
+        (a follower of a live chief): the rates the servers had when this
+        worker's phase began, so that a worker that starts a fit after the
+        chief's callbacks changed the rate in it (a LearningRateScheduler at
+        epoch 1) changes it once itself, from the same value, not again."""
+        servers = (self.ps.hyperparameters_at_phase_start() if at_phase_start
+                   else self.ps.server_hyperparameters)
         for group, sync in self.hyperparameter_syncs.items():
             if not group:
                 sync.adopt(servers)

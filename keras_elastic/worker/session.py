@@ -246,16 +246,21 @@ class ElasticSession:
             restore_model(model, local_restore.path)
         reached = self._sync_point(cluster, "start a fit, evaluate or predict call "
                                    "as this worker did")
-        if not cluster.embedded and not is_chief(cluster):
+        # A follower of a live chief takes the rates the servers had when the
+        # phase began: the chief may have changed them in it already. The
+        # chief (also one that took over, or a worker whose chief finished
+        # its script: the phase is its own) takes those of now.
+        follower = adopt and chief.follows_live_chief(cluster)
+        if follower:
             faults.reached("follower_sync")
         if self.sync is None or self.sync.ps is not cluster.ps:
-            self._link(cluster, restore_from, adopt)
+            self._link(cluster, restore_from, adopt, at_phase_start=follower)
         elif self.sync.outdated():
             self._relink(cluster)
         else:
             self.sync.pull()
             if adopt:
-                self.sync.adopt_hyperparameters()
+                self.sync.adopt_hyperparameters(at_phase_start=follower)
         reached()
         remote_optimizer.attach(model, self.sync)
         self.sync.exchange_mode = self.exchange
@@ -306,7 +311,8 @@ class ElasticSession:
         if not cluster.embedded:
             chief.reach(cluster, "sync", point)
 
-    def _link(self, cluster, restore_from: str = "", adopt: bool = False) -> None:
+    def _link(self, cluster, restore_from: str = "", adopt: bool = False,
+              at_phase_start: bool = False) -> None:
         """A `ModelSync` of the (built) model with the cluster's servers,
         which it initializes (first worker wins) and takes its values from."""
         self.sync = ModelSync(self.model, cluster.ps, cluster.timer,
@@ -314,7 +320,8 @@ class ElasticSession:
                               local_store=cluster.local_store(),
                               chief=lambda: is_chief(cluster))
         self.sync.exchange_mode = self.exchange
-        self.sync.initialize(restore_from or self._restore_from, adopt)
+        self.sync.initialize(restore_from or self._restore_from, adopt,
+                             at_phase_start=at_phase_start)
         self._restore_from = ""
 
     def _relink(self, cluster) -> None:

@@ -224,3 +224,47 @@ def test_chaos_soak_refuses_kinds_it_cannot_inject(tmp_path, flags, message):
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     assert message in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / "soak").exists()
+
+
+@pytest.mark.parametrize("spares", [1, 0])
+def test_a_killed_server_is_restored_onto_a_started_spare(tmp_path, data, spares):
+    """With a spare up (--ps_spares=1, the default), server 1 of 3, killed
+    mid-epoch, comes back on it: its partition restored from the automatic
+    checkpoint into the spare process (no process start after the loss),
+    the job exact, and a new spare started for the next loss. Without one
+    (--ps_spares=0) a process is started as before. The kill waits at the
+    server's 90th push (a held fault point) until the spare is ready."""
+    import signal
+
+    from conftest import wait_for
+    from support.counting_jobs import through_holds
+
+    from keras_elastic.common import faults
+
+    hold = "ps_push@90:ps1=hold"
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=3", f"--ps_spares={spares}",
+        "--ps_checkpoint_versions=8", "--ps_checkpoint_secs=0",
+        script_args=("--sleep_per_batch=0.05",), faults=hold, background=True)
+    launcher_log = tmp_path / "job" / "launcher.log"
+
+    def kill_when_the_spare_is_ready(job_dir) -> None:
+        if spares:
+            wait_for(lambda: launcher_log.exists() and "spare parameter server ps-s0 "
+                     "ready" in launcher_log.read_text(), timeout=240,
+                     what="the spare started")
+        os.kill(faults.wait_held(str(tmp_path / "faults"), hold), signal.SIGKILL)
+
+    output = through_holds(tmp_path, proc, [(hold, kill_when_the_spare_is_ready)])
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    [recovery] = summary["ps_recoveries"]
+    assert recovery["ps"] == 1 and "ckpt-" in recovery["checkpoint"], recovery
+    assert recovery["spare"] == ("ps-s0" if spares else None), recovery
+    assert summary["ps_spares"]["taken"] == (1 if spares else 0), summary["ps_spares"]
+    if spares:
+        # Its replacement spare started after the recovery (and was ended).
+        assert summary["ps_spares"]["started"] == 2, summary["ps_spares"]
+        assert "held here" in (tmp_path / "job" / "ps-s0.log").read_text()
+    result = check_exact(tmp_path, out, output)
+    restored = {p["ps_index"]: p["restored_from"] for p in result["ps"]}
+    assert restored == {0: None, 1: recovery["checkpoint"], 2: None}, restored

@@ -106,6 +106,7 @@ class AutoCheckpointer:
         self.failures = 0
         self.last_error: str | None = None
         self._lock = threading.Lock()  # held during a save; recovery takes it
+        self._client_lock = threading.Lock()
         self._paused = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,10 +138,11 @@ class AutoCheckpointer:
     def set_ps_addresses(self, ps_addresses: list[str]) -> None:
         """A restarted server listens elsewhere (a cluster placed it on another
         node): later saves go there. Call it paused (`pause`)."""
-        self.ps_addresses = list(ps_addresses)
-        if self._ps is not None:
-            self._ps.close()
-            self._ps = None
+        with self._client_lock:
+            self.ps_addresses = list(ps_addresses)
+            if self._ps is not None:
+                self._ps.close()
+                self._ps = None
 
     def resume(self) -> None:
         self._chain = None  # restored or restarted servers: the next save is full
@@ -176,37 +178,60 @@ class AutoCheckpointer:
         return self._client()
 
     def _client(self) -> PSClient:
-        if self._ps is None:
-            self._ps = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=30,
-                                reconnect_timeout=5)
-        return self._ps
+        """The client of the servers at `ps_addresses` (made once; again
+        after `set_ps_addresses`). Made outside `_client_lock`: a recovery's
+        `set_ps_addresses` never waits for a connect to a lost server."""
+        with self._client_lock:  # (`_due` runs beside `set_ps_addresses`)
+            if self._ps is not None:
+                return self._ps
+            addresses = list(self.ps_addresses)
+        # Short retries: a lost server costs a skipped save, and a
+        # recovery's `pause` waits for no more than that.
+        client = PSClient(addresses, worker_id=-1, connect_timeout=30,
+                          reconnect_timeout=1)
+        with self._client_lock:
+            if self._ps is None and addresses == self.ps_addresses:
+                self._ps = client
+                return client
+        client.close()
+        raise ConnectionError("the parameter servers moved while the automatic "
+                              "checkpoints connected to them")
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_secs):
             if self._paused.is_set():
                 continue
-            with self._lock:
-                if self._paused.is_set():
+            try:
+                # Whether a save is due is read outside the lock: a recovery's
+                # `pause` (it takes the lock) never waits on the status calls
+                # of a tick to a server just lost, only on a save under way.
+                due = self._due()
+                if due is None:
                     continue
-                try:
-                    self._tick()
-                except (ConnectionError, ValueError, OSError) as e:
-                    # A server being down is the launcher's business, a full
-                    # disk the user's: skip this one, try later.
-                    self.failures += 1
-                    self.last_error = str(e)
-                    age = self.recovery_point_age()
-                    logging.log_every_n_seconds(
-                        logging.WARNING, "automatic checkpoint skipped: %s; the newest "
-                        "recovery point is %s", 30, str(e).strip().splitlines()[0],
-                        "none yet" if age is None else f"{age:.0f} s old")
+                with self._lock:
+                    if self._paused.is_set():
+                        continue
+                    status, finished = due
+                    self.save(status)
+                    self._finished_saved = finished
+            except (ConnectionError, ValueError, OSError) as e:
+                # A server being down is the launcher's business, a full
+                # disk the user's: skip this one, try later.
+                self.failures += 1
+                self.last_error = str(e)
+                age = self.recovery_point_age()
+                logging.log_every_n_seconds(
+                    logging.WARNING, "automatic checkpoint skipped: %s; the newest "
+                    "recovery point is %s", 30, str(e).strip().splitlines()[0],
+                    "none yet" if age is None else f"{age:.0f} s old")
 
-    def _tick(self) -> None:
+    def _due(self) -> tuple[dict, bool] | None:
+        """(the master's status to save with, whether training is finished)
+        if a save is due now, else None."""
         if not self.init_ready():
-            return
+            return None
         self._write_init_manifest()
-        # Short deadlines: a frozen server or master costs a skipped tick, and
-        # a recovery's `pause` waits for no more than that.
+        # Short deadlines: a frozen server or master costs a skipped tick.
         statuses = self._client().status_all(timeout=5)
         self._has_tables = any(s.tables for s in statuses)
         versions = [s.version for s in statuses]
@@ -218,14 +243,13 @@ class AutoCheckpointer:
         finished = bool(training) and all(ds.finished for ds in training)
         if finished:
             if not self._finished_saved and changed:
-                self.save(status)
+                return status, True
             self._finished_saved = True
-            return
+            return None
         self._finished_saved = False
         due = (self.every_secs > 0 and time.time() - self._last_save >= self.every_secs
                or self.every_versions > 0 and changed >= self.every_versions)
-        if due and changed:
-            self.save(status)
+        return (status, False) if due and changed else None
 
     def save(self, status: dict | None = None):
         """Saves every server now (the master's progress first)."""

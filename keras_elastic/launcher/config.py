@@ -144,6 +144,12 @@ class LaunchConfig:
         "directory).")
     max_ps_restarts: int = _flag(
         3, "Restarts of dead parameter servers before the job fails.")
+    ps_spares: int | None = _flag(
+        None, "Spare parameter-server processes kept started, holding nothing, from "
+        "the first automatic checkpoint on: a lost server's partitions are "
+        "restored onto one at once instead of onto a process started then (the "
+        "start is most of a recovery's time; launcher/spares.py). Default 1 on "
+        "the local backend, 0 on Ray (a spare holds a node's --ps_resources).")
     max_master_restarts: int = _flag(
         3, "Restarts of a dead master (from its journal) before the job fails.")
     # How the generators are seeded: common/seeding.py.
@@ -237,6 +243,14 @@ class LaunchConfig:
         return not tls.is_loopback(self.bind) and not self.insecure
 
     @property
+    def spares(self) -> int:
+        """The spare server processes kept started (`--ps_spares`, by default
+        1 locally and 0 on Ray)."""
+        if self.ps_spares is not None:
+            return self.ps_spares
+        return 1 if self.backend == "local" else 0
+
+    @property
     def partitions(self) -> int:
         """The model's partitions over the parameter servers (what workers and
         checkpoints see as servers; at most this many server processes)."""
@@ -297,6 +311,8 @@ class LaunchConfig:
                              f"{self.autoscale_window}")
         if self.resume and not self.job_dir:
             raise ValueError("--resume needs the --job_dir of the job to continue")
+        if self.ps_spares is not None and self.ps_spares < 0:
+            raise ValueError(f"--ps_spares must not be negative, got {self.ps_spares}")
         if self.max_ps_restarts < 0:
             raise ValueError("--max_ps_restarts must be >= 0, got "
                              f"{self.max_ps_restarts}")

@@ -6,8 +6,10 @@ server must be replaced, and when a job is resumed.
   cluster), which replays its journal; the launcher's clients follow it.
   The job's generation goes one up, and every server is fenced into it
   (`common/fencing.py`): a replaced master that wakes up serves nobody.
-- `recover_ps`: automatic checkpoints paused; the lost server restarted from
-  the latest automatic checkpoint, paused; every other server pauses and
+- `recover_ps`: automatic checkpoints paused; the lost server's partitions
+  restored from the latest automatic checkpoint, paused, onto a spare
+  process that is up already (`spares.py`: no process start to wait for)
+  or else onto a new process; every other server pauses and
   keeps its state (issue 43: before, each went back to the checkpoint too);
   every server is fenced into the job's next generation; the master rolls
   back to the checkpoint's progress; every server resumes with the
@@ -56,6 +58,7 @@ from keras_elastic.common import fencing, rpc
 from keras_elastic.common.errors import ClusterError
 from keras_elastic.launcher.auto_checkpointer import AutoCheckpointer
 from keras_elastic.launcher.backends import Backend, ProcessStartError, RoleHandle
+from keras_elastic.launcher.spares import SpareServers, restore_onto
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient
 from keras_elastic.ps.replication import is_replicated
@@ -79,6 +82,7 @@ class ServiceHost(Protocol):
     backup_procs: list[RoleHandle | None]
     backup_addresses: list[str | None]
     job_dir: str
+    spares: SpareServers
 
     def _start_service(self, name: str, module: str, args: list[str]
                        ) -> tuple[RoleHandle, dict]: ...
@@ -170,24 +174,15 @@ class Recovery:
             except NoIntactCheckpointError as e:
                 raise RecoveryFailed(f"parameter server {i} {reason} and cannot be "
                                      f"restored: {e}") from None
-            # Its old port locally; on a cluster it may land on another node.
-            port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
-            args = host._ps_args(i, port, partitions=held)
-            if checkpoint is not None:
-                # Paused until the master has rolled back too (see below).
-                args += [f"--restore_from={checkpoint.path}", "--paused"]
-            for attempt in range(5):
-                try:
-                    proc, info = host._start_service(f"ps-{i}", "keras_elastic.ps", args)
-                    for p in held:
-                        host.ps_procs[p] = proc
-                    break
-                except ProcessStartError as e:
-                    if attempt == 4:
-                        raise RecoveryFailed(
-                            f"parameter server {i} could not be restarted: {e}") from e
-                    time.sleep(1.0)
-            address = host._advertised(info["address"])
+            # Paused until the master has rolled back too (see below): onto a
+            # spare that is up already, or else onto a process started now.
+            spare = self._onto_spare(held, checkpoint)
+            if spare is not None:
+                proc, address = spare
+            else:
+                proc, address = self._start_ps(held, checkpoint)
+            for p in held:
+                host.ps_procs[p] = proc
             if address != host.ps_addresses[i]:
                 logging.warning("parameter server %d moved from %s to %s", i,
                                 host.ps_addresses[i], address)
@@ -212,6 +207,7 @@ class Recovery:
             host.write_cluster_file()
             return {"ps": i, "partitions": held, "reason": reason,
                     "generation": host.generation,
+                    "spare": proc.name if spare is not None else None,
                     "checkpoint": getattr(checkpoint, "path", None),
                     "completions_undone": undone, "servers_kept": others,
                     "seconds": round(time.time() - started, 2), "at": time.time()}
@@ -220,6 +216,48 @@ class Recovery:
             return None
         finally:
             host.checkpointer.resume()
+
+    def _onto_spare(self, held: list[int], checkpoint) -> tuple[RoleHandle, str] | None:
+        """Partitions `held` restored, paused, onto a spare server process
+        (`spares.py`) if one is ready; None if none is (or it failed: it is
+        killed)."""
+        if checkpoint is None:
+            return None
+        spare = self.host.spares.take()
+        if spare is None:
+            return None
+        proc, address = spare
+        try:
+            restore_onto(address, held, checkpoint.path)
+        except ConnectionError as e:
+            logging.warning("%s; starting a process instead", e)
+            proc.kill()
+            proc.close()
+            return None
+        logging.info("parameter-server partitions %s restored onto the spare %s at %s",
+                     held, proc.name, address)
+        return proc, address
+
+    def _start_ps(self, held: list[int], checkpoint) -> tuple[RoleHandle, str]:
+        """A new server process of partitions `held`, from `checkpoint`
+        (paused) if any. Raises RecoveryFailed."""
+        host = self.host
+        i = held[0]
+        # Its old port locally; on a cluster it may land on another node.
+        port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
+        args = host._ps_args(i, port, partitions=held)
+        if checkpoint is not None:
+            args += [f"--restore_from={checkpoint.path}", "--paused"]
+        for attempt in range(5):
+            try:
+                proc, info = host._start_service(f"ps-{i}", "keras_elastic.ps", args)
+                return proc, host._advertised(info["address"])
+            except ProcessStartError as e:
+                if attempt == 4:
+                    raise RecoveryFailed(
+                        f"parameter server {i} could not be restarted: {e}") from e
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
 
     def _backup_ready(self, i: int) -> bool:
         """Whether server `i`'s backup can take its place: alive, and holding

@@ -62,6 +62,7 @@ from keras_elastic.launcher.liveness import HealthProber, probe_deadline
 from keras_elastic.launcher.policy import FailurePolicy, ServiceLiveness
 from keras_elastic.launcher.recovery import Recovery, RecoveryFailed
 from keras_elastic.launcher.report import Artifacts
+from keras_elastic.launcher.spares import SpareServers
 from keras_elastic.launcher.status_feed import StatusFeed
 from keras_elastic.master.client import MasterClient
 from keras_elastic.ps.client import PSClient, ServerStatus
@@ -114,6 +115,10 @@ class JobServices:
         self._builder = futures.ThreadPoolExecutor(1, "backup-build")
         self._builds_tried: dict[int, int] = {}
         self.recovery = Recovery(self, config.partitions)
+        # Started server processes that hold nothing, for a recovery to
+        # restore onto (launcher/spares.py): filled from the first automatic
+        # checkpoint on (`_fill_spares`).
+        self.spares = SpareServers(self._start_spare, config.spares)
         interval = self.prober_interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
         self.prober = HealthProber(
@@ -185,6 +190,22 @@ class JobServices:
             return args + ["--backup"]
         return args + [
             f"--init_checkpoint_dir={os.path.join(self.ps_checkpoint_dir, INIT)}"]
+
+    def _start_spare(self, name: str) -> tuple[RoleHandle, str]:
+        """(Off the loop.) A server process holding no partition, for a
+        recovery to restore a lost one's partitions onto (`spares.py`)."""
+        index = self.config.partitions + int(name.rsplit("s", 1)[1])
+        proc, info = self._start_service(name, "keras_elastic.ps",
+                                         self._ps_args(index, partitions=[]))
+        return proc, self._advertised(info["address"])
+
+    def _fill_spares(self) -> None:
+        """Keeps --ps_spares spares started once a recovery has a checkpoint
+        to restore from (not before: their start would compete with the
+        job's for the machine, and nothing needs them yet)."""
+        checkpointer = self.checkpointer
+        if self.spares.count and checkpointer is not None and checkpointer.saves:
+            self.spares.fill()
 
     def _master_args(self, port: int = 0) -> list[str]:
         return [f"--host={self.backend.service_host()}", f"--port={port}",
@@ -387,6 +408,7 @@ class JobServices:
     def check_ps(self) -> str | None:
         """Recovers each lost parameter server; returns why the job fails,
         None otherwise."""
+        self._fill_spares()
         self._adopt_backups()
         for i, proc in enumerate(self.backup_procs):
             if proc is not None:
@@ -596,6 +618,7 @@ class JobServices:
         if self._status_client is not None:
             self._status_client[1].close()
         self._builder.shutdown(wait=False, cancel_futures=True)
+        self.spares.stop()
         for build, _, _ in self._building.values():
             try:  # a backup being built ends with the job
                 proc, _ = build.result(timeout=60)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 import grpc
 from absl import logging
 
+from keras_elastic.common import faults
 from keras_elastic.common.rpc import PARTITION_ELSEWHERE, PARTITION_METADATA
 from keras_elastic.proto import ps_pb2
 from keras_elastic.ps.servicer import ParameterServerServicer
@@ -133,6 +134,11 @@ class PartitionHost:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"HostPartition: partition {partition} is negative")
         with self._lock:
+            if not self._servicers and not self._released:
+                # A process that held nothing (a spare, a new process of a
+                # scaling) is this partition's server from now: its fault
+                # points are those of role ps<partition> (common/faults.py).
+                faults.set_role(f"ps{partition}")
             if partition not in self._servicers:
                 self._servicers[partition] = self._make(partition)
                 self._released.discard(partition)

@@ -629,7 +629,9 @@ def _traced(job: str, faults: list[dict]) -> list[str]:
     RECOVERIES.extend({"job": os.path.basename(job), "ps": r.get("ps"),
                        "tasks_redone": sum((r.get("completions_undone") or {}).values()),
                        "servers_kept": r.get("servers_kept"),
-                       "failover": bool(r.get("failover"))}
+                       "failover": bool(r.get("failover")),
+                       "spare": r.get("spare"),
+                       "seconds": r.get("seconds")}
                       for r in summary.get("ps_recoveries") or [])
     problems = []
     for cls, key in TRACES.items():
@@ -740,11 +742,15 @@ def _report(root: str, faults: list[dict], problems: list[str], jobs: int,
     if RECOVERIES:
         redone = [r["tasks_redone"] for r in RECOVERIES]
         failovers = sum(1 for r in RECOVERIES if r["failover"])
+        onto_spares = sum(1 for r in RECOVERIES if r["spare"])
+        per_task = RECORDS // TASKS_PER_EPOCH
         print(f"parameter-server recoveries: {len(redone)} ({failovers} by a backup "
-              f"taking the server's place); tasks trained again (pushed to the "
-              f"restored server only) per recovery: mean "
-              f"{statistics.mean(redone):.1f}, max {max(redone)} (an epoch is "
-              f"{TASKS_PER_EPOCH}); per recovery: {redone}")
+              f"taking the server's place, {onto_spares} onto a started spare); "
+              f"tasks trained again (pushed to the restored server only) per "
+              f"recovery: mean {statistics.mean(redone):.1f}, max {max(redone)} (an "
+              f"epoch is {TASKS_PER_EPOCH}); per recovery: {redone}; elements "
+              f"(x{per_task}): {[n * per_task for n in redone]}; the launcher's "
+              f"seconds per recovery: {[r['seconds'] for r in RECOVERIES]}")
     unrecovered = [f for f in faults if f["seconds_lost"] is None]
     if unrecovered:
         problems = problems + [f"{len(unrecovered)} fault(s) not recovered within "

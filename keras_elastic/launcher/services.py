@@ -116,8 +116,8 @@ class JobServices:
         self._builds_tried: dict[int, int] = {}
         self.recovery = Recovery(self, config.partitions)
         # Started server processes that hold nothing, for a recovery to
-        # restore onto (launcher/spares.py): filled from the first automatic
-        # checkpoint on (`_fill_spares`).
+        # restore onto (launcher/spares.py): filled once the initial model
+        # is saved (`_fill_spares`).
         self.spares = SpareServers(self._start_spare, config.spares)
         interval = self.prober_interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
@@ -201,10 +201,12 @@ class JobServices:
 
     def _fill_spares(self) -> None:
         """Keeps --ps_spares spares started once a recovery has a checkpoint
-        to restore from (not before: their start would compete with the
-        job's for the machine, and nothing needs them yet)."""
+        to restore from: the initial model's, saved when the servers are
+        initialized (not before: nothing needs a spare yet, and its start
+        would compete with the services' own)."""
         checkpointer = self.checkpointer
-        if self.spares.count and checkpointer is not None and checkpointer.saves:
+        if (self.spares.count and checkpointer is not None
+                and checkpointer.init_ready()):
             self.spares.fill()
 
     def _master_args(self, port: int = 0) -> list[str]:

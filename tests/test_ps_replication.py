@@ -161,3 +161,30 @@ def test_replicas_other_than_one_or_two_are_refused():
 
     with pytest.raises(ValueError, match=r"--ps_replicas must be 1 \(no backup\) or 2"):
         LaunchConfig(ps_replicas=3).validate()
+
+
+def test_a_copy_of_a_server_holding_slices_of_split_variables_makes_its_backup(
+        tmp_path):
+    """A variable split over 2 servers: server 0's copy holds only its
+    slices, which its new backup (or a move's target) restores as they are
+    (it was refused: "the slices of ['w'] do not cover them")."""
+    servers = [ParameterServer(ps_index=p, num_ps=2) for p in range(2)]
+    backup = ParameterServer(ps_index=0, num_ps=2)
+    servers[0].servicer.job_dir = str(tmp_path)
+    c = PSClient([s.address for s in servers])
+    b = PSClient([backup.address], partitions=[0])
+    try:
+        c.init({"w": (np.arange(64, dtype="float32"), True)}, SGD, partition_bytes=64)
+        assert any("__slice_" in k for k in servers[0].store.variables), (
+            servers[0].store.variables)
+        c.send(Update(grads={"w": np.ones(64, "float32")}))
+        c.attach_backup(0, backup.address, copy_dir=str(tmp_path / "copies"))
+        c.send(Update(grads={"w": np.ones(64, "float32")}))  # forwarded
+        mine = {k: v.tolist() for k, v in servers[0].store.values_since(-1).items()}
+        theirs = {k: v.tolist() for k, v in backup.store.values_since(-1).items()}
+        assert theirs == mine and mine, (theirs, mine)
+    finally:
+        c.close()
+        b.close()
+        for s in [*servers, backup]:
+            s.stop()

@@ -72,14 +72,17 @@ def part_infos(info: SaveInfo) -> list[SaveInfo]:
     return [read_manifest(os.path.join(info.path, p)) for p in parts]
 
 
-def read_values(info: SaveInfo, names: list[str] | None = None
-                ) -> dict[str, np.ndarray]:
+def read_values(info: SaveInfo, names: list[str] | None = None,
+                complete: bool = True) -> dict[str, np.ndarray]:
     """Values by name over every part. A name several parts hold (an optimizer's
     `iterations`, its learning rate) takes the largest value. Variables split
     over the servers (`common/variable_slices.py`) are also read whole, by
     their whole names (1-D), and a slice asked for is cut from the whole
     however the checkpoint split it: a checkpoint of N servers restores onto
-    any number of them."""
+    any number of them. `complete=False`: the checkpoint may hold only some
+    slices of a split variable (one server's copy of its own state, for a
+    backup or a move: `ps/replication.py`), read as they are; the caller
+    checks that it has what it needs."""
     wanted = set(names) if names is not None else None
     wholes = None if wanted is None else {
         (found.whole if (found := variable_slices.parse(n)) else n) for n in wanted}
@@ -103,7 +106,7 @@ def read_values(info: SaveInfo, names: list[str] | None = None
     sliced = {n: v for n, v in values.items() if variable_slices.parse(n)}
     if sliced:
         broken = [n for n in variable_slices.missing_slices(sliced) if n not in values]
-        if broken and (wanted is None or set(broken) & wholes):
+        if complete and broken and (wanted is None or set(broken) & wholes):
             raise CheckpointError(f"{info.path}: the slices of {broken[:10]} do not "
                                   "cover them (a part is missing?)")
         values.update({n: v for n, v in variable_slices.assemble(sliced).items()

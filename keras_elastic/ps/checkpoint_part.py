@@ -179,13 +179,20 @@ def _owned_log(info, ps_index: int, num_ps: int) -> tuple[TaskLog, int]:
                                  for p in parts])
 
 
+def _is_copy(info) -> bool:
+    """A server's copy of its own state (for a new backup, or a move's
+    target: ps/replication.py): one part, holding only that server's slices
+    of a split variable, not a checkpoint missing parts."""
+    return any(p.extra.get("backup_copy") for p in ps_layout.part_infos(info))
+
+
 def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) -> dict:
     """Loads this server's variables, optimizer variables and task log from
     the checkpoint at `path`; returns what `RestoreResponse` says."""
     info = resolve(_required(path, "checkpoint path", "Restore"))
     if not ps_layout.is_ps_checkpoint(info):
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
-    values = ps_layout.read_values(info)
+    values = ps_layout.read_values(info, complete=not _is_copy(info))
     log, differing = _owned_log(info, ps_index, num_ps)
     groups: dict[str, dict] = {}
     for part in ps_layout.part_infos(info):
@@ -275,7 +282,7 @@ def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
     else:
         owned = sorted(k for k in trainable if ps_for(k, num_ps) == ps_index)
     names = [ps_layout.variable_name(k) for k in owned]
-    values = ps_layout.read_values(info, names)
+    values = ps_layout.read_values(info, names, complete=not _is_copy(info))
     store.init({k: values[n] for k, n in zip(owned, names)},
                {k: trainable[k] for k in owned}, config, tables)
     return restore_shard(store, ps_index, num_ps, info.path)

@@ -183,3 +183,24 @@ def test_a_worker_the_job_presumed_lost_exits_with_status_3(error, status):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == status, proc.stderr[-3000:]
     assert error.split("(")[0] in proc.stderr.splitlines()[-1], proc.stderr[-3000:]
+
+
+def test_connecting_stops_once_the_job_ended(tmp_path, monkeypatch):
+    """A worker that joined as its job ended waits for its first connection
+    (the master gone): it stops within a second of the end instead of
+    waiting out --connect_timeout (the testbed soak: a worker rejoined at a
+    job's end still ran 10 s after it)."""
+    w = job_end.Watch(str(tmp_path), lambda: -1, exit=lambda status: None)
+    monkeypatch.setattr(job_end, "_current", w)
+    channel = grpc.insecure_channel("127.0.0.1:1")  # nothing listens there
+    try:
+        with pytest.raises(ConnectionError, match="within 1 s"):
+            rpc.wait_ready(channel, "127.0.0.1:1", "master", timeout=1.0)
+        write_summary(tmp_path, exited=[1])
+        w.check()
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="the job ended"):
+            rpc.wait_ready(channel, "127.0.0.1:1", "master", timeout=300)
+        assert time.monotonic() - start < 5
+    finally:
+        channel.close()

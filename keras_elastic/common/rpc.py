@@ -494,19 +494,23 @@ class ResolvingChannel(grpc.Channel):
 def wait_ready(channel: grpc.Channel, address: str, what: str,
                timeout: float = 30.0) -> None:
     """Blocks until `channel` connects; raises ConnectionError naming `address`.
-    A `ResolvingChannel` follows its server meanwhile if it moves."""
+    A `ResolvingChannel` follows its server meanwhile if it moves. Once this
+    process's job ended (`job_end.ended()`: a worker that joined as its job
+    was ending), it stops waiting within a second: the servers are gone."""
     deadline = time.monotonic() + timeout
     refresh = getattr(channel, "refresh", None)
     while True:
-        step = max(0.0, deadline - time.monotonic())
-        if refresh is not None:
-            step = min(step, 1.0)
+        step = min(max(0.0, deadline - time.monotonic()), 1.0)
         future = grpc.channel_ready_future(channel)
         try:
             future.result(timeout=step)
             return
         except grpc.FutureTimeoutError as e:
             future.cancel()
+            if job_end.ended() is not None:
+                raise ConnectionError(
+                    f"cannot reach the {what} at {address}: the job ended "
+                    f"({job_end.SUMMARY} was written)") from e
             if time.monotonic() >= deadline:
                 raise ConnectionError(
                     f"cannot reach the {what} at {address} within {timeout:.0f} s: is "

@@ -21,6 +21,14 @@ pytestmark = pytest.mark.multiprocess
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts",
                       "job_script.py")
 EPOCHS = 12
+# The server job (below): its epochs, and the busy share of a core past which
+# a server counts as the wall (--autoscale_server_busy). Measured here: with
+# the one server, the steps spent 76% of their time in push and pull while
+# the server was 21% busy (2 cores shared by the master, the server and two
+# workers: no process gets a core of its own), so the default 0.8 never
+# fires on this machine; 0.15 puts the wall where this machine has it.
+SERVER_EPOCHS = 6
+SERVER_BUSY = 0.15
 
 
 def test_a_job_grows_from_one_to_three_workers_by_itself(tmp_path):
@@ -67,3 +75,41 @@ def test_autoscale_without_room_to_choose_is_refused(tmp_path):
     assert out.returncode != 0
     assert ("--autoscale has nothing to choose: --min_workers and --max_workers both "
             "come to 2") in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_a_job_whose_server_is_the_wall_adds_a_server_by_itself(tmp_path):
+    """Two workers of a model whose update is most of a step (a 1024-unit
+    layer, Adam on the servers, no sleep): the workers wait on push and pull
+    and the one server is busy, so the job adds a second server (a partition
+    moved live, `launcher/server_scaler.py`) and keeps it when it pays. The
+    1024-unit kernel is split over the partitions, so the move copies
+    slices of a split variable (it failed before: "the slices do not cover
+    them"). Every task exactly once."""
+    x, y = make_arrays(4096)
+    write_shards(str(tmp_path / "data"), x, y, num_shards=2)
+    job_dir = str(tmp_path / "job")
+    # --ps_partition_bytes: the 32 KiB kernel of the hidden layer split over
+    # both partitions (the default splits only variables of 64 KiB and more).
+    out = launch(job_dir, SCRIPT, "--num_workers=2", "--num_ps=1", "--max_ps=2",
+                 "--ps_partition_bytes=16384", "--autoscale", "--autoscale_window=6",
+                 f"--autoscale_server_busy={SERVER_BUSY}",
+                 script_args=(f"--data={tmp_path}/data/train-*.tfrecord",
+                              f"--epochs={SERVER_EPOCHS}", "--batch_size=16",
+                              "--minibatches_per_task=4", "--hidden=1024",
+                              "--optimizer=adam"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with open(os.path.join(job_dir, "summary.json")) as f:
+        summary = json.load(f)
+    decisions = summary["autoscale"]["decisions"]
+    assert decisions, summary["autoscale"]
+    first = decisions[0]
+    assert tuple(first["servers"]) == (1, 2), decisions
+    assert first["reason"].startswith("add a server"), decisions
+    grown = [s for s in summary["ps_scaling"] if s["servers_after"] == 2]
+    assert grown and grown[0]["moves"] and not grown[0]["failed"], summary["ps_scaling"]
+    assert summary["ps_recoveries"] == [] and summary["worker_restarts"] == 0
+    with open(os.path.join(job_dir, "cluster.json")) as f:
+        assert len({h["pid"] for h in json.load(f)["ps_hosts"]}) == 2
+    ledger = read_ledger(job_dir)["training"]
+    tasks_per_epoch = summary["datasets"]["training"]["tasks_per_epoch"]
+    assert_exactly_once(ledger, SERVER_EPOCHS, tasks_per_epoch)

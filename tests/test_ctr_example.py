@@ -186,3 +186,54 @@ def test_evaluation_and_prediction_use_the_checkpointed_tables(cli_jobs, ctr_dir
     # And close to the launcher job's (one epoch more).
     assert cli_jobs["evaluation"]["auc"] == pytest.approx(script_metrics["val_auc"],
                                                           abs=0.01)
+
+
+# Worker 0's 10th push held (mid-epoch) while the job's tables move from one
+# server process to three (fault point, common/faults.py).
+SCALE_HOLD = "after_push@10:w0=hold"
+
+
+def test_tables_scaled_from_one_to_three_servers_mid_job_keep_every_row(
+        ctr_dir, tmp_path):
+    """The README's CTR job on one server process holding 3 partitions,
+    scaled to 3 processes mid-epoch (`keras-elastic scale --num_ps 3`): the
+    tables' rows move with their partitions. With admission and the row
+    bound off, the tables end with one row per distinct id of the training
+    data, every row once (two partitions moved to the new processes)."""
+    from support.counting_jobs import through_holds
+
+    from examples.ctr.model_def import dataset_fn
+
+    files = sorted(glob.glob(f"{ctr_dir}/train-*.tfrecord"))
+    ids = np.unique(np.concatenate([f["cat"].ravel() for f, _ in dataset_fn(
+        tf.data.TFRecordDataset(files), "training").as_numpy_iterator()]))
+    job_dir = tmp_path / "job"
+    argv = [sys.executable, "-m", "keras_elastic", "run", "--num_workers=2",
+            "--num_ps=1", "--ps_partitions=3", f"--job_dir={job_dir}", "--",
+            sys.executable, os.path.join(CTR, "train.py"), "--epochs=1",
+            f"--data_dir={ctr_dir}", "--noprepare", "--admit_after=0", "--max_rows=0"]
+    env = subprocess_env(KERAS_ELASTIC_FAULTS=SCALE_HOLD,
+                         KERAS_ELASTIC_FAULTS_DIR=str(tmp_path / "faults"))
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+    def scale_to_three(job_dir) -> None:
+        from conftest import wait_for
+
+        run("-m", "keras_elastic", "scale", f"--job_dir={job_dir}", "--num_ps=3",
+            timeout=60)
+        wait_for(lambda: sorted(h["partitions"] for h in json.loads(
+            (job_dir / "cluster.json").read_text())["ps_hosts"]) == [[0], [1], [2]],
+            timeout=120, what="the partitions on three processes")
+
+    through_holds(tmp_path, proc, [(SCALE_HOLD, scale_to_three)])
+    summary = json.loads((job_dir / "summary.json").read_text())
+    [scaling] = summary["ps_scaling"]
+    assert (scaling["servers_before"], scaling["servers_after"]) == (1, 3), scaling
+    assert len(scaling["moves"]) == 2 and not scaling["failed"], scaling
+    assert summary["ps_recoveries"] == [] and summary["requeued"] == 0, summary
+    tables = summary["embedding_tables"]
+    assert len(tables) == 2, tables  # first_order and factors
+    for name, stats in tables.items():
+        assert stats["rows"] == len(ids), (name, stats, len(ids))
+        assert stats["evicted"] == 0 and stats["dropped"] == 0, (name, stats)

@@ -113,6 +113,11 @@ class LaunchConfig:
     autoscale_window: float = _flag(
         30.0, "With --autoscale: seconds of training measured at one size before "
         "the next decision (its first third is left out as warm-up).")
+    autoscale_server_busy: float = _flag(
+        0.8, "With --autoscale: the busy share of a core (CPU seconds per second) "
+        "past which the busiest parameter server, with the workers' steps mostly "
+        "waiting on push and pull, makes the job add a server (launcher/"
+        "autoscale.py, rule 3).")
     max_worker_restarts: int = _flag(
         3, "Relaunches of dead workers before the job fails.")
     grads_to_wait: int = _flag(
@@ -306,6 +311,9 @@ class LaunchConfig:
                 f"--autoscale has nothing to choose: --min_workers and --max_workers "
                 f"both come to {self.bounds[0]}, --min_ps and --max_ps to {lo_ps}; "
                 f"give a range, e.g. --min_workers=1 --max_workers=4")
+        if not 0 < self.autoscale_server_busy:
+            raise ValueError(f"--autoscale_server_busy must be > 0 (a share of one "
+                             f"core), got {self.autoscale_server_busy}")
         if self.autoscale_window <= 0:
             raise ValueError(f"--autoscale_window must be > 0, got "
                              f"{self.autoscale_window}")

@@ -137,7 +137,8 @@ class Launcher:
             self.server_load = ServerLoad(self.services.server_statuses)
             self.autoscaler = Autoscaler(
                 Limits(lo, hi, *config.ps_bounds),
-                Thresholds(settle_s=config.autoscale_window),
+                Thresholds(settle_s=config.autoscale_window,
+                           server_busy=config.autoscale_server_busy),
                 self.server_load.latest, self._autoscale_workers, self.log.say,
                 apply_servers=self.server_scaler.ask)
         logging.info("backend: %s", self.backend.describe())

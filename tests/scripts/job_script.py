@@ -33,6 +33,9 @@ flags.DEFINE_string("late_worker", None, "ID:EPOCH: worker ID calls fit only onc
                     "the epochs before while it was busy elsewhere.")
 flags.DEFINE_bool("write_history", False, "Each worker writes its fit's History to "
                   "history-<worker id>.json in the job directory.")
+flags.DEFINE_integer("hidden", 16, "Units of the hidden layer (a larger model "
+                     "makes the parameter servers' work the larger share).")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "The optimizer.")
 flags.DEFINE_bool("slow_second_save", False, "The 2nd save stalls in the sharding "
                   "callback (on the parameter server) after writing a marker file.")
 
@@ -104,12 +107,14 @@ def main(argv):
             f.write(str(os.getpid()))
     keras.utils.set_random_seed(1)
     inputs = keras.Input((8,))
-    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.Dense(FLAGS.hidden, activation="relu")(inputs)
     h = keras.layers.BatchNormalization()(h)
     outputs = keras.layers.Dense(2, activation="softmax")(h)
     model = ke.Model(inputs, outputs)
-    model.compile(optimizer=keras.optimizers.SGD(0.05),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    optimizer = (keras.optimizers.Adam(0.001) if FLAGS.optimizer == "adam"
+                 else keras.optimizers.SGD(0.05))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
     callbacks = []
     if FLAGS.barrier:
         at, count = (int(v) for v in FLAGS.barrier.split(":"))

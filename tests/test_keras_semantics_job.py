@@ -63,6 +63,33 @@ def test_a_second_models_last_learning_rate_reaches_the_servers(tmp_path):
         assert r["rates"] == [pytest.approx(0.01)] * 2, found
 
 
+def run_with_holds(tmp_path, script: str, holds: tuple[str, ...]) -> dict[str, dict]:
+    """The 2-worker job of tests/scripts/SCRIPT, whose fault points `holds`
+    each hold a thread: once all hold, all go on. Returns each worker's
+    RESULT."""
+    from keras_elastic.common import faults
+
+    job = str(tmp_path / "job")
+    directory = str(tmp_path / "faults")
+    proc = launch(job, os.path.join(REPO, "tests", "scripts", script),
+                  "--num_workers=2", "--num_ps=1", background=True,
+                  env={"KERAS_ELASTIC_FAULTS": ",".join(holds),
+                       "KERAS_ELASTIC_FAULTS_DIR": directory})
+    try:
+        for hold in holds:
+            faults.wait_held(directory, hold, timeout=240)
+        for hold in holds:
+            faults.release(directory, hold)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-6000:]
+    found = results(job)
+    assert len(found) == 2, found
+    return found
+
+
 # The worker that is not the chief (either id may be: the first to register
 # is) held where it takes the first sync point's values (the start of its
 # fit) until the chief's fit has ended (the first fit_end of the job: the
@@ -79,27 +106,8 @@ def test_a_schedule_on_the_previous_rate_is_applied_once_by_a_late_follower(tmp_
     schedule once: 0.04 then 0.02, as plain Keras. It took the changed 0.02
     and halved it again (0.01), and pushed that to the servers (found by
     Keras' LearningRateScheduler test in a loaded job)."""
-    from keras_elastic.common import faults
-
-    job = str(tmp_path / "job")
-    directory = str(tmp_path / "faults")
-    proc = launch(job, os.path.join(REPO, "tests", "scripts",
-                                    "late_follower_lr_script.py"),
-                  "--num_workers=2", "--num_ps=1", background=True,
-                  env={"KERAS_ELASTIC_FAULTS": f"{HOLD_FOLLOWER},{HOLD_CHIEF}",
-                       "KERAS_ELASTIC_FAULTS_DIR": directory})
-    try:
-        faults.wait_held(directory, HOLD_FOLLOWER, timeout=240)
-        faults.wait_held(directory, HOLD_CHIEF, timeout=240)
-        faults.release(directory, HOLD_FOLLOWER)
-        faults.release(directory, HOLD_CHIEF)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-6000:]
-    found = results(job)
-    assert len(found) == 2, found
+    found = run_with_holds(tmp_path, "late_follower_lr_script.py",
+                           (HOLD_FOLLOWER, HOLD_CHIEF))
     for r in found.values():
         assert r["rates"] == [pytest.approx(0.04), pytest.approx(0.02)], found
         assert r["after_fit"] == pytest.approx(0.02), found
@@ -116,26 +124,8 @@ def test_train_end_logs_are_the_jobs_last_epoch_logs_on_every_worker(tmp_path):
     callback gets the job's (they got this worker's own batches'). And a
     worker that trained no batch of an epoch logs its own validation's
     val_loss (it logged the job's training loss under that name)."""
-    from keras_elastic.common import faults
-
-    job = str(tmp_path / "job")
-    directory = str(tmp_path / "faults")
-    proc = launch(job, os.path.join(REPO, "tests", "scripts", "train_end_logs_script.py"),
-                  "--num_workers=2", "--num_ps=1", background=True,
-                  env={"KERAS_ELASTIC_FAULTS": f"{HOLD_FOLLOWER},{HOLD_EPOCH_END}",
-                       "KERAS_ELASTIC_FAULTS_DIR": directory})
-    try:
-        faults.wait_held(directory, HOLD_FOLLOWER, timeout=240)
-        faults.wait_held(directory, HOLD_EPOCH_END, timeout=240)
-        faults.release(directory, HOLD_FOLLOWER)
-        faults.release(directory, HOLD_EPOCH_END)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-6000:]
-    found = results(job)
-    assert len(found) == 2, found
+    found = run_with_holds(tmp_path, "train_end_logs_script.py",
+                           (HOLD_FOLLOWER, HOLD_EPOCH_END))
     first, second = found.values()
     for r in found.values():
         assert len(r["epochs"]) == 2, found

@@ -103,6 +103,7 @@ class AutoCheckpointer:
         self._chain: tuple[str, int] | None = None
         self._has_tables = False
         self.saves = 0
+        self.periodic_saves = 0  # those made while the job trained (not its last)
         self.failures = 0
         self.last_error: str | None = None
         self._lock = threading.Lock()  # held during a save; recovery takes it
@@ -214,6 +215,7 @@ class AutoCheckpointer:
                     status, finished = due
                     self.save(status)
                     self._finished_saved = finished
+                    self.periodic_saves += not finished
             except (ConnectionError, ValueError, OSError) as e:
                 # A server being down is the launcher's business, a full
                 # disk the user's: skip this one, try later.

@@ -150,8 +150,8 @@ class LaunchConfig:
     max_ps_restarts: int = _flag(
         3, "Restarts of dead parameter servers before the job fails.")
     ps_spares: int | None = _flag(
-        None, "Spare parameter-server processes kept started, holding nothing, once "
-        "the servers saved the initial model: a lost server's partitions are "
+        None, "Spare parameter-server processes kept started, holding nothing, from "
+        "the first periodic automatic checkpoint on: a lost server's partitions are "
         "restored onto one at once instead of onto a process started then (the "
         "start is most of a recovery's time; launcher/spares.py). Default 1 on "
         "the local backend, 0 on Ray (a spare holds a node's --ps_resources).")

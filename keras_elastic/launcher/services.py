@@ -116,8 +116,8 @@ class JobServices:
         self._builds_tried: dict[int, int] = {}
         self.recovery = Recovery(self, config.partitions)
         # Started server processes that hold nothing, for a recovery to
-        # restore onto (launcher/spares.py): filled once the initial model
-        # is saved (`_fill_spares`).
+        # restore onto (launcher/spares.py): filled from the first periodic
+        # automatic checkpoint on (`_fill_spares`).
         self.spares = SpareServers(self._start_spare, config.spares)
         interval = self.prober_interval = min(2.0, config.liveness_timeout / 5)
         deadline = probe_deadline(config.liveness_timeout)
@@ -200,13 +200,14 @@ class JobServices:
         return proc, self._advertised(info["address"])
 
     def _fill_spares(self) -> None:
-        """Keeps --ps_spares spares started once a recovery has a checkpoint
-        to restore from: the initial model's, saved when the servers are
-        initialized (not before: nothing needs a spare yet, and its start
-        would compete with the services' own)."""
+        """Keeps --ps_spares spares started once the job has trained long
+        enough for its first periodic automatic checkpoint (--ps_checkpoint_secs):
+        a short job, or one that loses a server in its first seconds, never
+        pays a spare's start (its TensorFlow import competes with the job's
+        own), and a loss then is recovered onto a new process, as without
+        spares."""
         checkpointer = self.checkpointer
-        if (self.spares.count and checkpointer is not None
-                and checkpointer.init_ready()):
+        if self.spares.count and checkpointer is not None and checkpointer.periodic_saves:
             self.spares.fill()
 
     def _master_args(self, port: int = 0) -> list[str]:

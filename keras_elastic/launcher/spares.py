@@ -13,9 +13,9 @@ spare pays it before the loss, off the launcher's loop.
   (`HostPartition`), paused, restored from the checkpoint at `path`: what a
   process started with `--partitions=... --restore_from=path --paused` holds.
 
-The launcher (`services.py`) fills its spares once the servers saved the
-initial model (a recovery's first restore point), and again after each
-recovery; `recovery.py` takes one.
+The launcher (`services.py`) fills its spares from the first periodic
+automatic checkpoint on (a short job never starts one), and again after
+each recovery; `recovery.py` takes one.
 
 Example:
 

@@ -82,7 +82,7 @@ def test_a_spare_is_handed_out_only_once_started_and_is_replaced(tmp_path):
 def test_a_dead_or_failed_spare_is_never_handed_out_and_is_replaced(tmp_path):
     starts = Starts(tmp_path)
     starts.go.set()
-    spares = SpareServers(starts, count=1)
+    spares = SpareServers(starts, count=1, retry_after=0.3)
     try:
         spares.fill()
         wait_until(lambda: spares._pending and spares._pending[0].done())
@@ -94,6 +94,9 @@ def test_a_dead_or_failed_spare_is_never_handed_out_and_is_replaced(tmp_path):
         wait_until(lambda: spares.started == 2 and spares._pending[0].done())
         assert spares.take() is None
         starts.fail = False
+        spares.fill()  # the failed start dropped; none again before retry_after
+        assert spares.started == 2 and not spares._pending
+        time.sleep(0.35)
         spares.fill()
         wait_until(lambda: spares.started == 3 and spares._pending[0].done())
         proc, _ = spares.take()

@@ -8,7 +8,8 @@ spare pays it before the loss, off the launcher's loop.
 - `SpareServers(start, count)`: `fill()` starts, in a background thread, the
   spares that are missing (`start(name)` -> (handle, address)); `take()`
   hands out one that is ready (started and alive), or None (the recovery
-  then starts a process as before); `stop()` ends them all.
+  then starts a process as before); `stop()` ends them all. After a start
+  that failed, the next waits `retry_after` seconds.
 - `restore_onto(address, partitions, path)`: a spare holds `partitions`
   (`HostPartition`), paused, restored from the checkpoint at `path`: what a
   process started with `--partitions=... --restore_from=path --paused` holds.
@@ -32,6 +33,7 @@ if taken is not None:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -48,9 +50,14 @@ Spare = tuple[RoleHandle, str]
 class SpareServers:
     """Up to `count` started server processes that hold nothing yet."""
 
-    def __init__(self, start: Callable[[str], Spare], count: int) -> None:
+    def __init__(self, start: Callable[[str], Spare], count: int,
+                 retry_after: float = 30.0) -> None:
         self._start = start
         self.count = max(0, count)
+        # After a spare failed to start (a full disk, no room on a node):
+        # no new start for this many seconds.
+        self.retry_after = retry_after
+        self._retry_at = 0.0
         self._lock = threading.Lock()
         self._pending: list[futures.Future] = []
         self._pool = futures.ThreadPoolExecutor(1, "ke-spares")
@@ -68,6 +75,13 @@ class SpareServers:
             for future in list(self._pending):
                 if future.done() and _spare_of(future) is None:
                     self._pending.remove(future)
+                    if not future.cancelled() and future.exception() is not None:
+                        logging.warning("a spare parameter server did not start (%s); "
+                                        "the next try in %.0f s", future.exception(),
+                                        self.retry_after)
+                        self._retry_at = time.monotonic() + self.retry_after
+            if time.monotonic() < self._retry_at:
+                return
             while len(self._pending) < self.count:
                 name = f"ps-s{self._names}"
                 self._names += 1

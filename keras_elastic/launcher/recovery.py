@@ -248,16 +248,17 @@ class Recovery:
         args = host._ps_args(i, port, partitions=held)
         if checkpoint is not None:
             args += [f"--restore_from={checkpoint.path}", "--paused"]
-        for attempt in range(5):
+        attempts = 0
+        while True:
             try:
                 proc, info = host._start_service(f"ps-{i}", "keras_elastic.ps", args)
                 return proc, host._advertised(info["address"])
             except ProcessStartError as e:
-                if attempt == 4:
+                attempts += 1
+                if attempts == 5:
                     raise RecoveryFailed(
                         f"parameter server {i} could not be restarted: {e}") from e
                 time.sleep(1.0)
-        raise AssertionError("unreachable")
 
     def _backup_ready(self, i: int) -> bool:
         """Whether server `i`'s backup can take its place: alive, and holding

@@ -280,9 +280,7 @@ class ElasticSession:
         Every worker passes the same points in the same order (it runs the
         same script): the n-th point is the mark `("sync", n)`.
         """
-        point = cluster.__dict__.get("_ke_sync_points", 0) + 1
-        cluster.__dict__["_ke_sync_points"] = point
-        _set_phase(cluster, point)
+        point = _next_sync_point(cluster)
         sync = self.sync
         if cluster.embedded:
             if sync is not None:
@@ -305,9 +303,7 @@ class ElasticSession:
         worker still counts the same points, and its mark is reached, so
         that no other worker waits for it (a script that catches the error
         goes on in step with the others)."""
-        point = cluster.__dict__.get("_ke_sync_points", 0) + 1
-        cluster.__dict__["_ke_sync_points"] = point
-        _set_phase(cluster, point)
+        point = _next_sync_point(cluster)
         if not cluster.embedded:
             chief.reach(cluster, "sync", point)
 
@@ -684,11 +680,14 @@ def _build(model: keras.Model, dataset: ElasticDataset) -> None:
                 "model.build(input_shape), or build its sub-models).") from e
 
 
-def _set_phase(cluster, point: int) -> None:
-    """The pushes after sync point `point` are of phase `point`: the servers
-    keep their hyperparameters from before a phase's first change for the
-    workers that start it late (`ModelSync.adopt_hyperparameters`)."""
-    cluster.ps.phase = point
+def _next_sync_point(cluster) -> int:
+    """Counts the sync point this worker passes now (the n-th is mark
+    `("sync", n)`); the pushes after it are of phase n (`PSClient.phase`:
+    the servers keep their hyperparameters from before a phase's first
+    change for the workers that start it late)."""
+    point = cluster.__dict__.get("_ke_sync_points", 0) + 1
+    cluster.__dict__["_ke_sync_points"] = cluster.ps.phase = point
+    return point
 
 
 def _next_namespace(cluster) -> str:

@@ -223,3 +223,12 @@ def test_server_bounds_are_checked_with_what_to_do():
     config = LaunchConfig(num_ps=1, max_ps=3, autoscale=True)
     config.validate()
     assert config.partitions == 3 and config.ps_bounds == (1, 3)
+
+
+def test_a_server_busy_share_that_is_not_positive_is_refused():
+    from keras_elastic.launcher.config import LaunchConfig
+
+    with pytest.raises(ValueError, match=r"--autoscale_server_busy must be > 0 \(a "
+                       r"share of one core\), got 0"):
+        LaunchConfig(num_workers=1, max_workers=2, autoscale=True,
+                     autoscale_server_busy=0).validate()

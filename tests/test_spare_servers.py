@@ -162,3 +162,12 @@ def test_a_lost_servers_partition_restored_onto_a_spare_process(tmp_path):
             spare.terminate()
     log = (job / "ps-s0.log").read_text()
     assert f"partition {holder}: held here" in log, log[-2000:]
+
+
+def test_a_negative_count_of_spares_is_refused():
+    from keras_elastic.launcher.config import LaunchConfig
+
+    with pytest.raises(ValueError, match="--ps_spares must not be negative, got -1"):
+        LaunchConfig(num_workers=1, ps_spares=-1).validate()
+    assert LaunchConfig(num_workers=1).spares == 1
+    assert LaunchConfig(num_workers=1, backend="ray").spares == 0

@@ -50,6 +50,8 @@ flags.DEFINE_list("names", None, "The ports to run (default: every one in "
                   "tests/keras_io).")
 flags.DEFINE_bool("smoke", False, f"Only {SMOKE_PORT} (seconds).")
 flags.DEFINE_integer("timeout", 900, "Seconds a run may take.", lower_bound=1)
+flags.DEFINE_bool("warm_start", True, "Start the jobs' roles from a warm process "
+                  "(the launcher's default); --nowarm_start: each afresh, as before.")
 
 
 def ports() -> list[str]:
@@ -102,6 +104,7 @@ def measure(name: str) -> dict:
         plain, _ = run([sys.executable, os.path.join(PORTS, f"{name}.py")], plain_dir)
         job, output = run([sys.executable, "-m", "keras_elastic", "run",
                            "--num_workers=2", "--num_ps=1", "--rendezvous_timeout=600",
+                           "--warm_start" if FLAGS.warm_start else "--nowarm_start",
                            f"--job_dir={os.path.join(job_dir, 'job')}", "--",
                            sys.executable, os.path.join(PORTS, f"{name}_elastic.py")],
                           job_dir)

@@ -55,6 +55,8 @@ flags.DEFINE_integer("kill_worker_epoch", 3, "Epoch in which a worker is killed.
 flags.DEFINE_integer("kill_ps_epoch", 7, "Epoch in which the parameter server is killed.")
 flags.DEFINE_float("ps_checkpoint_secs", 5.0, "Automatic PS checkpoint period.")
 flags.DEFINE_string("work_dir", None, "Where data and jobs go (default: a temp dir).")
+flags.DEFINE_bool("warm_start", True, "Start the roles from a warm process (the "
+                  "launcher's default); --nowarm_start: each afresh, as before.")
 flags.DEFINE_bool("smoke", False, "Tiny sizes (3 epochs, the worker killed in the "
                   "first, the PS in the second; a test runs it: "
                   "tests/test_bench_smoke*.py); the figures mean nothing.")
@@ -111,6 +113,7 @@ def run_job(work: str, name: str, data_dir: str, kills: bool) -> dict:
     argv = [sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job_dir}",
             "--num_workers=2", "--num_ps=1",
             f"--ps_checkpoint_secs={FLAGS.ps_checkpoint_secs}", "--progress_interval=5",
+            "--warm_start" if FLAGS.warm_start else "--nowarm_start",
             "--", sys.executable, os.path.join(DIGITS, "train.py"),
             f"--epochs={FLAGS.epochs}", f"--data_dir={data_dir}", "--noprepare",
             f"--output={metrics}"]
@@ -178,8 +181,8 @@ def main(argv):
     subprocess.run([sys.executable, os.path.join(DIGITS, "prepare_data.py"),
                     f"--output_dir={data_dir}", "--num_shards=2"], check=True,
                    env=_env(), capture_output=True)
-    print(f"digits job, {FLAGS.epochs} epochs, 2 workers, 1 parameter server; "
-          f"work dir {work}")
+    print(f"digits job, {FLAGS.epochs} epochs, 2 workers, 1 parameter server, roles "
+          f"started {'warm' if FLAGS.warm_start else 'afresh'}; work dir {work}")
     base = run_job(work, "baseline", data_dir, kills=False)
     fault = run_job(work, "faults", data_dir, kills=True)
     lost = fault["wall"] - base["wall"]

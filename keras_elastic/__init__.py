@@ -21,21 +21,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os as _os
 
 __version__ = "0.1.0"
 
-# A process started by the launcher dies with it (see common/launcher_tie.py).
-from keras_elastic.common.launcher_tie import tie_to_launcher as _tie  # noqa: E402
+# A process started by the launcher enters its job: it dies with the launcher
+# (common/launcher_tie.py) and its random generators start from the job's
+# seed, so that every worker builds the same data (common/seeding.py). A warm
+# process (launcher/warm/) makes the same call once it knows its role.
+from keras_elastic.common.role_env import enter_job as _enter_job  # noqa: E402
 
-_tie()
-
-# A launched worker's random generators start from the job's seed, so that
-# every worker builds the same data (see common/seeding.py).
-if _os.environ.get("KERAS_ELASTIC_SEED"):
-    from keras_elastic.common.seeding import seed_from_job as _seed  # noqa: E402
-
-    _seed()
+_enter_job()
 
 # Imported on first use, so that the launcher and the master start without
 # TensorFlow.

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 
 from absl import flags, logging
@@ -287,6 +288,10 @@ def _define_scale() -> None:
     flags.DEFINE_string("drain_ps", None, "A parameter-server process (its name in "
                         "cluster.json's ps_hosts, e.g. ps-1) whose partitions move to "
                         "the others before it stops: its machine is being taken away.")
+    flags.DEFINE_float("wait_secs", 300.0, "--num_ps, --drain_ps: seconds to wait "
+                       "for the launcher's outcome, printed (processes before and "
+                       "after, moves, failures); the exit status is 1 when the job "
+                       "did not reach what was asked. 0: return once asked.")
 
 
 def _main_scale(command: list[str]) -> int:
@@ -294,6 +299,7 @@ def _main_scale(command: list[str]) -> int:
     from keras_elastic.launcher.server_scaler import (
         DESIRED_SERVERS_FILE,
         DRAIN_SERVER_FILE,
+        OUTCOMES_FILE,
     )
 
     asked = {"num_workers": FLAGS.num_workers, "num_ps": FLAGS.num_ps,
@@ -303,6 +309,8 @@ def _main_scale(command: list[str]) -> int:
                          "are required")
     if FLAGS.num_ps is not None and FLAGS.num_ps < 1:
         raise UsageError(f"--num_ps must be at least 1, got {FLAGS.num_ps}")
+    if FLAGS.wait_secs < 0:
+        raise UsageError(f"--wait_secs must be 0 or more, got {FLAGS.wait_secs}")
     cluster = _read_cluster(FLAGS.job_dir)
     if FLAGS.drain_ps is not None:
         names = [h.get("name") for h in cluster.get("ps_hosts") or ()]
@@ -310,6 +318,8 @@ def _main_scale(command: list[str]) -> int:
             raise UsageError(f"--drain_ps={FLAGS.drain_ps}: the job's server processes "
                              f"are {', '.join(map(str, names)) or 'unknown'} "
                              "(cluster.json's ps_hosts)")
+    outcomes = os.path.join(FLAGS.job_dir, OUTCOMES_FILE)
+    seen = len(_read_outcomes(outcomes))
     for value, name, said in (
             (FLAGS.num_workers, DESIRED_WORKERS_FILE, "{} workers"),
             (FLAGS.num_ps, DESIRED_SERVERS_FILE, "{} parameter servers"),
@@ -320,8 +330,63 @@ def _main_scale(command: list[str]) -> int:
         with open(path + ".tmp", "w") as f:
             f.write(str(value))
         os.replace(path + ".tmp", path)
-        print("asked the launcher for " + said.format(value))
-    return 0
+        print("asked the launcher for " + said.format(value), flush=True)
+    servers = len(cluster.get("ps_hosts") or ())
+    if FLAGS.wait_secs == 0 or (FLAGS.num_ps is None and FLAGS.drain_ps is None):
+        return 0
+    if FLAGS.drain_ps is None and FLAGS.num_ps == servers:
+        print(f"the job has {servers} parameter servers already")
+        return 0
+    request = ({"drain": FLAGS.drain_ps} if FLAGS.drain_ps is not None
+               else {"num_ps": FLAGS.num_ps})
+    return _report_scaling(request, _await_scaling(outcomes, seen, request))
+
+
+def _read_outcomes(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return []
+
+
+def _await_scaling(path: str, seen: int, request: dict) -> dict | str:
+    """The launcher's first outcome of `request` after the `seen` it had
+    written (launcher/server_scaler.py's OUTCOMES_FILE), or why none came."""
+    deadline = time.monotonic() + FLAGS.wait_secs
+    ended = os.path.join(FLAGS.job_dir, "summary.json")
+    while time.monotonic() < deadline:
+        for outcome in _read_outcomes(path)[seen:]:
+            if outcome.get("request") == request:
+                return outcome
+        if os.path.exists(ended):
+            return "the job ended before the launcher carried it out"
+        time.sleep(0.2)
+    return (f"no outcome within --wait_secs={FLAGS.wait_secs:g} (the launcher goes "
+            "on trying; its log and summary.json's ps_scaling will say)")
+
+
+def _report_scaling(request: dict, outcome: dict | str) -> int:
+    """Prints how the request ended; 0 when the job reached what was asked."""
+    if isinstance(outcome, str):
+        print(f"scale: {outcome}", file=sys.stderr)
+        return 1
+    if "refused" in outcome:
+        print(f"scale: refused: {outcome['refused']}", file=sys.stderr)
+        return 1
+    print(f"parameter servers: {outcome['servers_before']} -> "
+          f"{outcome['servers_after']} processes, {len(outcome['moves'])} "
+          f"partition(s) moved in {outcome['seconds']:.1f} s"
+          + (f", stopped {', '.join(outcome['stopped'])}" if outcome["stopped"] else ""))
+    for failure in outcome["failed"]:
+        print(f"  partition {failure['partition']} did not move: {failure['error']}",
+              file=sys.stderr)
+    reached = (request["drain"] in outcome["stopped"] if "drain" in request
+               else outcome["servers_after"] == request["num_ps"])
+    if not reached:
+        print(f"scale: the job did not reach what was asked ({request}); the "
+              "launcher tries again while the request stands", file=sys.stderr)
+    return 0 if reached else 1
 
 
 subcommand(
@@ -332,7 +397,9 @@ subcommand(
     "stops workers to match; for --num_ps parameter-server processes (1 to the "
     "job's --ps_partitions): it starts or stops processes and moves partitions "
     "between them while the job trains; --drain_ps moves one process's "
-    "partitions to the others, then stops it.",
+    "partitions to the others, then stops it. For servers it waits for the "
+    "outcome (--wait_secs) and prints it, exiting 1 when the job did not reach "
+    "what was asked.",
 )((_define_scale, _main_scale))
 
 

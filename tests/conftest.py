@@ -60,11 +60,20 @@ def pytest_collection_modifyitems(config, items):
     items[:] = file_order(items, costs)
 
 
+# KERAS_ELASTIC_WARM_START=0 runs the suite's jobs with every role started
+# afresh (launcher/warm/), as before warm processes.
+WARM_START_ENV = "KERAS_ELASTIC_WARM_START"
+# The session's shared warm process (`shared_warm_process` below), for the
+# jobs the tests launch.
+WARM_SOCKET_ENV = "KERAS_ELASTIC_WARM_SOCKET"
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: the repo importable, TF quiet, no cluster
     (the session's job token kept)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("KERAS_ELASTIC_") or k == TOKEN_ENV}
+           if not k.startswith("KERAS_ELASTIC_")
+           or k in (TOKEN_ENV, WARM_START_ENV, WARM_SOCKET_ENV)}
     # tests/_site: Keras' scikit-learn wrappers go without scikit-learn (1.4 s
     # of each TensorFlow process's start; see its sitecustomize.py).
     env["PYTHONPATH"] = os.pathsep.join((REPO, SITE, env.get("PYTHONPATH", "")))
@@ -228,6 +237,42 @@ def start_cluster():
 
     yield start
     cluster_mod.reset_cluster()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_warm_process(tmp_path_factory):
+    """One warm process for this pytest process (each xdist worker), shared
+    by every job a test launches (`KERAS_ELASTIC_WARM_SOCKET`,
+    keras_elastic/launcher/warm/pool.py): a launcher then pays no TensorFlow
+    import at all, neither for its servers and workers nor for a warm process
+    of its own (one per job otherwise: the path users get, which
+    tests/test_warm_start.py and the benches' smoke runs take). It serves
+    once its imports are done; a launcher that finds it not yet listening
+    starts its own. It dies with this process."""
+    from keras_elastic.launcher.warm import pool as warm_pool
+
+    if not warm_pool.enabled(os.environ):
+        yield None
+        return
+    where = tmp_path_factory.mktemp("warm")
+    path = str(where / "warm.sock")
+    with open(where / "warm.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keras_elastic.launcher.warm", f"--listen={path}"],
+            env=subprocess_env(KERAS_ELASTIC_LAUNCHER_PID=str(os.getpid())),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=REPO)
+    os.environ[WARM_SOCKET_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(WARM_SOCKET_ENV, None)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(autouse=True)

@@ -221,7 +221,7 @@ def test_tables_scaled_from_one_to_three_servers_mid_job_keep_every_row(
         from conftest import wait_for
 
         run("-m", "keras_elastic", "scale", f"--job_dir={job_dir}", "--num_ps=3",
-            timeout=60)
+            "--wait_secs=150", timeout=200)
         wait_for(lambda: sorted(h["partitions"] for h in json.loads(
             (job_dir / "cluster.json").read_text())["ps_hosts"]) == [[0], [1], [2]],
             timeout=120, what="the partitions on three processes")

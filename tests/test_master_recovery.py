@@ -475,3 +475,24 @@ def test_a_rollback_that_reopens_a_finished_dataset_is_counted():
         client.close()
     finally:
         server.stop()
+
+
+def test_a_relaunched_worker_registering_before_the_death_report_replaces_it(
+        tmp_path):
+    """A worker forked from a warm process registers within milliseconds of
+    its predecessor's death, before the launcher's report of that death
+    reaches the master (it goes off the launcher's loop): the registration
+    names the worker it replaces, which is lost then, its task requeued, and
+    the job's maximum is kept."""
+    servicer = MasterServicer(journal_path=str(tmp_path / "j"), max_workers=2)
+    _register(servicer, 0)
+    _register(servicer, 1)
+    held = _task(servicer, 1, 0)
+    refused = servicer.RegisterWorker(master_pb2.WorkerRequest(worker_id=2), _Context())
+    assert not refused.accepted and "maximum of 2 workers" in refused.error
+    accepted = servicer.RegisterWorker(
+        master_pb2.WorkerRequest(worker_id=2, replaces=1), _Context())
+    assert accepted.accepted, accepted.error
+    assert servicer._membership.alive() == [0, 2]
+    # Worker 1's task went back to the queue: the replacement gets it.
+    assert _task(servicer, 2, 0).task_id == held.task_id

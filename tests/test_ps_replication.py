@@ -10,7 +10,7 @@ import pytest
 
 from keras_elastic.common.tensor_codec import bundle_bytes
 from keras_elastic.proto import ps_pb2
-from keras_elastic.ps import ParameterServer
+from keras_elastic.ps import ParameterServer, ps_for
 from keras_elastic.ps.client import PSClient
 from keras_elastic.ps.replication import Backup, is_replicated, marker_path
 from keras_elastic.ps.update import Update
@@ -186,5 +186,29 @@ def test_a_copy_of_a_server_holding_slices_of_split_variables_makes_its_backup(
     finally:
         c.close()
         b.close()
+        for s in [*servers, backup]:
+            s.stop()
+
+
+def test_a_copy_of_a_server_that_holds_no_variable_makes_its_backup(tmp_path):
+    """One variable over 3 partitions: a partition holds none (issue 49: a
+    move or a backup of it was refused, "does not record its variables";
+    `scale` then never reached its size). Its copy restores as an empty,
+    initialized server, which takes the pushes forwarded to it."""
+    servers = [ParameterServer(ps_index=p, num_ps=3) for p in range(3)]
+    empty = next(p for p in range(3) if p != ps_for("w", 3))
+    backup = ParameterServer(ps_index=empty, num_ps=3)
+    servers[empty].servicer.job_dir = str(tmp_path)
+    c = PSClient([s.address for s in servers])
+    try:
+        c.init({"w": (np.arange(4, dtype="float32"), True)}, SGD)
+        assert not servers[empty].store.variables
+        c.attach_backup(empty, backup.address, copy_dir=str(tmp_path / "copies"))
+        assert backup.store.initialized and not backup.store.variables
+        c.send(Update(grads={"w": np.ones(4, "float32")}))  # forwarded: nothing
+        assert servers[ps_for("w", 3)].store.values_since(-1)["w"].tolist() == [
+            -0.5, 0.5, 1.5, 2.5]
+    finally:
+        c.close()
         for s in [*servers, backup]:
             s.stop()

@@ -28,11 +28,15 @@ def cluster(job_dir) -> dict:
     return json.loads((job_dir / "cluster.json").read_text())
 
 
-def scale(job_dir, *flags: str) -> None:
+def scale(job_dir, *flags: str, expect: int = 0) -> str:
+    """`keras-elastic scale`, which waits for the launcher's outcome and exits
+    0 only when the job reached what was asked; its output."""
     result = subprocess.run(
-        [sys.executable, "-m", "keras_elastic", "scale", f"--job_dir={job_dir}", *flags],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+        [sys.executable, "-m", "keras_elastic", "scale", f"--job_dir={job_dir}",
+         "--wait_secs=150", *flags],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=200)
+    assert result.returncode == expect, result.stdout + result.stderr
+    return result.stdout + result.stderr
 
 
 def hosts(job_dir) -> list[list[int]]:
@@ -154,6 +158,44 @@ def test_a_checkpoint_taken_after_scaling_resumes_onto_another_count(tmp_path, d
     # (The --num_ps=4 asked of the first run is not this run's.)
     assert hosts(job_dir) == [[0, 3], [1], [2]]
     check_exact(tmp_path, out, output)
+
+
+def test_partitions_that_hold_no_variable_move_and_scale_ends_where_asked(
+        tmp_path, data):
+    """One variable over 4 partitions: three hold none (issue 49: their
+    copies were refused, "does not record its variables", and the job stayed
+    at 2 servers while `scale` said it had asked). Each `scale` now waits
+    for the outcome: 2 -> 3 -> 1 reached (exit 0, the moves printed), 5 is
+    refused (exit 1, why)."""
+    said = {}
+
+    def change(flags, shares):
+        def action(job_dir):
+            said[flags] = scale(job_dir, *flags)
+            # Reached when scale returns: each process's share of the 4.
+            assert sorted(map(len, hosts(job_dir))) == shares, (hosts(job_dir),
+                                                                said[flags])
+        return action
+
+    out, proc = counting_job(
+        tmp_path, data, "--num_ps=2", "--ps_partitions=4", "--ps_checkpoint_secs=1000",
+        script_args=("--weights=1", "--sleep_per_batch=0.03"), background=True,
+        faults="after_push@15:w0=hold,after_claim@12:w1=hold")
+    refused = {}
+
+    def too_many(job_dir):
+        refused["output"] = scale(job_dir, "--num_ps=5", expect=1)
+        change(("--num_ps=1",), [4])(job_dir)
+
+    output = through_holds(tmp_path, proc, [
+        ("after_push@15:w0=hold", change(("--num_ps=3",), [1, 1, 2])),
+        ("after_claim@12:w1=hold", too_many)])
+    check_exact(tmp_path, out, output)
+    assert "parameter servers: 2 -> 3 processes" in said[("--num_ps=3",)]
+    assert "parameter servers: 3 -> 1 processes" in said[("--num_ps=1",)]
+    assert "refused: --num_ps=5: the job has 4 partitions" in refused["output"]
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert all(not r["failed"] for r in summary["ps_scaling"]), summary["ps_scaling"]
 
 
 def test_table_rows_move_with_their_partitions_1_to_3_servers_exact(tmp_path, data):

@@ -21,6 +21,8 @@ LIVENESS_TIMEOUT = "KERAS_ELASTIC_LIVENESS_TIMEOUT"
 # The job's seed: every worker's global random generators start from it
 # (common/seeding.py), so that unseeded code builds the same data everywhere.
 SEED = "KERAS_ELASTIC_SEED"
+# A relaunched worker: the id of the worker whose process ended (worker_group.py).
+REPLACES = "KERAS_ELASTIC_REPLACES"
 
 
 DEFAULT_CONNECT_TIMEOUT = 300.0
@@ -103,6 +105,23 @@ def to_env(master: str, ps: list[str], worker_id: int,
     if seed is not None:
         env[SEED] = str(seed)
     return env
+
+
+def replaces() -> int | None:
+    """The worker this relaunched worker replaces (None: not a relaunch).
+
+    >>> os.environ[REPLACES] = "1"
+    >>> replaces()
+    1
+    >>> del os.environ[REPLACES]
+    """
+    raw = os.environ.get(REPLACES)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{REPLACES}={raw!r} is not an integer") from None
 
 
 def seed() -> int | None:

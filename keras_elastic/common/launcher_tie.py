@@ -76,3 +76,10 @@ def tie_to_launcher(interval: float = 1.0) -> bool:
 
     threading.Thread(target=watch, daemon=True, name="ke-launcher-watch").start()
     return True
+
+
+def forget() -> None:
+    """Forgets the tie this process's image inherited (a warm process' fork:
+    launcher/warm/child.py ties itself to its own launcher next)."""
+    global _tied
+    _tied = False

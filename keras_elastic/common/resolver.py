@@ -139,3 +139,10 @@ def for_process() -> ClusterResolver | None:
         if job_dir not in _resolvers:
             _resolvers[job_dir] = ClusterResolver(job_dir)
         return _resolvers[job_dir]
+
+
+def forget() -> None:
+    """Drops this process's resolvers (a warm process entering its job:
+    common/role_env.py)."""
+    with _resolvers_lock:
+        _resolvers.clear()

@@ -223,6 +223,10 @@ class LaunchConfig:
     master_resources: dict | None = _flag(
         None, "--backend ray: Ray resources of the master (default {\"CPU\": 0}).",
         parse=parse_resources)
+    warm_start: bool = _flag(
+        True, "--backend local: fork parameter servers and workers from a process "
+        "that imported TensorFlow and Keras once (a role starts in milliseconds, "
+        "not seconds; docs/warm_start.md). --nowarm_start starts each afresh.")
     # Not a flag: whether the launcher copies the workers' output to its own.
     echo_worker_output: bool = True
 

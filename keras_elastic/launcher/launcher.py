@@ -115,6 +115,8 @@ class Launcher:
         self.backend: Backend = make_backend(config)
         try:
             self.backend.check(self.job_dir)
+            # A warm process starts importing now, while the master comes up.
+            self.backend.prepare(self.job_dir)
             self.services = JobServices(
                 config, self.job_dir, self.backend, self.artifacts, self.policy,
                 generation, seed,

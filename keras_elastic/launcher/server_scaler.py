@@ -18,7 +18,10 @@ partitions go to the others, then it stops). On the launcher's loop,
 3. stops the processes left holding nothing.
 
 Nothing rolls back and nothing is trained again. Each change is a line of
-the launcher's log and an entry of summary.json's `ps_scaling`.
+the launcher's log and an entry of summary.json's `ps_scaling`; each change
+and each refusal is also written, as it happens, to `JOB_DIR/ps_scaling.json`
+(`OUTCOMES_FILE`), which `keras-elastic scale` waits on to say how its
+request ended.
 
 Example:
 
@@ -31,6 +34,7 @@ while training:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent import futures
@@ -44,6 +48,10 @@ from keras_elastic.ps.moves import MoveError, move_partition
 
 DESIRED_SERVERS_FILE = "desired_servers"
 DRAIN_SERVER_FILE = "drain_server"
+# Every change and refusal so far, as it happens: [{"request": {"num_ps": N} or
+# {"drain": NAME}, "servers_before", "servers_after", "moves", "failed",
+# "stopped", "seconds", "at"} or {"request": ..., "refused": why, "at"}].
+OUTCOMES_FILE = "ps_scaling.json"
 
 
 class ServerScaler:
@@ -54,6 +62,8 @@ class ServerScaler:
         self.services = services
         self.job_dir = services.job_dir
         self.records: list[dict[str, Any]] = []
+        # What OUTCOMES_FILE holds: the records and the refusals, in order.
+        self.outcomes: list[dict[str, Any]] = []
         self._pool = futures.ThreadPoolExecutor(1, "ps-scale")
         # New processes being started off the loop: (the start, the request).
         self._starting: tuple[futures.Future, dict] | None = None
@@ -63,7 +73,7 @@ class ServerScaler:
         self._asked: tuple[int, float] | None = None
         # Requests of an earlier run of this job (--resume): this run's flags
         # are newer.
-        for name in (DESIRED_SERVERS_FILE, DRAIN_SERVER_FILE):
+        for name in (DESIRED_SERVERS_FILE, DRAIN_SERVER_FILE, OUTCOMES_FILE):
             try:
                 os.remove(os.path.join(self.job_dir, name))
                 logging.info("%s of an earlier run removed: --num_ps=%d holds",
@@ -102,10 +112,24 @@ class ServerScaler:
         except FileNotFoundError:
             pass
 
-    def _refuse(self, request: object, message: str) -> None:
+    def _refuse(self, request: object, message: str,
+                asked: dict | None = None) -> None:
+        """Logs (once per `request`) why `asked` is not carried out, and
+        writes it to OUTCOMES_FILE."""
         if request != self._refused:
             self._refused = request
             logging.warning("scaling the parameter servers: %s", message)
+            if asked is not None:
+                self._outcome({"request": asked, "refused": message,
+                               "at": time.time()})
+
+    def _outcome(self, entry: dict[str, Any]) -> None:
+        self.outcomes.append(entry)
+        try:
+            _write(os.path.join(self.job_dir, OUTCOMES_FILE),
+                   json.dumps(self.outcomes, default=str))
+        except OSError as e:  # a full disk: the log and the summary have it
+            logging.warning("could not write %s: %s", OUTCOMES_FILE, e)
 
     # -- the loop -----------------------------------------------------------------
     def tick(self) -> None:
@@ -120,7 +144,7 @@ class ServerScaler:
                 started = start.result()
             except (ProcessStartError, OSError) as e:
                 self._refuse(("start", time.time()),
-                             f"new server processes could not start: {e}")
+                             f"new server processes could not start: {e}", request)
                 return
             self._apply(request, started)
             return
@@ -137,7 +161,8 @@ class ServerScaler:
             names = [proc.name for proc, _ in hosts]
             if drain not in names:
                 self._refuse(("drain", drain), f"--drain_ps={drain}: no such server "
-                             f"process now (they are {', '.join(names)})")
+                             f"process now (they are {', '.join(names)})",
+                             {"drain": drain})
                 self._done_draining()
                 return
             request = {"drain": drain}
@@ -150,11 +175,11 @@ class ServerScaler:
                 self._refuse(("num_ps", desired),
                              f"--num_ps={desired}: the job has {partitions} "
                              f"partitions (--ps_partitions): between 1 and "
-                             f"{partitions} servers")
+                             f"{partitions} servers", {"num_ps": desired})
                 return
             if services.config.ps_replicas > 1:
                 self._refuse(("num_ps", desired), "servers with backups "
-                             "(--ps_replicas=2) are not scaled")
+                             "(--ps_replicas=2) are not scaled", {"num_ps": desired})
                 return
             request = {"num_ps": desired}
             new = max(0, desired - len(hosts))
@@ -204,7 +229,7 @@ class ServerScaler:
         try:
             after, moves = placement.plan(layout, keep, len(started))
         except ValueError as e:
-            self._refuse(request, str(e))
+            self._refuse(request, str(e), request)
             for proc, _ in started:
                 proc.kill()
                 proc.close()
@@ -274,6 +299,7 @@ class ServerScaler:
                   "failed": failed, "stopped": stopped,
                   "seconds": round(time.time() - began, 2), "at": time.time()}
         self.records.append(record)
+        self._outcome(record)
         logging.warning("parameter servers %s: %d -> %d processes, %d partition(s) "
                         "moved in %.1f s%s", _describe(request), before,
                         record["servers_after"], len(done), record["seconds"],

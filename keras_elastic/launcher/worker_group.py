@@ -95,7 +95,9 @@ class WorkerGroup:
         self._blamed: set[int] = set()  # cut off from a server: reported lost
         self.reopened_starts = 0
 
-    def start_worker(self) -> int:
+    def start_worker(self, replaces: int | None = None) -> int:
+        """Starts the next worker (`replaces`: the worker whose process ended,
+        which it is started to replace); its id."""
         worker_id = self.next_worker_id
         self.next_worker_id += 1
         services = self.services
@@ -107,6 +109,9 @@ class WorkerGroup:
         env[cluster_env.LIVENESS_TIMEOUT] = str(self.config.liveness_timeout)
         env[fencing.GENERATION_ENV] = str(services.generation)
         env[PARTITION_BYTES_ENV] = str(self.config.ps_partition_bytes)
+        env.pop(cluster_env.REPLACES, None)
+        if replaces is not None:
+            env[cluster_env.REPLACES] = str(replaces)
         for server_only in (tls.CERT_ENV, tls.KEY_ENV):  # a worker is a client
             env.pop(server_only, None)
         self.workers[worker_id] = self.backend.start(
@@ -180,7 +185,7 @@ class WorkerGroup:
                             worker_id)
             return None
         self.restarts += 1
-        new_id = self.start_worker()
+        new_id = self.start_worker(replaces=worker_id)
         logging.warning("relaunched worker %d as worker %d (restart %d of %d)",
                         worker_id, new_id, self.restarts,
                         self.config.max_worker_restarts)

@@ -115,9 +115,11 @@ class MasterClient:
             raise
 
     # -- workers ----------------------------------------------------------
-    def register_worker(self, reason: str = "") -> int:
+    def register_worker(self, reason: str = "", replaces: int | None = None) -> int:
+        """Registers this worker (`replaces`: the worker the launcher started
+        it to replace, lost first if still counted alive); its id."""
         response = self._call("RegisterWorker", master_pb2.WorkerRequest(
-            worker_id=self.worker_id, reason=reason))
+            worker_id=self.worker_id, reason=reason, replaces=replaces))
         if not response.accepted:
             raise JobFailedError(f"the master at {self.address} refused worker "
                                  f"{response.worker_id}: {response.error}")

@@ -172,6 +172,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if self._error:
                 return master_pb2.WorkerResponse(accepted=False, error=self._error)
             worker_id = members.assign_id(request.worker_id)
+            if request.HasField("replaces") and request.replaces != worker_id:
+                # The launcher saw its process end: lost now, as its report
+                # (on its way) would make it.
+                self._lose(request.replaces, f"replaced by worker {worker_id}")
             refusal = members.refusal(worker_id)
             if refusal:
                 return master_pb2.WorkerResponse(accepted=False, worker_id=worker_id,

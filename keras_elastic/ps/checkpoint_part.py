@@ -262,11 +262,15 @@ def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
     trainable: dict[str, bool] = {}
     config = None
     tables: dict[str, dict] = {}
+    recorded = False  # the parts say what they hold (an empty dict: nothing)
     for part in ps_layout.part_infos(info):
+        recorded = recorded or "variables" in part.extra
         trainable.update(part.extra.get("variables") or {})
         config = config or part.extra.get("optimizer_config")
         tables.update(part.extra.get("tables") or {})
-    if not trainable or config is None:
+    # A partition that holds no variable (one variable, several partitions)
+    # is restored as an empty, initialized server, like any other.
+    if not recorded or config is None:
         raise ValueError(f"{info.path} does not record its variables and optimizer "
                          "(saved by an older keras_elastic): it cannot start a server")
     parts = ps_layout.part_infos(info)

@@ -51,7 +51,8 @@ class Cluster:
         timeout = cluster_env.connect_timeout()
         self.master = MasterClient(master_address, worker_id, connect_timeout=timeout)
         self.worker_id = self.master.register_worker(
-            reason=f"pid {os.getpid()}" + (" (embedded)" if self.embedded else ""))
+            reason=f"pid {os.getpid()}" + (" (embedded)" if self.embedded else ""),
+            replaces=None if self.embedded else cluster_env.replaces())
         self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id,
                            connect_timeout=timeout)
         self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot,

@@ -42,6 +42,7 @@ model.train_function = runtime      # Keras' fit loop calls runtime(iterator)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import keras
@@ -121,7 +122,7 @@ class TrainFunction:
         """What the task log says of each update of the step, when the step
         applies them itself (a store in this process: `ModelSync.local`)."""
         if not self.sync.local:
-            return _NOTHING
+            return _nothing()
         if not self.sync.update_keys:
             self.ensure_traced()
         return tf.constant(self.sync.local_allow(tags), tf.bool)
@@ -213,7 +214,12 @@ class TrainFunction:
                 variable.assign(value)
 
 
-_NOTHING = tf.constant([], tf.bool)  # `allowed` when updates go to the servers
+@functools.cache
+def _nothing() -> tf.Tensor:
+    """`allowed` when updates go to the servers (made on first use: importing
+    this module starts no TensorFlow runtime, so a warm process can fork
+    after it; launcher/warm/)."""
+    return tf.constant([], tf.bool)
 
 
 def take_rows(nest: Any, rows: np.ndarray) -> Any:

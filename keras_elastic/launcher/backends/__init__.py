@@ -34,7 +34,7 @@ def make_backend(config) -> Backend:
     """The backend of `config` (a LaunchConfig); BackendError when it cannot
     be used (e.g. Ray is not installed)."""
     if config.backend == "local":
-        return LocalBackend(config.bind, config.advertise)
+        return LocalBackend(config.bind, config.advertise, warm=config.warm_start)
     if config.backend == "ray":
         from keras_elastic.launcher.backends.ray import RayBackend
 

@@ -223,6 +223,11 @@ class Backend(abc.ABC):
         cannot run the job from `job_dir`."""
         return None
 
+    def prepare(self, job_dir: str) -> None:
+        """Readies what starting roles needs (a warm process, locally), in
+        the background; called once, before the first role starts."""
+        return None
+
     @abc.abstractmethod
     def start(self, name: str, argv: Sequence[str], log_path: str,
               env: dict[str, str], kind: str, resources: dict | None = None,

@@ -30,6 +30,12 @@ from absl import logging
 from keras_elastic.common import disk, tls
 from keras_elastic.common.launcher_tie import LAUNCHER_PID
 from keras_elastic.launcher.backends.base import Backend, RoleHandle, echo_line
+from keras_elastic.launcher.warm import pool as warm_pool
+from keras_elastic.launcher.warm.pool import WarmPool
+
+# The roles that import TensorFlow (the master does not: it starts afresh,
+# in a third of a second, while the warm process imports).
+WARM_KINDS = ("ps", "worker")
 
 
 class ManagedProcess(RoleHandle):
@@ -37,7 +43,7 @@ class ManagedProcess(RoleHandle):
 
     def __init__(self, name: str, argv: Sequence[str], log_path: str,
                  env: dict[str, str] | None = None, echo: bool = True,
-                 kind: str = "worker") -> None:
+                 kind: str = "worker", warm: WarmPool | None = None) -> None:
         self.name = name
         self.kind = kind
         self.argv = list(argv)
@@ -45,11 +51,14 @@ class ManagedProcess(RoleHandle):
         self.lost_reason = None
         self._log = open(log_path, "ab", buffering=0)
         self.started = time.time()
-        self.popen = subprocess.Popen(
+        env = dict(env if env is not None else os.environ,
+                   **{LAUNCHER_PID: str(os.getpid())})
+        # A warm process' fork when it can (launcher/warm/), else afresh.
+        started = warm.popen(self.argv, env, os.getcwd()) if warm is not None else None
+        self.warm = started is not None
+        self.popen = started or subprocess.Popen(
             self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-            env=dict(env if env is not None else os.environ,
-                     **{LAUNCHER_PID: str(os.getpid())}))
+            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         self._pump = threading.Thread(target=self._copy_output, args=(echo,),
                                       daemon=True, name=f"out-{name}")
         self._pump.start()
@@ -110,19 +119,35 @@ class ManagedProcess(RoleHandle):
 
 class LocalBackend(Backend):
     """Roles as processes of this machine; services bind `bind` and are
-    reached at `advertise` (default: `bind`)."""
+    reached at `advertise` (default: `bind`). With `warm` (the default),
+    `prepare` starts a warm process (launcher/warm/: TensorFlow and Keras
+    imported once) from which parameter servers and workers are forked."""
 
     name = "local"
     keeps_addresses = True
 
-    def __init__(self, bind: str = "127.0.0.1", advertise: str | None = None) -> None:
+    def __init__(self, bind: str = "127.0.0.1", advertise: str | None = None,
+                 warm: bool = True) -> None:
         self.bind = bind
         self.advertise = advertise
+        self.warm = warm and warm_pool.enabled()
+        self.pool: warm_pool.WarmPool | None = None
+
+    def prepare(self, job_dir: str) -> None:
+        if self.warm and self.pool is None:
+            self.pool = warm_pool.WarmPool.for_launcher(os.path.join(job_dir, "warm.log"))
 
     def start(self, name: str, argv: Sequence[str], log_path: str,
               env: dict[str, str], kind: str, resources: dict | None = None,
               echo: bool = True) -> ManagedProcess:
-        return ManagedProcess(name, argv, log_path, env=env, echo=echo, kind=kind)
+        pool = self.pool if kind in WARM_KINDS else None
+        return ManagedProcess(name, argv, log_path, env=env, echo=echo, kind=kind,
+                              warm=pool)
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def service_host(self) -> str:
         return self.bind
@@ -138,4 +163,5 @@ class LocalBackend(Backend):
         return None if self.loopback_only() else self.bind
 
     def describe(self) -> str:
-        return f"local processes, services on {self.bind}"
+        warm = ", warm starts" if self.warm else ""
+        return f"local processes, services on {self.bind}{warm}"

@@ -57,6 +57,7 @@ def start_services(services: Sequence[tuple[str, str, Sequence[str]]], job_dir: 
         backend = LocalBackend()
     # Services answer this process's job token (made now if there is none).
     env = dict(os.environ, **{auth.TOKEN_ENV: auth.job_token()})
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as the workers' (worker_group.py)
     started: list[tuple[str, str, RoleHandle]] = []
     try:
         for name, module, args in services:

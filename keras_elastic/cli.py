@@ -339,7 +339,8 @@ def _main_scale(command: list[str]) -> int:
         return 0
     request = ({"drain": FLAGS.drain_ps} if FLAGS.drain_ps is not None
                else {"num_ps": FLAGS.num_ps})
-    return _report_scaling(request, _await_scaling(outcomes, seen, request))
+    return _report_scaling(request, _await_scaling(outcomes, seen, request,
+                                                   cluster.get("launcher_pid")))
 
 
 def _read_outcomes(path: str) -> list[dict]:
@@ -350,9 +351,12 @@ def _read_outcomes(path: str) -> list[dict]:
         return []
 
 
-def _await_scaling(path: str, seen: int, request: dict) -> dict | str:
+def _await_scaling(path: str, seen: int, request: dict,
+                   launcher_pid: int | None) -> dict | str:
     """The launcher's first outcome of `request` after the `seen` it had
     written (launcher/server_scaler.py's OUTCOMES_FILE), or why none came."""
+    from keras_elastic.common.pids import pid_alive
+
     deadline = time.monotonic() + FLAGS.wait_secs
     ended = os.path.join(FLAGS.job_dir, "summary.json")
     while time.monotonic() < deadline:
@@ -361,6 +365,8 @@ def _await_scaling(path: str, seen: int, request: dict) -> dict | str:
                 return outcome
         if os.path.exists(ended):
             return "the job ended before the launcher carried it out"
+        if isinstance(launcher_pid, int) and not pid_alive(launcher_pid):
+            return f"the job's launcher (pid {launcher_pid}) is not running"
         time.sleep(0.2)
     return (f"no outcome within --wait_secs={FLAGS.wait_secs:g} (the launcher goes "
             "on trying; its log and summary.json's ps_scaling will say)")

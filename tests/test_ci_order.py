@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import COSTS_FILE, REPO, file_order, subprocess_env
+from conftest import COSTS_FILE, REPO, TEST_BUDGET_SECONDS, file_order, subprocess_env
 
 
 class _Item:
@@ -42,6 +42,20 @@ def test_the_costs_name_test_files_that_exist():
     missing = [p for p in costs if not os.path.exists(os.path.join(REPO, p))]
     assert not missing, (f"tests/test_costs.json names files that are gone: {missing}; "
                          "rerun tools/test_costs.py")
+
+
+def test_the_recorded_costs_fit_the_budget():
+    """The suite's growth is a decision: the files' recorded seconds, over
+    README's two xdist workers, fit TEST_BUDGET_SECONDS (tests/README.md)."""
+    with open(COSTS_FILE) as f:
+        costs = json.load(f)
+    per_worker = sum(costs.values()) / 2
+    heaviest = sorted(costs.items(), key=lambda kv: -kv[1])[:5]
+    assert per_worker <= TEST_BUDGET_SECONDS, (
+        f"the recorded costs are {per_worker:.0f} s per xdist worker, over the "
+        f"budget of {TEST_BUDGET_SECONDS} s (conftest.TEST_BUDGET_SECONDS); the "
+        f"heaviest files: {heaviest}. Make room, or raise the budget saying why "
+        "(tests/README.md)")
 
 
 @pytest.mark.multiprocess

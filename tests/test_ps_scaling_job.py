@@ -237,7 +237,8 @@ def test_scale_requests_that_cannot_be_met_say_what_to_do(tmp_path):
     refused = run()
     assert refused.returncode != 0 and "one of --num_workers, --num_ps" in refused.stderr
     assert not (job_dir / "desired_servers").exists()
-    asked = run("--num_ps=2")
+    # (No launcher runs here: --wait_secs=0 returns once asked.)
+    asked = run("--num_ps=2", "--wait_secs=0")
     assert asked.returncode == 0 and "asked the launcher for 2 parameter servers" in (
         asked.stdout)
     assert (job_dir / "desired_servers").read_text() == "2"

@@ -490,6 +490,8 @@ class ElasticSession:
             # Other workers may still be training their last tasks: wait for
             # the job's last epoch to complete, then take the final model.
             cluster.master.wait_for_epoch(dataset.name, epochs)
+        else:
+            reporter.give_back_unfinished()
         # What the script assigned to the weights during the fit (a callback
         # restoring the best epoch's: EarlyStopping(restore_best_weights=True))
         # reaches the servers, the chief's: every worker returns from fit with
@@ -530,7 +532,9 @@ class ElasticSession:
             # Stopped in the middle of the epoch (TerminateOnNaN, a callback):
             # the job's epoch is not over, so its round (which waits for the
             # epoch's end) cannot start. Keras validates the model as it is:
-            # a round of its own, which the workers that stopped share.
+            # a round of its own, which the workers that stopped share. The
+            # tasks it holds go back to the others first (they wait on them).
+            fit.reporter.give_back_unfinished()
             return self.evaluate_round(dataset.renamed(f"{dataset.name}#stopped@{epoch}"),
                                        eval_round=0, callbacks=callbacks, call=fit.call)
         fit.reporter.end_training_epoch()

@@ -82,6 +82,21 @@ class TaskReporter(keras.callbacks.Callback):
         # keep the epoch's training states for the last report.
         self.job_metrics.freeze()
 
+    def give_back_unfinished(self) -> None:
+        """The fit stopped in the middle of an epoch (`model.stop_training`:
+        TerminateOnNaN, a callback): this worker trains none of the tasks it
+        still holds, so they go back to the master for the other workers
+        (the job's epoch, which they wait on, needs them), the push in flight
+        first: the task logs then hold every element applied, which the next
+        holder skips."""
+        if self._epoch_ended:
+            return
+        self._epoch_ended = True
+        if self._sync is not None:
+            self._sync.flush()
+        held = [seq for seq, _ in self.stream.pending(float("inf"))]
+        self.stream.abandon(held, "the fit stopped (model.stop_training)")
+
     def end_training_epoch(self) -> None:
         """The epoch's training is over on this worker: unless it stopped
         mid-epoch, its data ran out and every task is reported (once per

@@ -169,6 +169,27 @@ def _caught_up_elements(job_dir: str) -> int:
     return total
 
 
+def _log_seconds(path: str, pattern: str) -> float:
+    """The time of day (seconds) of the first line of absl log `path` that
+    matches `pattern` (nan if none)."""
+    with open(path) as f:
+        for line in f:
+            if re.search(pattern, line):
+                hours, minutes, seconds = line.split()[1].split(":")
+                return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    return float("nan")
+
+
+def _relaunch_times(job_dir: str) -> tuple[float, float]:
+    """(the launcher saw the killed worker's death, its replacement
+    registered), from the launcher's and the master's logs."""
+    known = _log_seconds(os.path.join(job_dir, "launcher.log"),
+                         r"worker \d+ exited with code")
+    registered = _log_seconds(os.path.join(job_dir, "master.log"),
+                              r"worker ([2-9]|\d\d+) registered")
+    return known, registered
+
+
 def main(argv):
     del argv
     if FLAGS.smoke:
@@ -209,6 +230,10 @@ def main(argv):
           f"the kill; work redone: {caught} elements caught up "
           f"(~{caught * seconds_per_element:.2f} s); requeued tasks "
           f"{fault['summary']['requeued']}")
+    known, registered = _relaunch_times(fault["job_dir"])
+    print(f"worker relaunch: the replacement registered with the master "
+          f"{registered - known:.2f} s after the launcher saw the death (its first "
+          "task then waits for one to be free)")
     for r in fault["summary"]["ps_recoveries"]:
         undone = sum(r["completions_undone"].values())
         print(f"parameter-server failure: recovered in {r['seconds']:.1f} s from "

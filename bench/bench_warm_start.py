@@ -1,7 +1,9 @@
 """What a role's start costs a job: the README's digits job with every role
-started afresh (`--nowarm_start`) and forked from a warm process (the
-default), against the same script run embedded (no launcher: master and
-server in the script's process), in one run on the same machine.
+started afresh (`--nowarm_start`), forked from the job's own warm process
+(the default), and forked from a warm process already running on the
+machine (`KERAS_ELASTIC_WARM_SOCKET`: no import at all), against the same
+script run embedded (no launcher: master and server in the script's
+process), in one run on the same machine.
 
 Per run: the wall time from launch to exit, the time from launch until the
 master handed out the job's first task (the workers registered, built
@@ -49,31 +51,32 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], log_path: str) -> float:
+def _run(argv: list[str], log_path: str, env: dict | None = None) -> float:
     start = time.time()
     with open(log_path, "w") as log:
-        code = subprocess.call(argv, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                               timeout=1800)
+        code = subprocess.call(argv, env=dict(_env(), **(env or {})), stdout=log,
+                               stderr=subprocess.STDOUT, timeout=1800)
     if code != 0:
         raise RuntimeError(f"{' '.join(argv)} exited with {code}; see {log_path}")
     return start
 
 
-def run_job(work: str, name: str, data_dir: str, flag: str) -> dict:
+def run_job(work: str, name: str, data_dir: str, flag: str,
+            env: dict | None = None) -> dict:
     """One 2-worker job of the digits script (`flag`: --warm_start or not)."""
     job_dir = os.path.join(work, name)
     start = _run([sys.executable, "-m", "keras_elastic", "run", f"--job_dir={job_dir}",
                   "--num_workers=2", "--num_ps=1", flag, "--",
                   sys.executable, os.path.join(DIGITS, "train.py"),
                   f"--epochs={FLAGS.epochs}", f"--data_dir={data_dir}", "--noprepare"],
-                 os.path.join(work, f"{name}.log"))
+                 os.path.join(work, f"{name}.log"), env)
     wall = time.time() - start
     with open(os.path.join(job_dir, "ledger.json")) as f:
         ledger = json.load(f)["training"]
     first_lease = min(e["lease"] for e in ledger) / 1e6
     first_done = min(e["time"] for e in ledger)
     warm_ready = None
-    with open(os.path.join(job_dir, "launcher.log")) as f:
+    with open(os.path.join(work, f"{name}.log")) as f:  # the launcher's output
         for line in f:
             if "warm process" in line and " ready in " in line:
                 warm_ready = float(line.split(" ready in ")[1].split()[0])
@@ -107,16 +110,32 @@ def main(argv):
                    env=_env(), capture_output=True)
     print(f"digits job, {FLAGS.epochs} epoch(s), 2 workers, 1 parameter server, "
           f"{FLAGS.repeats} run(s) of each (median); work dir {work}", flush=True)
-    runs: dict[str, list[dict]] = {"embedded": [], "fresh": [], "warm": []}
-    for i in range(FLAGS.repeats):  # interleaved: the machine's drift hits all
-        runs["embedded"].append(run_embedded(work, data_dir))
-        runs["fresh"].append(run_job(work, f"fresh-{i}", data_dir, "--nowarm_start"))
-        runs["warm"].append(run_job(work, f"warm-{i}", data_dir, "--warm_start"))
+    runs: dict[str, list[dict]] = {"embedded": [], "fresh": [], "warm": [],
+                                   "shared": []}
+    socket_path = os.path.join(work, "warm.sock")
+    shared = subprocess.Popen(
+        [sys.executable, "-m", "keras_elastic.launcher.warm", f"--listen={socket_path}"],
+        env=_env(),
+        stdout=open(os.path.join(work, "shared-warm.log"), "w"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(socket_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for i in range(FLAGS.repeats):  # interleaved: the machine's drift hits all
+            runs["embedded"].append(run_embedded(work, data_dir))
+            runs["fresh"].append(run_job(work, f"fresh-{i}", data_dir, "--nowarm_start"))
+            runs["warm"].append(run_job(work, f"warm-{i}", data_dir, "--warm_start"))
+            runs["shared"].append(run_job(work, f"shared-{i}", data_dir, "--warm_start",
+                                          {"KERAS_ELASTIC_WARM_SOCKET": socket_path}))
+    finally:
+        shared.terminate()
+        shared.wait(30)
     embedded = _median([r["wall"] for r in runs["embedded"]])
     print(f"{'run':<10} {'wall s':>8} {'x embedded':>10} {'1st task s':>10} "
           f"{'1st trained s':>13} {'warm ready s':>12}")
     print(f"{'embedded':<10} {embedded:8.1f} {1.0:10.2f}")
-    for name in ("fresh", "warm"):
+    for name in ("fresh", "warm", "shared"):
         wall = _median([r["wall"] for r in runs[name]])
         first = _median([r["first_task"] for r in runs[name]])
         trained = _median([r["first_trained"] for r in runs[name]])

@@ -120,4 +120,6 @@ def test_recovery(tmp_path):
     assert len(figures(rf"^time lost to both failures: {NUM} s \({NUM}% of the "
                        r"baseline\)$", out)) == 1, out
     assert len(figures(rf"^worker failure: .* requeued tasks {NUM}$", out)) == 1, out
+    one_positive(rf"^worker relaunch: the replacement registered with the master "
+                 rf"{NUM} s after the launcher saw the death", out)
     one_positive(rf"^parameter-server failure: recovered in {NUM} s from ", out)

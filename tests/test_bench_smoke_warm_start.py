@@ -16,9 +16,14 @@ def test_the_digits_job_fresh_and_warm_against_embedded(tmp_path):
         rf"^fresh\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+-\s*$", out)
     (warm_wall, _, warm_first, warm_trained, ready), = figures(
         rf"^warm\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s*$", out)
+    (shared_wall, _, shared_first, shared_trained, shared_ready), = figures(
+        rf"^shared\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s*$", out)
     # Training starts after the launch and before the job's end; the warm
     # process was ready before the first task (its forks train it).
     for wall, first, trained in ((fresh_wall, fresh_first, fresh_trained),
-                                 (warm_wall, warm_first, warm_trained)):
+                                 (warm_wall, warm_first, warm_trained),
+                                 (shared_wall, shared_first, shared_trained)):
         assert 0 < first <= trained <= wall, out
     assert 0 < ready < warm_first, out
+    # The machine's warm process had imported before the job: ready at once.
+    assert 0 <= shared_ready < ready, out

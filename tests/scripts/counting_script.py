@@ -41,6 +41,10 @@ flags.DEFINE_bool("table_in_graph", False, "--step=keras: the table is a layer o
                   "pass, and with --exchange=pipelined one batch ahead.")
 flags.DEFINE_integer("max_rows", 0, "The table's max_rows (0: none).")
 flags.DEFINE_float("sleep_per_batch", 0.0, "Seconds to sleep after each batch.")
+flags.DEFINE_integer("stop_worker", -1, "This worker sets model.stop_training after "
+                     "--stop_after_batches batches of its first epoch (as "
+                     "TerminateOnNaN does), holding the tasks it claimed.")
+flags.DEFINE_integer("stop_after_batches", 1, "See --stop_worker.")
 flags.DEFINE_string("output", None, "Finishing workers write weights and PS status here.")
 flags.DEFINE_enum("exchange", "sync", ["sync", "pipelined"], "compile(exchange=...).")
 flags.DEFINE_string("hold_dir", None, "Each worker, after its 2nd batch, writes "
@@ -180,6 +184,16 @@ def main(argv):
         callbacks.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda b, logs: __import__("time").sleep(
                 FLAGS.sleep_per_batch)))
+    if FLAGS.stop_worker == cluster.worker_id:
+        trained = [0]
+
+        def stop(batch, logs):
+            trained[0] += 1
+            if trained[0] == FLAGS.stop_after_batches:
+                print(f"worker {cluster.worker_id}: stop_training after "
+                      f"{trained[0]} batch(es)", flush=True)
+                model.stop_training = True
+        callbacks.append(keras.callbacks.LambdaCallback(on_train_batch_end=stop))
     validation = None
     if FLAGS.validate:
         validation = ke.ElasticDataset(FLAGS.data, dataset_fn=dataset_fn,

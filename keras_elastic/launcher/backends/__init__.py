@@ -9,7 +9,7 @@ Example:
 >>> from keras_elastic.launcher.config import LaunchConfig
 >>> backend = make_backend(LaunchConfig(backend="local"))
 >>> backend.name, backend.describe()
-('local', 'local processes, services on 127.0.0.1')
+('local', 'local processes, services on 127.0.0.1, warm starts')
 """
 
 from __future__ import annotations

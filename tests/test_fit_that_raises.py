@@ -33,6 +33,7 @@ def test_a_fit_that_raised_on_the_chief_leaves_the_workers_in_step(tmp_path):
     assert "the chief did not" not in logs, logs[-4000:]
 
 
+@pytest.mark.multiprocess
 def test_a_fit_stopped_mid_epoch_gives_its_held_tasks_to_the_other_worker(tmp_path):
     """Worker 1 sets model.stop_training after one batch (as TerminateOnNaN
     does), holding the task it trains (and any it claimed ahead): it gives

@@ -242,6 +242,18 @@ def test_scale_requests_that_cannot_be_met_say_what_to_do(tmp_path):
     assert asked.returncode == 0 and "asked the launcher for 2 parameter servers" in (
         asked.stdout)
     assert (job_dir / "desired_servers").read_text() == "2"
+    refused = run("--num_ps=2", "--wait_secs=-1")
+    assert refused.returncode != 0 and "--wait_secs must be 0 or more" in refused.stderr
+    # Waiting on a launcher that is gone ends at once, saying so.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    cluster_file = job_dir / "cluster.json"
+    cluster_file.write_text(json.dumps(dict(json.loads(cluster_file.read_text()),
+                                            launcher_pid=gone.pid)))
+    waited = run("--num_ps=2", "--wait_secs=60")
+    assert waited.returncode == 1 and (
+        f"the job's launcher (pid {gone.pid}) is not running" in waited.stderr), (
+        waited.stdout + waited.stderr)
 
 
 def test_a_job_refuses_server_bounds_it_cannot_hold(tmp_path):

@@ -115,22 +115,21 @@ def replaces() -> int | None:
     1
     >>> del os.environ[REPLACES]
     """
-    raw = os.environ.get(REPLACES)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{REPLACES}={raw!r} is not an integer") from None
+    return _int(REPLACES)
 
 
 def seed() -> int | None:
     """The job's seed (None outside a launched job, or when the launcher
     gave none)."""
-    raw = os.environ.get(SEED)
+    return _int(SEED)
+
+
+def _int(name: str) -> int | None:
+    """Integer variable `name` (None when unset or empty)."""
+    raw = os.environ.get(name)
     if not raw:
         return None
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{SEED}={raw!r} is not an integer") from None
+        raise ValueError(f"{name}={raw!r} is not an integer") from None

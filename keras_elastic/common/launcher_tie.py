@@ -37,7 +37,7 @@ _PR_SET_PDEATHSIG = 1
 _tied = False
 
 
-def _set_parent_death_signal() -> bool:
+def set_parent_death_signal() -> bool:
     """Whether the kernel now kills this process when its parent dies."""
     if not sys.platform.startswith("linux"):
         return False
@@ -62,7 +62,7 @@ def tie_to_launcher(interval: float = 1.0) -> bool:
     if launcher == os.getpid():
         return False  # the launcher itself (its environment is inherited)
     _tied = True
-    by_kernel = os.getppid() == launcher and _set_parent_death_signal()
+    by_kernel = os.getppid() == launcher and set_parent_death_signal()
     if not pid_alive(launcher):  # it died before the signal was set
         os.kill(os.getpid(), signal.SIGKILL)
     if by_kernel:

@@ -1,8 +1,9 @@
 """A role's environment, in one place, and the one call that enters the job.
 
 The launcher describes the job to every process it starts through
-`KERAS_ELASTIC_*` environment variables. `RoleEnv` names each of them and
-reads them once; `enter_job()` is what a process does to become part of its
+`KERAS_ELASTIC_*` environment variables. `VARIABLES` names each of them and
+the module that reads it (tests/test_warm_start.py checks the list is
+whole); `enter_job()` is what a process does to become part of its
 job: it ties itself to the launcher (`launcher_tie`), seeds its random
 generators from the job's (`seeding`) and forgets what an earlier reading of
 the environment left in this process (the fault plan; the job's resolvers).
@@ -17,18 +18,13 @@ process imports reads none of these variables' values into a module).
 
 Example:
 
->>> env = RoleEnv.read({"KERAS_ELASTIC_WORKER_ID": "3", "KERAS_ELASTIC_SEED": "7"})
->>> env.worker_id, env.seed, env.launched
-(3, 7, False)
+>>> VARIABLES["KERAS_ELASTIC_SEED"]
+"common/seeding.py: the job's seed"
 >>> enter_job()      # outside a launched job: nothing to do
 False
 """
 
 from __future__ import annotations
-
-import dataclasses
-import os
-from collections.abc import Mapping
 
 # Every variable of the contract, with the module that owns its meaning.
 VARIABLES = {
@@ -57,42 +53,6 @@ VARIABLES = {
     "KERAS_ELASTIC_WARM_START": "launcher/warm/: 0 turns warm processes off",
     "KERAS_ELASTIC_WARM_SOCKET": "launcher/warm/: a shared warm process' socket",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleEnv:
-    """What the launcher told this process (see VARIABLES): the fields a
-    process needs to decide what it is; the rest stay in `raw`."""
-
-    launcher_pid: int | None
-    worker_id: int | None
-    job_dir: str | None
-    seed: int | None
-    raw: dict[str, str]
-
-    @property
-    def launched(self) -> bool:
-        """Whether a launcher started this process."""
-        return self.launcher_pid is not None
-
-    @classmethod
-    def read(cls, environ: Mapping[str, str] | None = None) -> RoleEnv:
-        """The role's environment (default: this process's)."""
-        environ = os.environ if environ is None else environ
-        raw = {k: v for k, v in environ.items() if k in VARIABLES}
-
-        def number(name: str) -> int | None:
-            text = raw.get(name)
-            if not text:
-                return None
-            try:
-                return int(text)
-            except ValueError:
-                raise ValueError(f"{name}={text!r} is not an integer") from None
-
-        return cls(number("KERAS_ELASTIC_LAUNCHER_PID"),
-                   number("KERAS_ELASTIC_WORKER_ID"), raw.get("KERAS_ELASTIC_JOB_DIR"),
-                   number("KERAS_ELASTIC_SEED"), raw)
 
 
 def forget_readings() -> None:

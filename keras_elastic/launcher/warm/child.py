@@ -16,30 +16,22 @@ Tested by tests/test_warm_start.py against a fresh process.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import runpy
-import signal
 import sys
 import types
 from importlib.machinery import SourceFileLoader
 
+from keras_elastic.common.launcher_tie import set_parent_death_signal
 from keras_elastic.launcher.warm.command import WarmCommand
 
-_PR_SET_PDEATHSIG = 1
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _RUNPY = os.path.abspath(runpy.__file__)
 
 
 def _die_with_parent(parent: int) -> None:
     """SIGKILL when the zygote dies (it dies with the launcher)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
+    set_parent_death_signal()
     if os.getppid() != parent:  # it died before the signal was set
         os._exit(137)
 

@@ -111,6 +111,11 @@ def plan(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str
     (`why_not` says why)."""
     if why_not(argv, env, warm_env, python) is not None:
         return None
+    return command_of(argv)
+
+
+def command_of(argv: Sequence[str]) -> WarmCommand:
+    """The WarmCommand of `argv`, which `why_not` accepted."""
     if argv[1] == "-m":
         return WarmCommand("module", argv[2], [argv[2], *argv[3:]])
     if argv[1] == "-c":

@@ -237,7 +237,7 @@ class WarmPool:
             return None
         if not self.usable():
             return None
-        plan = commands.plan(argv, env, self.env, self.python)
+        plan = commands.command_of(argv)
         mine, theirs = socket.socketpair()
         read_fd, write_fd = os.pipe()
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,10 +77,16 @@ def run_job(work: str, name: str, data_dir: str, flag: str,
     first_lease = min(e["lease"] for e in ledger) / 1e6
     first_done = min(e["time"] for e in ledger)
     warm_ready = None
+    shared = False
     with open(os.path.join(work, f"{name}.log")) as f:  # the launcher's output
         for line in f:
             if "warm process" in line and " ready in " in line:
                 warm_ready = float(line.split(" ready in ")[1].split()[0])
+                shared = "(shared, at " in line
+    if shared != bool(env and "KERAS_ELASTIC_WARM_SOCKET" in env):
+        # The row would measure another path than its name says.
+        raise RuntimeError(f"job {name}: the launcher {'used' if shared else 'did not use'}"
+                           f" the shared warm process; see {work}/{name}.log")
     return {"wall": wall, "first_task": first_lease - start,
             "first_trained": first_done - start, "warm_ready": warm_ready}
 
@@ -112,7 +119,8 @@ def main(argv):
           f"{FLAGS.repeats} run(s) of each (median); work dir {work}", flush=True)
     runs: dict[str, list[dict]] = {"embedded": [], "fresh": [], "warm": [],
                                    "shared": []}
-    socket_path = os.path.join(work, "warm.sock")
+    # A Unix socket's path has at most 107 bytes: not under a deep work dir.
+    socket_path = os.path.join(tempfile.mkdtemp(prefix="ke-warm-"), "warm.sock")
     shared = subprocess.Popen(
         [sys.executable, "-m", "keras_elastic.launcher.warm", f"--listen={socket_path}"],
         env=_env(),
@@ -121,6 +129,9 @@ def main(argv):
     try:
         deadline = time.monotonic() + 300
         while not os.path.exists(socket_path) and time.monotonic() < deadline:
+            if shared.poll() is not None:
+                raise RuntimeError(f"the shared warm process exited with code "
+                                   f"{shared.returncode}; see {work}/shared-warm.log")
             time.sleep(0.1)
         for i in range(FLAGS.repeats):  # interleaved: the machine's drift hits all
             runs["embedded"].append(run_embedded(work, data_dir))
@@ -131,6 +142,7 @@ def main(argv):
     finally:
         shared.terminate()
         shared.wait(30)
+        shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)
     embedded = _median([r["wall"] for r in runs["embedded"]])
     print(f"{'run':<10} {'wall s':>8} {'x embedded':>10} {'1st task s':>10} "
           f"{'1st trained s':>13} {'warm ready s':>12}")

@@ -25,5 +25,6 @@ def test_the_digits_job_fresh_and_warm_against_embedded(tmp_path):
                                  (shared_wall, shared_first, shared_trained)):
         assert 0 < first <= trained <= wall, out
     assert 0 < ready < warm_first, out
-    # The machine's warm process had imported before the job: ready at once.
-    assert 0 <= shared_ready < ready, out
+    # (The bench fails when the shared row's launcher did not use the shared
+    # warm process, or the warm row's did.)
+    assert 0 <= shared_ready < shared_first, out

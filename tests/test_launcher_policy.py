@@ -252,7 +252,7 @@ def test_a_server_every_worker_waits_on_is_lost_though_it_answers_health_checks(
     for t in range(1, 30):
         live.observed({"ps-0": True}, float(t))
         live.reported({0: {"ps-0": float(t)}}, {0: {"ps-0": float(t)}},
-                      alive=[0, 1], now=float(t))
+                      alive=[0, 1], now=float(t), reached={1: {"ps-0": 0.5}})
         assert live.lost(float(t)) == []  # worker 1 does fine with it
     live = ServiceLiveness(timeout=10, interval=1)
     live.started("ps-0", 0.0)
@@ -378,7 +378,9 @@ def test_a_worker_cut_off_from_a_server_the_others_reach_is_the_one_lost():
             live.observed({"ps-0": answers}, float(t))
             live.reported({w: {"ps-0": t - 4.0} for w in unreachable_for},
                           {w: {"ps-0": t - 4.0} for w in unreachable_for},
-                          alive=list(alive), now=float(t))
+                          alive=list(alive), now=float(t),
+                          reached={w: {"ps-0": 0.5} for w in alive
+                                   if w not in unreachable_for})
         return live
 
     live = run([1])
@@ -392,3 +394,40 @@ def test_a_worker_cut_off_from_a_server_the_others_reach_is_the_one_lost():
     live = run([1])
     live.recovered(64.0)
     assert live.cut_off_workers(64.0) == {}
+
+
+def test_a_lone_waiter_is_blamed_only_on_evidence_that_others_reach_the_server():
+    """A server cut off from every worker at an epoch's end: worker 0 waits
+    on it with the epoch's last task, worker 1 waits for that task at the
+    master and calls no server. Worker 1's silence is no evidence that it
+    reaches the server (a CI run lost worker 0 for it): the server is lost.
+    Replaced, and worker 0 alone still cannot reach the new one while
+    worker 1 stays idle: then worker 0 is the one cut off (its machine),
+    never a server replaced again and again."""
+    live = ServiceLiveness(timeout=10, interval=1)
+    live.started("ps-0", 0.0)
+    for t in range(1, 12):
+        live.observed({"ps-0": True}, float(t))
+        live.reported({0: {"ps-0": float(t)}}, {0: {"ps-0": float(t)}}, alive=[0, 1],
+                      now=float(t), reached={1: {"ps-0": t + 5.0}})  # before the cut
+        assert live.cut_off_workers(float(t)) == {}
+    assert live.lost(11.0) == ["ps-0"]
+    assert ("worker(s) 0 waited 11 s for it and worker(s) 1 did not reach it since: "
+            "the workers are cut off from it") in live.why("ps-0", 11.0)
+    # Worker 1 reached it after worker 0's wait began: worker 0 is cut off.
+    live.reported({0: {"ps-0": 11.0}}, {0: {"ps-0": 11.0}}, alive=[0, 1], now=11.0,
+                  reached={1: {"ps-0": 2.0}})
+    assert live.lost(11.0) == [] and list(live.cut_off_workers(11.0)) == [0]
+    # The server replaced at 12 s: worker 0 alone waits on the new one.
+    live.started("ps-0", 12.0)
+    live.recovered(12.0)
+    for t in range(13, 24):
+        live.observed({"ps-0": True}, float(t))
+        live.reported({0: {"ps-0": t - 12.0}}, {0: {"ps-0": t - 12.0}}, alive=[0, 1],
+                      now=float(t), reached={})
+        assert live.lost(float(t)) == []
+    assert "replaced once already for this worker's waits" in (
+        live.cut_off_workers(23.0)[0])
+    # Both wait on the new one: the server's trouble again.
+    live.reported({0: {"ps-0": 11.0}, 1: {"ps-0": 11.0}}, {}, alive=[0, 1], now=23.0)
+    assert live.cut_off_workers(23.0) == {} and live.lost(23.0) == ["ps-0"]

@@ -75,14 +75,17 @@ def test_the_maximum_refuses_only_new_workers():
 def test_heartbeats_keep_marks_going_up_and_replace_timings_and_waits():
     members = joined(0)
     assert members.heartbeat(0, now=3.0, timings={"step": 1.0}, marks={"a": 5},
-                             waits=({"ps-0": 2.0}, {"ps-1": 1.0}))
+                             waits=({"ps-0": 2.0}, {"ps-1": 1.0}, {"ps-1": 0.5}))
     assert members.heartbeat(0, now=4.0, marks={"a": 2, "b": 1})  # not periodic
     record = members.workers[0]
     assert record.last_seen == 4.0 and record.timings == {"step": 1.0}
     assert record.marks == {"a": 5, "b": 1}
     assert (record.waiting, record.unreachable) == ({"ps-0": 2.0}, {"ps-1": 1.0})
+    assert record.reached == {"ps-1": 0.5}
+    assert members.status()["reached"] == {0: {"ps-1": 0.5}}
     members.heartbeat(0, now=5.0, timings={"step": 2.0}, waits=({}, {}))
     assert record.timings == {"step": 2.0} and record.waiting == {} == record.unreachable
+    assert record.reached == {}
     assert not members.heartbeat(9, now=5.0)  # not part of the job
     members.lose(0)
     assert not members.heartbeat(0, now=6.0) and record.last_seen == 5.0
@@ -118,7 +121,7 @@ def test_status_names_the_alive_lost_exited_overdue_and_chief():
     assert members.status() == {
         "alive": [1, 2], "lost": 1, "lost_ids": [0], "overdue": {2: 40.0},
         "marks": {1: {"saved": 1}}, "waiting": {1: {"ps-0": 3.0}}, "unreachable": {},
-        "exited": [3], "registered": 4, "chief": 1}
+        "reached": {}, "exited": [3], "registered": 4, "chief": 1}
     assert members.timings() == {"step": 2.5, "pull": 1.0}
 
 
@@ -131,3 +134,30 @@ def test_the_start_rendezvous_waits_for_workers_progress_or_its_timeout():
     assert StartRendezvous(3, 60.0, 100.0).ready(1, lambda: True, now=100.0)
     assert StartRendezvous(3, 60.0, 100.0).ready(1, never, now=160.0)
     assert StartRendezvous(1, 60.0, 100.0).met  # one worker: nothing to wait for
+
+
+def test_a_heartbeat_brings_what_the_worker_waits_on_and_reached_to_the_status():
+    """Over gRPC, as the launcher's liveness policy reads them: the servers a
+    worker waits on, cannot reach, and those that answered it."""
+    import time
+
+    from keras_elastic.master.client import MasterClient
+    from keras_elastic.master.server import MasterServer
+
+    master = MasterServer(host="127.0.0.1")
+    client = MasterClient(master.address, 0)
+    try:
+        assert client.register_worker() == 0
+        client.start_heartbeats(0.05, waits=lambda: ({"ps-1": 3.0}, {"ps-1": 2.0}),
+                                reached=lambda: {"ps-0": 0.25})
+        deadline = time.monotonic() + 30
+        workers = client.job_status().workers
+        while not workers.reached and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = client.job_status().workers
+        assert workers.reached == {0: {"ps-0": 0.25}}, workers
+        assert workers.waiting == {0: {"ps-1": 3.0}}
+        assert workers.unreachable == {0: {"ps-1": 2.0}}
+    finally:
+        client.worker_exited()
+        master.stop()

@@ -366,13 +366,43 @@ def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
         pytest.raises(ConnectionError, client.pull)))
     puller.start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not client.waits(at_least=0.5)[1]:
+    waiting, unreachable = client.waits(at_least=0.5)  # one snapshot: the
+    while time.monotonic() < deadline and not unreachable:  # call may end
         time.sleep(0.05)
-    waiting, unreachable = client.waits(at_least=0.5)
+        waiting, unreachable = client.waits(at_least=0.5)
     assert set(waiting) == set(unreachable) == {"ps-0"}, (waiting, unreachable)
     assert waiting["ps-0"] >= unreachable["ps-0"] >= 0.5
     puller.join(timeout=60)
     assert failed and client.waits(at_least=0.0) == ({}, {})  # the call ended
+
+
+@pytest.mark.parametrize("method", ["flush", "status"])
+def test_a_worker_stuck_in_any_call_to_a_server_it_cannot_reach_reports_it(method):
+    """Every worker flushes every server at its epoch's end: one stuck there
+    on a server cut off from all of them is waiting on it (it was reported
+    as one that reached it, and the launcher blamed the other worker as cut
+    off). A call that may take long on a live server (status, save) is a
+    wait once it failed to reach it."""
+    import threading
+    import time
+
+    server = ParameterServer()
+    client = PSClient([server.address], reconnect_timeout=3.0)
+    client.init({"w": (np.ones(2, np.float32), True)}, SGD)
+    server.stop(0)
+    failed = []
+    caller = threading.Thread(target=lambda: failed.append(
+        pytest.raises(ConnectionError, getattr(client, method), *(
+            (0,) if method == "status" else ()))))
+    caller.start()
+    deadline = time.monotonic() + 30
+    waiting, unreachable = client.waits(at_least=0.5)  # one snapshot: the
+    while time.monotonic() < deadline and not unreachable:  # call may end
+        time.sleep(0.05)
+        waiting, unreachable = client.waits(at_least=0.5)
+    assert set(waiting) == set(unreachable) == {"ps-0"}, (waiting, unreachable)
+    caller.join(timeout=60)
+    assert failed and client.waits(at_least=0.0) == ({}, {})
 
 
 @pytest.mark.parametrize("servers", [2], indirect=True)

@@ -265,3 +265,16 @@ print("kept:", kept)
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kept: []" in result.stdout, result.stdout
+
+
+def test_a_shared_warm_process_refuses_a_socket_path_too_long_to_bind(tmp_path):
+    """A Unix socket's path has at most 107 bytes (a deep pytest directory
+    passed it: the warm process died at bind and every job started its own):
+    said at once, before the imports, with the path."""
+    path = str(tmp_path / ("x" * 120) / "warm.sock")
+    result = subprocess.run([sys.executable, "-m", "keras_elastic.launcher.warm",
+                             f"--listen={path}"], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"--listen={path}: a Unix socket's path has at most 107 bytes" in (
+        result.stderr), result.stderr

@@ -45,6 +45,8 @@ The points:
   are all evaluated or predicted, the task not reported (a prediction's
   outputs not written): the worker holds it, so a kill there requeues it;
 - `ps_push` (parameter server): a push arrived, before it is applied;
+- `ps_flush` (parameter server): a worker's flush (every worker's at its
+  epoch's end) arrived, before it is answered;
 - `ps_forward` (parameter server with a backup): a call that changes its state
   (a push, a claim, ...) was applied here, not yet forwarded to the backup;
 - `master_task` (master): a worker asked for a task, before one is handed out.
@@ -73,7 +75,8 @@ import time
 ENV = "KERAS_ELASTIC_FAULTS"
 DIR_ENV = "KERAS_ELASTIC_FAULTS_DIR"
 POINTS = ("after_claim", "mid_push", "after_push", "epoch_end", "validation",
-          "follower_sync", "fit_end", "task_end", "ps_push", "ps_forward", "master_task")
+          "follower_sync", "fit_end", "task_end", "ps_push", "ps_flush", "ps_forward",
+          "master_task")
 ACTIONS = ("kill", "freeze", "hang", "cut", "hold")
 
 _lock = threading.Lock()

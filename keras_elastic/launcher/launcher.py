@@ -195,7 +195,8 @@ class Launcher:
                     break
                 self.services.prober.reported(status.workers.waiting,
                                               status.workers.unreachable,
-                                              status.workers.alive)
+                                              status.workers.alive,
+                                              status.workers.reached)
                 self.group.fence_lost(status)
                 if (not self.group.workers and self.group.finished_ok
                         and not status.workers.alive

@@ -113,11 +113,13 @@ class HealthProber:
             return self.liveness.cut_off_workers(time.monotonic())
 
     def reported(self, waiting: dict[int, dict[str, float]],
-                 unreachable: dict[int, dict[str, float]], alive: list[int]) -> None:
-        """What the workers wait on (the master's `workers.waiting` and
-        `workers.unreachable`)."""
+                 unreachable: dict[int, dict[str, float]], alive: list[int],
+                 reached: dict[int, dict[str, float]] | None = None) -> None:
+        """What the workers wait on and what answered them (the master's
+        `workers.waiting`, `workers.unreachable` and `workers.reached`)."""
         with self._lock:
-            self.liveness.reported(waiting, unreachable, alive, time.monotonic())
+            self.liveness.reported(waiting, unreachable, alive, time.monotonic(),
+                                   reached)
 
     def recovered(self) -> None:
         """A recovery ended: workers' waits so far were the recovery's."""

@@ -236,10 +236,16 @@ class ServiceLiveness:
       for as long (`reported`: its calls failed as UNAVAILABLE, not merely
       slow): two observers agree that it is gone, so the launcher need not
       wait the whole timeout; or
-    - it answers health checks but every live worker has waited `timeout`
-      seconds for it: the workers are cut off from it (a network
+    - it answers health checks, a live worker has waited `timeout` seconds
+      for it, and no other live worker reached it meanwhile (`reported`'s
+      `reached`: an answer more than `interval` seconds after the wait
+      began, not a call that crossed the cut nor the mere absence of a
+      wait; a worker idle at its epoch's end, waiting for the tasks the
+      waiting worker holds, is no evidence): the workers are cut off from it (a network
       partition, a wedged servicer behind a live health service), and the
-      job cannot go on with it.
+      job cannot go on with it. Unless the same workers, and not all of
+      them, waited on it before it was last replaced for that: then they
+      are the ones cut off (`cut_off_workers`), not a second server.
 
     One missed answer is nothing, and neither is a server that is slow but
     there (a long GC pause, a busy server, a process stopped for a while:
@@ -287,6 +293,10 @@ class ServiceLiveness:
         # Per live worker: role -> since when its calls could not reach it.
         self._cut: dict[int, dict[str, float]] = {}
         self._alive: list[int] = []
+        # Per live worker: role -> when it last answered the worker.
+        self._reached: dict[int, dict[str, float]] = {}
+        # Role -> the workers whose waits last made it lost as cut off.
+        self._replaced_for: dict[str, frozenset[int]] = {}
 
     def started(self, role: str, now: float) -> None:
         """A service (re)started: its silence counts from `now`."""
@@ -321,13 +331,17 @@ class ServiceLiveness:
 
     def reported(self, waiting: dict[int, dict[str, float]],
                  unreachable: dict[int, dict[str, float]], alive: list[int],
-                 now: float) -> None:
+                 now: float, reached: dict[int, dict[str, float]] | None = None
+                 ) -> None:
         """What the workers wait on, as the master last heard it:
         `waiting`: {worker: {role: seconds its oldest call to role has
         waited}}; `unreachable`: {worker: {role: seconds since such a call
-        first failed to reach it}}; `alive`: the job's live workers."""
+        first failed to reach it}}; `alive`: the job's live workers;
+        `reached`: {worker: {role: seconds since role last answered it}}."""
         self._unreachable, self._waited, self._cut = {}, {}, {}
         self._alive = list(alive)
+        self._reached = {w: {role: now - seconds for role, seconds in
+                             (reached or {}).get(w, {}).items()} for w in alive}
         for w in alive:
             # A call that failed to reach the role, or hung on it (a partition
             # drops packets in silence: calls hang until keepalive gives up).
@@ -346,9 +360,20 @@ class ServiceLiveness:
                 self._unreachable[role] = (max(now - max(gone.values()), floor),
                                            sorted(gone))
             waits = {w: waiting[w][role] for w in alive if role in waiting.get(w, {})}
-            if waits and len(waits) == len(alive):
-                self._waited[role] = (max(now - min(waits.values()), floor),
-                                      sorted(waits))
+            if not waits:
+                continue
+            since = max(now - min(waits.values()), floor)
+            if any(self._reached_at(w, role) > since + self.interval
+                   for w in alive if w not in waits):
+                continue  # another worker reached it: `cut_off_workers`
+            if (len(waits) < len(alive)
+                    and set(waits) <= self._replaced_for.get(role, frozenset())):
+                continue  # replaced once for these workers: `cut_off_workers`
+            self._waited[role] = (since, sorted(waits))
+
+    def _reached_at(self, worker: int, role: str) -> float:
+        """When `role` last answered `worker` (-inf: not known)."""
+        return self._reached.get(worker, {}).get(role, float("-inf"))
 
     def silent_for(self, role: str, now: float) -> float:
         return now - self._last_ok.get(role, now)
@@ -366,8 +391,14 @@ class ServiceLiveness:
                     f"{now - since:.0f} s {limit}")
         since, workers = self._waited.get(role, (now, []))
         if now - since >= self.timeout:
-            waited = (f"every worker ({', '.join(map(str, workers))}) has waited "
-                      f"{now - since:.0f} s for it")
+            if len(workers) == len(self._alive):
+                waited = (f"every worker ({', '.join(map(str, workers))}) has "
+                          f"waited {now - since:.0f} s for it")
+            else:
+                others = [w for w in self._alive if w not in workers]
+                waited = (f"worker(s) {', '.join(map(str, workers))} waited "
+                          f"{now - since:.0f} s for it and worker(s) "
+                          f"{', '.join(map(str, others))} did not reach it since")
             if silent > 2 * self.interval + self.deadline:
                 # What was observed: it is silent too, not only cut off.
                 return (f"answered no health check for {silent:.0f} s, and "
@@ -385,12 +416,16 @@ class ServiceLiveness:
         service's) cannot go on, and nothing is wrong with the service: the
         worker is lost (its tasks go to others), not the service.
 
+        A worker is cut off only on evidence: another worker reached the
+        service since (`reported`'s `reached`), or the service was already
+        replaced once for this worker's waits alone.
+
         >>> live = ServiceLiveness(timeout=60, interval=2)
         >>> live.started("ps-0", now=0.0)
         >>> for t in range(2, 70, 2):
         ...     live.observed({"ps-0": True}, now=float(t))
         ...     live.reported({1: {"ps-0": t - 4.0}}, {1: {"ps-0": t - 4.0}},
-        ...                   alive=[0, 1], now=float(t))
+        ...                   alive=[0, 1], now=float(t), reached={0: {"ps-0": 0.1}})
         >>> live.cut_off_workers(now=63.0)
         {}
         >>> print(live.cut_off_workers(now=64.0)[1])  # doctest: +NORMALIZE_WHITESPACE
@@ -405,21 +440,31 @@ class ServiceLiveness:
                         self.confirm, 2 * self.interval + self.deadline):
                     continue
                 others = sorted(w for w in self._alive
-                                if w != worker and role not in self._cut.get(w, {}))
-                if not others:
-                    continue  # none reaches it: the service's trouble (`why`)
+                                if w != worker and role not in self._cut.get(w, {})
+                                and self._reached_at(w, role) > since + self.interval)
+                if others:
+                    evidence = (f"worker(s) {', '.join(map(str, others))} reached it")
+                elif (worker in self._replaced_for.get(role, frozenset())
+                      and len(self._cut) < len(self._alive)):
+                    evidence = "it was replaced once already for this worker's waits"
+                else:
+                    continue  # no evidence against the worker: `why`
                 found[worker] = (
                     f"could not reach {role} (or waited on it) for {now - since:.0f} s "
-                    f"while it "
-                    f"answered health checks and worker(s) "
-                    f"{', '.join(map(str, others))} reached it: cut off from it "
+                    f"while it answered health checks and {evidence}: cut off from it "
                     f"(--liveness_timeout={self.timeout:g})")
                 break
         return found
 
     def lost(self, now: float) -> list[str]:
-        """The services lost (see the class doc), by name."""
-        return sorted(r for r in self._last_ok if self.why(r, now) is not None)
+        """The services lost (see the class doc), by name. The caller
+        replaces them: one lost because its waiting workers were cut off
+        from it is remembered with those workers."""
+        lost = sorted(r for r in self._last_ok if self.why(r, now) is not None)
+        for role in lost:
+            if "cut off from it" in (self.why(role, now) or ""):
+                self._replaced_for[role] = frozenset(self._waited[role][1])
+        return lost
 
 
 def blame_overdue(overdue: dict[int, float], services_fine_for: float,

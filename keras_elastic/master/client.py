@@ -129,22 +129,25 @@ class MasterClient:
     def start_heartbeats(self, interval: float = 2.0,
                          timings: Callable[[], dict[str, float]] | None = None,
                          waits: Callable[[], tuple[dict[str, float],
-                                                   dict[str, float]]] | None = None
+                                                   dict[str, float]]] | None = None,
+                         reached: Callable[[], dict[str, float]] | None = None
                          ) -> None:
         """Sends heartbeats from a daemon thread, with the cumulative phase
-        `timings` and `waits`: the servers this worker waits on and those it
-        cannot reach (`PSClient.waits`)."""
+        `timings`, `waits`: the servers this worker waits on and those it
+        cannot reach (`PSClient.waits`), and `reached`: how long ago each
+        server last answered it (`PSClient.reached`)."""
         if self._heartbeat_thread is not None:
             return
 
         def beat() -> None:
             while not self._heartbeat_stop.wait(interval):
                 waiting, unreachable = waits() if waits else ({}, {})
+                answered = reached() if reached else {}
                 try:
                     self._stub.Heartbeat(master_pb2.WorkerRequest(
                         worker_id=self.worker_id, marks=dict(self._marks),
                         timings=timings() if timings else {}, waiting=waiting,
-                        unreachable=unreachable, periodic=True),
+                        unreachable=unreachable, reached=answered, periodic=True),
                         timeout=interval * 5)
                 except grpc.RpcError as e:
                     logging.log_every_n_seconds(

@@ -65,6 +65,8 @@ class WorkerRecord:
     # The servers its calls wait on, and those it cannot reach (seconds).
     waiting: dict[str, float] = dataclasses.field(default_factory=dict)
     unreachable: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The servers that answered it: seconds since the last answer.
+    reached: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -128,11 +130,11 @@ class Membership:
     def heartbeat(self, worker_id: int, now: float,
                   timings: Mapping[str, float] | None = None,
                   marks: Mapping[str, int] | None = None,
-                  waits: tuple[Mapping[str, float], Mapping[str, float]] | None = None
+                  waits: tuple[Mapping[str, float], ...] | None = None
                   ) -> bool:
         """Worker `worker_id` was heard at `now`; its timings (if given)
         replace the last, its marks only go up, and `waits` (waiting,
-        unreachable), a periodic heartbeat's, replace the last. False if it
+        unreachable[, reached]), a periodic heartbeat's, replace the last. False if it
         is not alive (not part of the job)."""
         record = self.workers.get(worker_id)
         if record is None or not record.alive:
@@ -144,6 +146,7 @@ class Membership:
             record.marks[name] = max(value, record.marks.get(name, value))
         if waits is not None:
             record.waiting, record.unreachable = dict(waits[0]), dict(waits[1])
+            record.reached = dict(waits[2]) if len(waits) > 2 else {}
         return True
 
     def touch(self, worker_id: int, now: float) -> None:
@@ -247,6 +250,8 @@ class Membership:
                         if records[w].waiting},
             "unreachable": {w: dict(records[w].unreachable) for w in alive
                             if records[w].unreachable},
+            "reached": {w: dict(records[w].reached) for w in alive
+                        if records[w].reached},
             "exited": sorted(w for w, r in records.items() if r.state == EXITED),
             "registered": len(records),
             "chief": self.chief,

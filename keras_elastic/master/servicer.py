@@ -196,7 +196,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         with self._cond:
             if not self._membership.heartbeat(
                     request.worker_id, time.monotonic(), timings=request.timings,
-                    marks=request.marks, waits=(request.waiting, request.unreachable)
+                    marks=request.marks, waits=(
+                        request.waiting, request.unreachable, request.reached)
                     if request.periodic else None):
                 return master_pb2.WorkerResponse(
                     accepted=False, error=errors.presumed_lost(request.worker_id))

@@ -107,6 +107,9 @@ class WorkersStatus:
     waiting: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     # Of those, the servers their calls could not reach (UNAVAILABLE, retried).
     unreachable: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # The servers that answered each alive worker: seconds since the last
+    # answer (`WorkerRequest.reached`).
+    reached: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     # The worker that writes the job's outputs (`worker.cluster.is_chief`);
     # None while no worker is alive or done.
     chief: int | None = None
@@ -119,7 +122,7 @@ class WorkersStatus:
         data = dataclasses.asdict(self)
         data["marks"] = {w: master_pb2.WorkerMarks(values=v)
                          for w, v in self.marks.items()}
-        for field in ("waiting", "unreachable"):
+        for field in ("waiting", "unreachable", "reached"):
             data[field] = {w: master_pb2.WorkerWaits(seconds=v)
                            for w, v in getattr(self, field).items()}
         data["chief"] = -1 if self.chief is None else self.chief
@@ -155,7 +158,7 @@ class JobStatus:
                                  data["workers"].get("marks", {}).items()},
                        **{field: {int(w): {k: float(v) for k, v in m.items()}
                                   for w, m in data["workers"].get(field, {}).items()}
-                          for field in ("waiting", "unreachable")}}),
+                          for field in ("waiting", "unreachable", "reached")}}),
                    datasets={n: DatasetStatus.from_dict(d)
                              for n, d in data["datasets"].items()},
                    tasks_done=data["tasks_done"], requeued=data["requeued"],
@@ -185,6 +188,8 @@ class JobStatus:
                                                   for i, m in w.waiting.items()},
                                          unreachable={i: dict(m.seconds) for i, m
                                                       in w.unreachable.items()},
+                                         reached={i: dict(m.seconds) for i, m
+                                                  in w.reached.items()},
                                          chief=None if w.chief < 0 else w.chief),
                    datasets={n: DatasetStatus.from_proto(d, include_ledger)
                              for n, d in m.datasets.items()},

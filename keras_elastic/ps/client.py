@@ -209,9 +209,13 @@ def _server_name(key: str) -> str:
 
 
 # The calls of training whose waits a worker reports (`PSClient.waits`):
-# each answers at once on a live server. (Save, Restore, Init and Flush may
-# take long on a live one.)
-_WATCHED = frozenset({"Pull", "Push", "Lookup", "Claim"})
+# each answers at once on a live server (Flush: every worker's at its
+# epoch's end). Save, Restore and Init may take long on a live one: they are
+# reported only once they could not reach it. (A worker stuck in its
+# epoch's Flush to a server cut off from every worker was not reported as
+# waiting: the launcher took it for one that reached the server, and blamed
+# the other worker as cut off.)
+_WATCHED = frozenset({"Pull", "Push", "Lookup", "Claim", "Flush"})
 
 
 class PSClient:
@@ -259,9 +263,11 @@ class PSClient:
         self.dropped_pushes = 0
         # Bytes of the variables each server owns (bounds the size of a reply).
         self._owned_bytes = [0] * len(self.addresses)
-        # The training calls in flight: id -> [server, when it began, when it
-        # first found the server unreachable or None]; see `waits`.
+        # The calls in flight: id -> [server, when it began, when it first
+        # found the server unreachable or None, whether _WATCHED]; see `waits`.
         self._in_flight: dict[int, list] = {}
+        # Server -> when a call to it last got its answer (`reached`).
+        self._answered: dict[int, float] = {}
         self._flight_lock = threading.Lock()
         # Variables split over servers (`init`'s layout): key -> its pieces
         # and shape; slice name -> piece; the newest value of each slice.
@@ -340,9 +346,10 @@ class PSClient:
 
     def waits(self, at_least: float = 1.0) -> tuple[dict[str, float], dict[str, float]]:
         """The servers this worker waits on: ({"ps-<i>": seconds its oldest
-        training call (Pull, Push, Lookup, Claim) to server i has waited,
-        retries included}, {"ps-<i>": seconds since such a call first found
-        server i unreachable}), for waits of `at_least` seconds. The worker's
+        training call (Pull, Push, Lookup, Claim, Flush) to server i has
+        waited, retries included, or any other call since it first failed to
+        reach it}, {"ps-<i>": seconds since such a call first found server i
+        unreachable}), for waits of `at_least` seconds. The worker's
         heartbeats carry them to the master, where the launcher's liveness
         policy reads them (`launcher/policy.ServiceLiveness`).
 
@@ -360,19 +367,39 @@ class PSClient:
         waiting: dict[str, float] = {}
         unreachable: dict[str, float] = {}
         with self._flight_lock:
-            for index, began, failed in self._in_flight.values():
+            for index, began, failed, watched in self._in_flight.values():
                 role = f"ps-{index}"
+                if not watched:
+                    if failed is None:
+                        continue  # a long call that reached it: no wait
+                    began = failed
                 waiting[role] = max(now - began, waiting.get(role, 0.0))
                 if failed is not None:
                     unreachable[role] = max(now - failed, unreachable.get(role, 0.0))
         return ({r: t for r, t in waiting.items() if t >= at_least},
                 {r: t for r, t in unreachable.items() if t >= at_least})
 
+    def reached(self) -> dict[str, float]:
+        """{"ps-<i>": seconds since server i last answered a call of this
+        worker}: evidence, for the launcher's liveness policy, that the
+        server is reachable from here (`waits` says where it is not).
+
+        >>> from keras_elastic.ps import ParameterServer
+        >>> server = ParameterServer()
+        >>> client = PSClient([server.address])
+        >>> client.reached()  # no call yet
+        {}
+        >>> _ = client.status(0)
+        >>> list(client.reached())
+        ['ps-0']
+        >>> client.close(); server.stop(0)
+        """
+        now = time.monotonic()
+        return {f"ps-{i}": now - t for i, t in sorted(self._answered.items())}
+
     def _call(self, index: int, method: str, call, retry: bool = True):
         """`call()` against server `index`, retried while it is unreachable."""
-        if method not in _WATCHED:
-            return self._call_once(index, method, call, retry)
-        flight = [index, time.monotonic(), None]  # see `waits`
+        flight = [index, time.monotonic(), None, method in _WATCHED]  # see `waits`
 
         def failed() -> None:
             if flight[2] is None:
@@ -381,7 +408,9 @@ class PSClient:
         with self._flight_lock:
             self._in_flight[id(flight)] = flight
         try:
-            return self._call_once(index, method, call, retry, failed)
+            result = self._call_once(index, method, call, retry, failed)
+            self._answered[index] = time.monotonic()
+            return result
         finally:
             with self._flight_lock:
                 del self._in_flight[id(flight)]

@@ -524,6 +524,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def Flush(self, request, context):
         self._refuse_if_paused(context)
+        faults.reached("ps_flush")
         if not self.store.initialized:
             return ps_pb2.FlushResponse(version=0)
         with self.store.lock:

@@ -56,7 +56,7 @@ class Cluster:
         self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id,
                            connect_timeout=timeout)
         self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot,
-                                     self.ps.waits)
+                                     self.ps.waits, self.ps.reached)
         self._closed = False
 
     @property

@@ -46,6 +46,10 @@ PRELOAD = ("tensorflow", "keras", "keras_elastic.model", "keras_elastic.dataset"
 _LENGTH = struct.Struct("!I")
 
 
+# sockaddr_un's sun_path: 108 bytes with the terminating NUL (Linux).
+MAX_SOCKET_PATH = 107
+
+
 def send_message(sock: socket.socket, payload: bytes) -> None:
     """Sends `payload` with its length first."""
     sock.sendall(_LENGTH.pack(len(payload)) + payload)
@@ -231,6 +235,9 @@ def main(argv: list[str]) -> None:
     if "control_fd" in options:
         control = socket.socket(fileno=int(options["control_fd"]))
     elif "listen" in options:
+        if len(os.fsencode(options["listen"])) > MAX_SOCKET_PATH:
+            raise SystemExit(f"--listen={options['listen']}: a Unix socket's path has at "
+                             f"most {MAX_SOCKET_PATH} bytes; choose a shorter one")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(options["listen"]):
             os.remove(options["listen"])

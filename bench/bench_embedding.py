@@ -411,7 +411,8 @@ def run_elastic(ids: np.ndarray, labels: np.ndarray, samples: int,
         for i in range(FLAGS.num_ps):
             ps, ps_info = start_service(
                 f"ps-{i}", "keras_elastic.ps",
-                [f"--ps_index={i}", f"--num_ps={FLAGS.num_ps}", "--grads_to_wait=1"],
+                [f"--partition={i}", f"--num_partitions={FLAGS.num_ps}",
+                 "--grads_to_wait=1"],
                 job_dir)
             services.append(ps)
             addresses.append(ps_info["address"])

@@ -147,8 +147,8 @@ def timed_pushes(rows: int, num_ps: int, pushes: int, split: bool) -> float:
     for i in range(num_ps):
         ready.append(tempfile.mktemp(suffix=".json"))
         servers.append(subprocess.Popen(
-            [sys.executable, "-m", "keras_elastic.ps", f"--ps_index={i}",
-             f"--num_ps={num_ps}", f"--ready_file={ready[i]}"],
+            [sys.executable, "-m", "keras_elastic.ps", f"--partition={i}",
+             f"--num_partitions={num_ps}", f"--ready_file={ready[i]}"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         addresses = []

@@ -266,7 +266,7 @@ def measure_servers(num_ps: int, worker_counts: list[int], job_dir: str,
     from keras_elastic.ps.client import PSClient
 
     started = start_services([(f"ps-{i}", "keras_elastic.ps",
-                               [f"--ps_index={i}", f"--num_ps={num_ps}",
+                               [f"--partition={i}", f"--num_partitions={num_ps}",
                                 "--grads_to_wait=1"]) for i in range(num_ps)], job_dir)
     try:
         addresses = [info["address"] for _, info in started]
@@ -369,10 +369,12 @@ def measure_live_add(workers: int, job_dir: str, model_mb: float, tensors: int
     live_dir = os.path.join(job_dir, "live-add")
     os.makedirs(live_dir, exist_ok=True)
     started = start_services([
-        ("ps-0", "keras_elastic.ps", ["--ps_index=0", "--num_ps=2", "--partitions=0,1",
-                                      "--grads_to_wait=1", f"--job_dir={live_dir}"]),
-        ("ps-n0", "keras_elastic.ps", ["--ps_index=2", "--num_ps=2", "--partitions=none",
-                                       "--grads_to_wait=1", f"--job_dir={live_dir}"])],
+        ("ps-0", "keras_elastic.ps", ["--partition=0", "--num_partitions=2",
+                                      "--partitions=0,1", "--grads_to_wait=1",
+                                      f"--job_dir={live_dir}"]),
+        ("ps-n0", "keras_elastic.ps", ["--partition=2", "--num_partitions=2",
+                                       "--partitions=none", "--grads_to_wait=1",
+                                       f"--job_dir={live_dir}"])],
         live_dir)
     (old, old_info), (new, new_info) = started
 

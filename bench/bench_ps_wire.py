@@ -122,7 +122,7 @@ def start_ps(num_ps: int, job_dir: str):
     from keras_elastic.launcher.backends import start_services
 
     return start_services([(f"ps-{i}", "keras_elastic.ps",
-                            [f"--ps_index={i}", f"--num_ps={num_ps}",
+                            [f"--partition={i}", f"--num_partitions={num_ps}",
                              "--grads_to_wait=1"]) for i in range(num_ps)], job_dir)
 
 

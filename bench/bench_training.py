@@ -335,8 +335,8 @@ def run_with_processes(files: list[str], exchange: str = "sync",
                                             job_dir)
         services.append(master)
         ps, ps_info = start_service("ps-0", "keras_elastic.ps",
-                                    ["--ps_index=0", "--num_ps=1", "--grads_to_wait=1",
-                                     *fenced], job_dir)
+                                    ["--partition=0", "--num_partitions=1",
+                                     "--grads_to_wait=1", *fenced], job_dir)
         services.append(ps)
         os.environ.update(cluster_env.to_env(master_info["address"],
                                              [ps_info["address"]], 0, job_dir))
@@ -469,7 +469,7 @@ def run_with_backend(files: list[str], backend, exchange: str = "sync"
         backend.check(job_dir)
         (master, master_info), (ps, ps_info) = start_services(
             [("master", "keras_elastic.master", [host]),
-             ("ps-0", "keras_elastic.ps", ["--ps_index=0", "--num_ps=1",
+             ("ps-0", "keras_elastic.ps", ["--partition=0", "--num_partitions=1",
                                            "--grads_to_wait=1", host])],
             job_dir, backend=backend)
         roles += [master, ps]

@@ -234,7 +234,8 @@ def start_cluster():
     def start(num_ps: int):
         cluster_mod.reset_cluster()
         master = MasterServer()
-        servers = [ParameterServer(ps_index=i, num_ps=num_ps) for i in range(num_ps)]
+        servers = [ParameterServer(partition=i, num_partitions=num_ps)
+                   for i in range(num_ps)]
         cluster = cluster_mod.Cluster(master.address, [s.address for s in servers], 0,
                                       embedded_servers=(*servers, master))
         cluster_mod._cluster = cluster

@@ -117,7 +117,7 @@ def test_plan_replay(applied, frontier, segments):
 # -- claims and pushes over real gRPC -----------------------------------------
 @pytest.fixture
 def two_servers():
-    started = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    started = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
     yield started
     for s in started:
         s.stop(0)

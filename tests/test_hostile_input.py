@@ -3,8 +3,8 @@ gRPC error, changes nothing, and the server answers a normal call after it.
 
 The requests are raw bytes sent over a channel from `rpc.make_channel` (so they
 carry the job's token), to real in-process gRPC servers: a `MasterServer` and
-two parameter servers (`num_ps=2`, so that one can be asked about a variable the
-other owns).
+two parameter servers (one partition each, `num_partitions=2`, so that one can
+be asked about a variable the other owns).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ TASK = ("train", 0, 3)  # (dataset, epoch, task_id) pushed for in the fixture
 LEASE = 7
 
 
-def _owned_by(ps_index: int, prefix: str) -> str:
-    """The first name `prefix0`, `prefix1`... that parameter server `ps_index`
-    of two owns."""
-    return next(f"{prefix}{i}" for i in range(100) if ps_for(f"{prefix}{i}", 2) == ps_index)
+def _owned_by(partition: int, prefix: str) -> str:
+    """The first name `prefix0`, `prefix1`... that partition `partition` of
+    two owns (each served by its own parameter server here)."""
+    return next(f"{prefix}{i}" for i in range(100)
+                if ps_for(f"{prefix}{i}", 2) == partition)
 
 
 W = _owned_by(0, "w")    # trainable, float32 [2, 3], on server 0
@@ -147,7 +148,7 @@ def assert_ps_serving(servers, channels) -> None:
 def ps_cluster():
     """Two initialized parameter servers with one push applied (a task log
     entry, optimizer momentum, version 1); a client; raw channels."""
-    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    servers = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
     client = PSClient([s.address for s in servers], worker_id=0)
     client.init({W: (np.arange(6, dtype=np.float32).reshape(2, 3), True),
                  BN: (np.zeros(2, np.float32), False),

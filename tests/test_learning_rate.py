@@ -287,7 +287,7 @@ def test_the_learning_rate_is_in_checkpoints_and_survives_recovery(tmp_path):
 def _two_servers():
     from keras_elastic.ps import ps_for
 
-    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    servers = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
     client = PSClient([s.address for s in servers])
     names = [next(f"w{i}" for i in range(100) if ps_for(f"w{i}", 2) == k)
              for k in range(2)]

@@ -15,7 +15,7 @@ SGD = {"class_name": "SGD", "config": {"learning_rate": 0.5}}
 @pytest.fixture
 def servers(request):
     count = getattr(request, "param", 1)
-    started = [ParameterServer(ps_index=i, num_ps=count) for i in range(count)]
+    started = [ParameterServer(partition=i, num_partitions=count) for i in range(count)]
     yield started
     for s in started:
         s.stop(0)

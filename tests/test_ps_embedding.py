@@ -256,7 +256,7 @@ def test_bad_sparse_requests_are_refused_and_change_nothing():
     from keras_elastic.ps import ParameterServer, PSClient
     from keras_elastic.ps.partition import row_owner
 
-    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    servers = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
     client = PSClient([s.address for s in servers])
     try:
         client.init({"w": (np.zeros(2, np.float32), True)},
@@ -690,7 +690,7 @@ def test_a_lookup_bigger_than_a_message_is_cut_into_calls():
     from keras_elastic.ps import ParameterServer, PSClient
     from keras_elastic.ps.client import LOOKUP_REPLY_BYTES
 
-    servers = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    servers = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
     client = PSClient([s.address for s in servers])
     calls = []
     for i, stub in enumerate(client._streams):

@@ -38,8 +38,8 @@ def task_range(task_id: int, lease: int, start: int, end: int):
 def job(tmp_path):
     """Process `a` holds both partitions of 2; `b` holds none yet."""
     job_dir = str(tmp_path)
-    a = ParameterServer(num_ps=2, partitions=[0, 1])
-    b = ParameterServer(num_ps=2, partitions=[])
+    a = ParameterServer(num_partitions=2, partitions=[0, 1])
+    b = ParameterServer(num_partitions=2, partitions=[])
     for server in (a, b):
         server.configure(job_dir=job_dir)
     write_cluster(job_dir, [a.address, a.address])
@@ -162,10 +162,10 @@ def test_a_move_that_cannot_copy_leaves_the_partition_where_it_was(job, tmp_path
 def test_what_a_partitioned_server_refuses_names_what_is_wrong(job):
     job_dir, a, b = job
     with pytest.raises(ValueError, match=r"partitions \[0, 2\]: each must be one of "
-                                         r"0..1 \(--num_ps partitions\), once"):
-        ParameterServer(num_ps=2, partitions=[0, 2])
+                                         r"0..1 \(--num_partitions\), once"):
+        ParameterServer(num_partitions=2, partitions=[0, 2])
     with pytest.raises(ValueError, match="once"):
-        ParameterServer(num_ps=2, partitions=[1, 1])
+        ParameterServer(num_partitions=2, partitions=[1, 1])
     stub = ps_pb2_grpc.ParameterServerStub(rpc.make_channel(b.address, resolver=None))
     with pytest.raises(grpc.RpcError, match="HostPartition: partition -1 is negative"):
         stub.HostPartition(ps_pb2.HostPartitionRequest(partition=-1))

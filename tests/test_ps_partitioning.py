@@ -122,7 +122,7 @@ def test_slice_names_survive_the_servers_and_checkpoints_renaming():
 @pytest.fixture
 def servers(request):
     count = getattr(request, "param", 3)
-    started = [ParameterServer(ps_index=i, num_ps=count) for i in range(count)]
+    started = [ParameterServer(partition=i, num_partitions=count) for i in range(count)]
     yield started
     for s in started:
         s.stop(0)
@@ -246,7 +246,7 @@ def test_a_checkpoint_of_split_variables_restores_onto_other_server_counts(
     path = _save(client, str(tmp_path / "ckpt"))
     after = client.send(Update(grads=grads[1])).values  # the job goes on from the save...
     # ...and is resumed from it onto `onto` servers: the workers' Init restores.
-    others = [ParameterServer(ps_index=i, num_ps=onto) for i in range(onto)]
+    others = [ParameterServer(partition=i, num_partitions=onto) for i in range(onto)]
     try:
         resumed = PSClient([s.address for s in others], worker_id=1)
         restored = resumed.init({k: (np.zeros_like(v), True) for k, v in values.items()},

@@ -168,8 +168,8 @@ def test_a_copy_of_a_server_holding_slices_of_split_variables_makes_its_backup(
     """A variable split over 2 servers: server 0's copy holds only its
     slices, which its new backup (or a move's target) restores as they are
     (it was refused: "the slices of ['w'] do not cover them")."""
-    servers = [ParameterServer(ps_index=p, num_ps=2) for p in range(2)]
-    backup = ParameterServer(ps_index=0, num_ps=2)
+    servers = [ParameterServer(partition=p, num_partitions=2) for p in range(2)]
+    backup = ParameterServer(partition=0, num_partitions=2)
     servers[0].servicer.job_dir = str(tmp_path)
     c = PSClient([s.address for s in servers])
     b = PSClient([backup.address], partitions=[0])
@@ -195,9 +195,9 @@ def test_a_copy_of_a_server_that_holds_no_variable_makes_its_backup(tmp_path):
     move or a backup of it was refused, "does not record its variables";
     `scale` then never reached its size). Its copy restores as an empty,
     initialized server, which takes the pushes forwarded to it."""
-    servers = [ParameterServer(ps_index=p, num_ps=3) for p in range(3)]
+    servers = [ParameterServer(partition=p, num_partitions=3) for p in range(3)]
     empty = next(p for p in range(3) if p != ps_for("w", 3))
-    backup = ParameterServer(ps_index=empty, num_ps=3)
+    backup = ParameterServer(partition=empty, num_partitions=3)
     servers[empty].servicer.job_dir = str(tmp_path)
     c = PSClient([s.address for s in servers])
     try:

@@ -21,7 +21,7 @@ class Services:
     def __init__(self, job_dir, replicas=1):
         self.job_dir = str(job_dir)
         self.proc = SimpleNamespace(name="ps-0")
-        self.ps_addresses = ["127.0.0.1:1", "127.0.0.1:1"]
+        self.partition_addresses = ["127.0.0.1:1", "127.0.0.1:1"]
         self.config = SimpleNamespace(ps_replicas=replicas, num_ps=1,
                                       liveness_timeout=60.0)
         self.prober = SimpleNamespace(silent_for=lambda role: 0.0)

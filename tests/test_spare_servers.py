@@ -121,7 +121,7 @@ def test_a_lost_servers_partition_restored_onto_a_spare_process(tmp_path):
     paused until resumed."""
     job = tmp_path / "job"
     job.mkdir()
-    servers = [ParameterServer(ps_index=p, num_ps=2) for p in range(2)]
+    servers = [ParameterServer(partition=p, num_partitions=2) for p in range(2)]
     client = PSClient([s.address for s in servers])
     spare = None
     try:
@@ -133,7 +133,7 @@ def test_a_lost_servers_partition_restored_onto_a_spare_process(tmp_path):
         expected = client.pull()
         info, _ = save_checkpoint(client, str(tmp_path / "ckpts"), "ckpt-000001", None)
         spare, ready = start_service(
-            "ps-s0", "keras_elastic.ps", ["--ps_index=2", "--num_ps=2",
+            "ps-s0", "keras_elastic.ps", ["--partition=2", "--num_partitions=2",
                                           "--partitions=none", f"--job_dir={job}"],
             str(job))
         address = ready["address"]

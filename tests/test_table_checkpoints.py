@@ -25,7 +25,7 @@ ADAGRAD = keras.optimizers.serialize(keras.optimizers.Adagrad(0.1))
 
 @pytest.fixture
 def servers():
-    started = [ParameterServer(ps_index=i, num_ps=2) for i in range(2)]
+    started = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
     yield started
     for s in started:
         s.stop(0)
@@ -92,7 +92,7 @@ def test_a_chain_of_incremental_checkpoints_restores_what_a_full_one_holds(
     held = sum(len(_part_ids(p)) for p in ps_layout.part_infos(small))
     assert 0 < held <= 8 < len(_rows(small.path)[0])
     # Restored onto 3 servers: every row and slot as saved.
-    others = [ParameterServer(ps_index=i, num_ps=3) for i in range(3)]
+    others = [ParameterServer(partition=i, num_partitions=3) for i in range(3)]
     try:
         resumed = PSClient([s.address for s in others], worker_id=1)
         resumed.init({"w": (np.zeros(3, np.float32), True)}, ADAGRAD,

@@ -25,7 +25,7 @@ automatic checkpoint, which waited for it).
 Example:
 
 ```python
-checkpointer = AutoCheckpointer(directory, ps_addresses, master, every_secs=30)
+checkpointer = AutoCheckpointer(directory, partition_addresses, master, every_secs=30)
 checkpointer.start()
 ...
 info = checkpointer.latest()      # what a recovery restores
@@ -50,23 +50,26 @@ from keras_elastic.ps.client import PSClient
 INIT = "init"
 
 
-def _init_ready(init_dir: str, num_ps: int) -> bool:
-    return all(os.path.isdir(os.path.join(init_dir, f"ps-{i:03d}"))
-               for i in range(num_ps))
+def _init_ready(init_dir: str, num_partitions: int) -> bool:
+    """Whether every partition saved its share of the initial model."""
+    return all(os.path.isdir(os.path.join(init_dir, f"ps-{p:03d}"))
+               for p in range(num_partitions))
 
 
-def _write_init_manifest(init_dir: str, num_ps: int) -> None:
+def _write_init_manifest(init_dir: str, num_partitions: int) -> None:
     if os.path.isfile(os.path.join(init_dir, "manifest.json")):
         return
-    parts = [read_manifest(os.path.join(init_dir, f"ps-{i:03d}")) for i in range(num_ps)]
+    parts = [read_manifest(os.path.join(init_dir, f"ps-{p:03d}"))
+             for p in range(num_partitions)]
     write_ps_manifest(init_dir, init_dir, parts, progress=None, sequence=0,
                       extra={"initial": True})
     logging.info("initial model of the parameter servers saved in %s", init_dir)
 
 
-def latest_checkpoint(directory: str, num_ps: int):
+def latest_checkpoint(directory: str, num_partitions: int):
     """The newest intact automatic checkpoint in `directory` (the initial
-    model's if no other), or None if the servers were never all initialized.
+    model's if no other; the job has `num_partitions` partitions), or None if
+    the servers were never all initialized.
     A newer one that is damaged (a file missing, cut short or changed:
     `checkpoint/integrity.py`) is skipped and logged; the master then rolls
     back to the older one's progress, so the tasks after it are trained
@@ -75,21 +78,23 @@ def latest_checkpoint(directory: str, num_ps: int):
     Raises:
         NoIntactCheckpointError: every checkpoint is damaged (each named)."""
     init_dir = os.path.join(directory, INIT)
-    if _init_ready(init_dir, num_ps):
-        _write_init_manifest(init_dir, num_ps)
+    if _init_ready(init_dir, num_partitions):
+        _write_init_manifest(init_dir, num_partitions)
     return layout.latest_intact(directory) if os.path.isdir(directory) else None
 
 
 class AutoCheckpointer:
     """Saves the parameter servers periodically from a background thread."""
 
-    def __init__(self, directory: str, ps_addresses: list[str], master: MasterClient,
-                 every_secs: float = 30.0, every_versions: int = 0, keep: int = 2,
-                 poll_secs: float = 0.5, full_every: int = 8) -> None:
+    def __init__(self, directory: str, partition_addresses: list[str],
+                 master: MasterClient, every_secs: float = 30.0,
+                 every_versions: int = 0, keep: int = 2, poll_secs: float = 0.5,
+                 full_every: int = 8) -> None:
         self.directory = os.path.abspath(directory)
         self.init_dir = os.path.join(self.directory, INIT)
         os.makedirs(self.init_dir, exist_ok=True)
-        self.ps_addresses = list(ps_addresses)
+        # Indexed by partition: the address of the server process holding it.
+        self.partition_addresses = list(partition_addresses)
         self.master = master
         self.every_secs = every_secs
         self.every_versions = every_versions
@@ -136,11 +141,12 @@ class AutoCheckpointer:
         with self._lock:
             pass
 
-    def set_ps_addresses(self, ps_addresses: list[str]) -> None:
-        """A restarted server listens elsewhere (a cluster placed it on another
-        node): later saves go there. Call it paused (`pause`)."""
+    def set_partition_addresses(self, partition_addresses: list[str]) -> None:
+        """A restarted or moved server process listens elsewhere (a cluster
+        placed it on another node): later saves of its partitions go there.
+        Call it paused (`pause`)."""
         with self._client_lock:
-            self.ps_addresses = list(ps_addresses)
+            self.partition_addresses = list(partition_addresses)
             if self._ps is not None:
                 self._ps.close()
                 self._ps = None
@@ -156,16 +162,16 @@ class AutoCheckpointer:
         """Every server saved its share of the initial model (once true, for
         good: a save afterwards never waits for it again)."""
         if not self._init_seen:
-            self._init_seen = _init_ready(self.init_dir, len(self.ps_addresses))
+            self._init_seen = _init_ready(self.init_dir, len(self.partition_addresses))
         return self._init_seen
 
     def _write_init_manifest(self) -> None:
-        _write_init_manifest(self.init_dir, len(self.ps_addresses))
+        _write_init_manifest(self.init_dir, len(self.partition_addresses))
 
     def latest(self):
         """The newest complete automatic checkpoint (the initial model's if no
         other), or None if the servers were never all initialized."""
-        return latest_checkpoint(self.directory, len(self.ps_addresses))
+        return latest_checkpoint(self.directory, len(self.partition_addresses))
 
     def recovery_point_age(self) -> float | None:
         """Seconds since the newest automatic checkpoint (the initial model's
@@ -179,19 +185,20 @@ class AutoCheckpointer:
         return self._client()
 
     def _client(self) -> PSClient:
-        """The client of the servers at `ps_addresses` (made once; again
-        after `set_ps_addresses`). Made outside `_client_lock`: a recovery's
-        `set_ps_addresses` never waits for a connect to a lost server."""
-        with self._client_lock:  # (`_due` runs beside `set_ps_addresses`)
+        """The client of the partitions at `partition_addresses` (made once;
+        again after `set_partition_addresses`). Made outside `_client_lock`: a
+        recovery's `set_partition_addresses` never waits for a connect to a
+        lost server."""
+        with self._client_lock:  # (`_due` runs beside `set_partition_addresses`)
             if self._ps is not None:
                 return self._ps
-            addresses = list(self.ps_addresses)
+            addresses = list(self.partition_addresses)
         # Short retries: a lost server costs a skipped save, and a
         # recovery's `pause` waits for no more than that.
         client = PSClient(addresses, worker_id=-1, connect_timeout=30,
                           reconnect_timeout=1)
         with self._client_lock:
-            if self._ps is None and addresses == self.ps_addresses:
+            if self._ps is None and addresses == self.partition_addresses:
                 self._ps = client
                 return client
         client.close()

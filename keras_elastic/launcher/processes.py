@@ -8,7 +8,7 @@ Example:
 
 >>> import os
 >>> from keras_elastic.launcher.processes import start_service
->>> os.makedirs("job")
+>>> os.makedirs("job", exist_ok=True)
 >>> master, info = start_service("master", "keras_elastic.master", [], "job")
 >>> master.terminate()
 """

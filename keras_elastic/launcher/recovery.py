@@ -39,7 +39,7 @@ through `ServiceHost`.
 Example:
 
 ```python
-recovery = Recovery(services, num_ps=1)
+recovery = Recovery(services, num_partitions=1)
 record = recovery.recover_ps(0, "exited with code -9")
 ```
 """
@@ -77,8 +77,11 @@ class ServiceHost(Protocol):
     master: MasterClient
     master_proc: RoleHandle
     master_address: str
-    ps_procs: list[RoleHandle]
-    ps_addresses: list[str]
+    # Indexed by partition: the server process holding each (one process per
+    # partition it holds) and its address; with --ps_replicas=2 the backup of
+    # each (every server process then holds one partition).
+    partition_procs: list[RoleHandle]
+    partition_addresses: list[str]
     backup_procs: list[RoleHandle | None]
     backup_addresses: list[str | None]
     job_dir: str
@@ -91,7 +94,7 @@ class ServiceHost(Protocol):
 
     def _master_args(self, port: int = 0) -> list[str]: ...
 
-    def _ps_args(self, i: int, port: int = 0, backup: bool = False,
+    def _ps_args(self, partition: int, port: int = 0, backup: bool = False,
                  partitions: list[int] | None = None) -> list[str]: ...
 
     def write_cluster_file(self) -> None: ...
@@ -104,9 +107,9 @@ def _port(address: str) -> int:
 class Recovery:
     """The sequences of the module docstring, over a `ServiceHost`."""
 
-    def __init__(self, host: ServiceHost, num_ps: int) -> None:
+    def __init__(self, host: ServiceHost, num_partitions: int) -> None:
         self.host = host
-        self.num_ps = num_ps
+        self.num_partitions = num_partitions
 
     # -- the master -----------------------------------------------------------
     def restart_master(self, reason: str) -> dict[str, Any]:
@@ -150,20 +153,20 @@ class Recovery:
         old.close()
 
     # -- a parameter server ---------------------------------------------------
-    def recover_ps(self, i: int | list[int], reason: str) -> dict[str, Any] | None:
-        """Restarts parameter server `i` (the process of partitions `i`, a
-        list) from the latest automatic checkpoint, as one process holding
-        them all; the master goes back to it, the other servers keep their
-        state (see
-        the module doc). Returns the record of the recovery, or None if it
-        was interrupted (another server died meanwhile: the next check
-        recovers that one). Raises RecoveryFailed."""
+    def recover_ps(self, partitions: int | list[int], reason: str
+                   ) -> dict[str, Any] | None:
+        """Restarts the lost server process of `partitions` (a partition, or
+        the list of those it held) from the latest automatic checkpoint, as
+        one process holding them all; the master goes back to it, the other
+        servers keep their state (see the module doc). Returns the record of
+        the recovery, or None if it was interrupted (another server died
+        meanwhile: the next check recovers that one). Raises RecoveryFailed."""
         host = self.host
-        held = [i] if isinstance(i, int) else sorted(i)
-        i = held[0]
-        if len(held) == 1 and self._backup_ready(i):
-            return self.fail_over(i, reason)
-        self._drop_backup(i)
+        held = [partitions] if isinstance(partitions, int) else sorted(partitions)
+        first = held[0]
+        if len(held) == 1 and self._backup_ready(first):
+            return self.fail_over(first, reason)
+        self._drop_backup(first)
         started = time.time()
         host.checkpointer.pause()
         try:
@@ -172,7 +175,7 @@ class Recovery:
                 # The newest intact one; damaged newer ones are logged, skipped.
                 checkpoint = host.checkpointer.latest()
             except NoIntactCheckpointError as e:
-                raise RecoveryFailed(f"parameter server {i} {reason} and cannot be "
+                raise RecoveryFailed(f"parameter server {first} {reason} and cannot be "
                                      f"restored: {e}") from None
             # Paused until the master has rolled back too (see below): onto a
             # spare that is up already, or else onto a process started now.
@@ -182,19 +185,19 @@ class Recovery:
             else:
                 proc, address = self._start_ps(held, checkpoint)
             for p in held:
-                host.ps_procs[p] = proc
-            if address != host.ps_addresses[i]:
-                logging.warning("parameter server %d moved from %s to %s", i,
-                                host.ps_addresses[i], address)
+                host.partition_procs[p] = proc
+            if address != host.partition_addresses[first]:
+                logging.warning("parameter server %d moved from %s to %s", first,
+                                host.partition_addresses[first], address)
                 for p in held:
-                    host.ps_addresses[p] = address
-                host.checkpointer.set_ps_addresses(host.ps_addresses)
+                    host.partition_addresses[p] = address
+                host.checkpointer.set_partition_addresses(host.partition_addresses)
             # Clients waiting for it find its address there (it is paused
             # until the rollback below is done), and the new generation.
             host.write_cluster_file()
             self.fence_all()
             undone = {}
-            others = [j for j in range(self.num_ps) if j not in held]
+            others = [j for j in range(self.num_partitions) if j not in held]
             if checkpoint is not None:
                 # The master goes back to the checkpoint's progress; the other
                 # servers keep their state, their task logs say what they
@@ -202,17 +205,17 @@ class Recovery:
                 # claims, pushes or pulls while the master still hands out
                 # tasks from before the rollback.
                 undone = self.rollback_and_resume(
-                    checkpoint.extra.get("progress"), f"parameter server {i} {reason}",
+                    checkpoint.extra.get("progress"), f"parameter server {first} {reason}",
                     prepare=lambda client: [client.pause(j) for j in others])
             host.write_cluster_file()
-            return {"ps": i, "partitions": held, "reason": reason,
+            return {"ps": first, "partitions": held, "reason": reason,
                     "generation": host.generation,
                     "spare": proc.name if spare is not None else None,
                     "checkpoint": getattr(checkpoint, "path", None),
                     "completions_undone": undone, "servers_kept": others,
                     "seconds": round(time.time() - started, 2), "at": time.time()}
         except (ConnectionError, ValueError) as e:
-            logging.error("recovery of parameter server %d was interrupted: %s", i, e)
+            logging.error("recovery of parameter server %d was interrupted: %s", first, e)
             return None
         finally:
             host.checkpointer.resume()
@@ -242,55 +245,57 @@ class Recovery:
         """A new server process of partitions `held`, from `checkpoint`
         (paused) if any. Raises RecoveryFailed."""
         host = self.host
-        i = held[0]
+        first = held[0]
         # Its old port locally; on a cluster it may land on another node.
-        port = _port(host.ps_addresses[i]) if host.backend.keeps_addresses else 0
-        args = host._ps_args(i, port, partitions=held)
+        port = _port(host.partition_addresses[first]) if host.backend.keeps_addresses else 0
+        args = host._ps_args(first, port, partitions=held)
         if checkpoint is not None:
             args += [f"--restore_from={checkpoint.path}", "--paused"]
         attempts = 0
         while True:
             try:
-                proc, info = host._start_service(f"ps-{i}", "keras_elastic.ps", args)
+                proc, info = host._start_service(f"ps-{first}", "keras_elastic.ps", args)
                 return proc, host._advertised(info["address"])
             except ProcessStartError as e:
                 attempts += 1
                 if attempts == 5:
                     raise RecoveryFailed(
-                        f"parameter server {i} could not be restarted: {e}") from e
+                        f"parameter server {first} could not be restarted: {e}") from e
                 time.sleep(1.0)
 
-    def _backup_ready(self, i: int) -> bool:
-        """Whether server `i`'s backup can take its place: alive, and holding
-        every call the server answered."""
+    def _backup_ready(self, p: int) -> bool:
+        """Whether the backup of partition `p`'s server process can take its
+        place: alive, and holding every call the server answered."""
         host = self.host
-        backup = host.backup_procs[i] if i < len(host.backup_procs) else None
+        backup = host.backup_procs[p] if p < len(host.backup_procs) else None
         return (backup is not None and backup.poll() is None
-                and is_replicated(host.job_dir, i))
+                and is_replicated(host.job_dir, p))
 
-    def _drop_backup(self, i: int) -> None:
-        """A backup that cannot take server `i`'s place (it lacks calls the
-        server answered) is killed: it must not serve that state."""
+    def _drop_backup(self, p: int) -> None:
+        """A backup that cannot take the place of partition `p`'s server
+        process (it lacks calls the server answered) is killed: it must not
+        serve that state."""
         host = self.host
-        backup = host.backup_procs[i] if i < len(host.backup_procs) else None
+        backup = host.backup_procs[p] if p < len(host.backup_procs) else None
         if backup is None:
             return
         logging.warning("the backup of parameter server %d lacks calls the server "
                         "answered (%s): killed; the server is recovered from its "
-                        "checkpoint", i, f"ps-{i}.unreplicated")
+                        "checkpoint", p, f"ps-{p}.unreplicated")
         backup.kill()
         backup.close()
-        host.backup_procs[i] = host.backup_addresses[i] = None
+        host.backup_procs[p] = host.backup_addresses[p] = None
 
-    def fail_over(self, i: int, reason: str) -> dict[str, Any]:
-        """Server `i`'s backup takes its place (module doc); returns the
-        record of the recovery."""
+    def fail_over(self, p: int, reason: str) -> dict[str, Any]:
+        """The backup of partition `p`'s server process takes its place
+        (module doc); returns the record of the recovery."""
         host = self.host
         started = time.time()
         host.generation += 1
-        promoted = host.backup_addresses[i]
-        host.ps_procs[i], host.ps_addresses[i] = host.backup_procs[i], promoted
-        host.backup_procs[i] = host.backup_addresses[i] = None
+        promoted = host.backup_addresses[p]
+        host.partition_procs[p] = host.backup_procs[p]
+        host.partition_addresses[p] = promoted
+        host.backup_procs[p] = host.backup_addresses[p] = None
         # Clients that lost the server find its backup there, and the
         # generation that fences the lost one out. (Before the automatic
         # checkpoints are paused: a save in flight retries the lost server
@@ -300,15 +305,15 @@ class Recovery:
         seconds = round(time.time() - started, 2)
         host.checkpointer.pause()
         try:
-            host.checkpointer.set_ps_addresses(host.ps_addresses)
+            host.checkpointer.set_partition_addresses(host.partition_addresses)
         finally:
             host.checkpointer.resume()
         logging.warning("parameter server %d %s: its backup at %s took its place",
-                        i, reason, promoted)
-        return {"ps": i, "reason": reason, "generation": host.generation,
+                        p, reason, promoted)
+        return {"ps": p, "reason": reason, "generation": host.generation,
                 "failover": True, "promoted": promoted, "checkpoint": None,
                 "completions_undone": {},
-                "servers_kept": [j for j in range(self.num_ps) if j != i],
+                "servers_kept": [j for j in range(self.num_partitions) if j != p],
                 "seconds": seconds, "at": time.time()}
 
     # -- fencing ----------------------------------------------------------------
@@ -319,9 +324,9 @@ class Recovery:
         server that does not answer is left to the next liveness check."""
         host = self.host
         targets = {"master": host.master_address, **{
-            f"parameter server {i}": a for i, a in enumerate(host.ps_addresses)}, **{
-            f"the backup of parameter server {i}": a
-            for i, a in enumerate(host.backup_addresses) if a}}
+            f"parameter server {p}": a for p, a in enumerate(host.partition_addresses)}, **{
+            f"the backup of parameter server {p}": a
+            for p, a in enumerate(host.backup_addresses) if a}}
         for name, address in targets.items():
             self.fence(address, host.generation, name)
         logging.info("every server fenced into generation %d", host.generation)
@@ -361,7 +366,7 @@ class Recovery:
         lease floor: claims of tasks handed out before it are refused. Returns
         the completions undone."""
         host = self.host
-        client = PSClient(host.ps_addresses, worker_id=-1, connect_timeout=60,
+        client = PSClient(host.partition_addresses, worker_id=-1, connect_timeout=60,
                           reconnect_timeout=60)
         answer = None
         try:
@@ -370,7 +375,7 @@ class Recovery:
             answer = host.master.rollback(progress, reason)
         finally:
             floor = answer.min_lease if answer is not None else 0
-            for j in range(self.num_ps):
+            for j in range(self.num_partitions):
                 try:
                     client.resume(j, min_lease=floor)
                 except (ConnectionError, ValueError) as e:

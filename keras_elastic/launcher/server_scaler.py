@@ -150,7 +150,7 @@ class ServerScaler:
             return
         services = self.services
         hosts = services.hosts()
-        partitions = len(services.ps_addresses)
+        partitions = len(services.partition_addresses)
         # Not while a server process is silent (frozen, cut off): a move would
         # wait on it; the liveness checks replace it first.
         if any(services.prober.silent_for(f"ps-{held[0]}") > 2 * services.prober_interval
@@ -202,9 +202,10 @@ class ServerScaler:
                     k += 1
                 name = f"ps-n{k}"
                 live.add(name)
+                # (Its --partition, past the job's partitions, only names it.)
+                named = len(services.partition_addresses) + k
                 proc, info = services._start_service(
-                    name, "keras_elastic.ps",
-                    services._ps_args(len(services.ps_addresses) + k, partitions=[]))
+                    name, "keras_elastic.ps", services._ps_args(named, partitions=[]))
                 started.append((proc, services._advertised(info["address"])))
         except BaseException:
             for proc, _ in started:
@@ -237,7 +238,7 @@ class ServerScaler:
         for proc, address in started:
             # Into the job's generation now (a recovery may have moved it).
             services.recovery.fence(address, services.generation, proc.name)
-        targets = [(proc, services.ps_addresses[held[0]]) for proc, held in hosts]
+        targets = [(proc, services.partition_addresses[held[0]]) for proc, held in hosts]
         targets += started
         copy_dir = os.path.join(self.job_dir, "moves")
         done, failed = [], []
@@ -254,11 +255,11 @@ class ServerScaler:
                 proc, address = targets[to]
 
                 def switch(p=p, proc=proc, address=address) -> None:
-                    services.ps_procs[p] = proc
-                    services.ps_addresses[p] = address
+                    services.partition_procs[p] = proc
+                    services.partition_addresses[p] = address
                     services.write_cluster_file()
 
-                source = services.ps_addresses[p]
+                source = services.partition_addresses[p]
                 if {source, address} & unreachable:
                     failed.append({"partition": p, "error": "not tried: a move from "
                                    "or to the same process failed"})
@@ -276,7 +277,7 @@ class ServerScaler:
                 done.append({"partition": p, "from": source, "to": address,
                              "seconds": round(seconds, 2)})
             if checkpointer is not None:
-                checkpointer.set_ps_addresses(services.ps_addresses)
+                checkpointer.set_partition_addresses(services.partition_addresses)
         finally:
             if checkpointer is not None:
                 checkpointer.resume()

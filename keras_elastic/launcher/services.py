@@ -90,7 +90,11 @@ class JobServices:
         self._workers = workers
         self.journal_path = os.path.join(job_dir, JOURNAL_FILE)
         self.master_proc: RoleHandle | None = None
-        self.ps_procs: list[RoleHandle] = []
+        # Indexed by partition (of --ps_partitions): the server process
+        # holding it (one process is repeated for each partition it holds),
+        # and that process's address (`partition_addresses`, set by `start`).
+        self.partition_procs: list[RoleHandle] = []
+        self.partition_addresses: list[str] = []
         self.master: MasterClient | None = None
         self.tls_config: tls.TLSConfig | None = None
         self.placements: list[dict] = []  # {"role", "node", "at"}
@@ -102,14 +106,16 @@ class JobServices:
         self.resumed_from: dict | None = None
         self.checkpointer: AutoCheckpointer | None = None
         self._status_client: tuple[list, PSClient] | None = None
-        # --ps_replicas=2: each server's backup (ps/replication.py), None
-        # where it has none (lost, or promoted to take its server's place).
+        # --ps_replicas=2: each server process's backup (ps/replication.py),
+        # None where it has none (lost, or promoted to take its server's
+        # place). Indexed by partition, as `partition_procs` (with backups
+        # every server process holds one partition: config.py).
         self.backup_procs: list[RoleHandle | None] = []
         self.backup_addresses: list[str | None] = []
         self.backup_losses: list[dict] = []
         self.backup_rebuilds: list[dict] = []
-        # New backups being built off the loop: server -> (the build, the
-        # server's process it is for, when it began).
+        # New backups being built off the loop: partition -> (the build, the
+        # server process it is for, when it began).
         self._building: dict[int, tuple[futures.Future, RoleHandle, float]] = {}
         # (One thread: a lost backup's detach, then its successor's build.)
         self._builder = futures.ThreadPoolExecutor(1, "backup-build")
@@ -174,17 +180,19 @@ class JobServices:
         return start_service(name, module, args, self.job_dir, backend=self.backend,
                              kind=name.split("-")[0])
 
-    def _ps_args(self, i: int, port: int = 0, backup: bool = False,
+    def _ps_args(self, partition: int, port: int = 0, backup: bool = False,
                  partitions: list[int] | None = None) -> list[str]:
-        """A server process's flags: partition `i`, or `partitions` (of the
-        job's --ps_partitions), none (`[]`: one that waits for moves)."""
-        args = [f"--ps_index={i}", f"--num_ps={self.config.partitions}",
+        """A server process's flags: it holds partition `partition` (which
+        names it), or `partitions` (of the job's --ps_partitions), or none
+        (`[]`: one that waits for moves)."""
+        args = [f"--partition={partition}",
+                f"--num_partitions={self.config.partitions}",
                 f"--job_dir={self.job_dir}",
                 f"--host={self.backend.service_host()}",
                 f"--grads_to_wait={self.config.grads_to_wait}", f"--port={port}",
                 f"--generation={self.generation}",
                 f"--backup_timeout={backup_timeout(self.config.liveness_timeout)}"]
-        if partitions is not None and partitions != [i]:
+        if partitions is not None and partitions != [partition]:
             args.append(f"--partitions={','.join(map(str, partitions)) or 'none'}")
         if backup:
             return args + ["--backup"]
@@ -193,10 +201,11 @@ class JobServices:
 
     def _start_spare(self, name: str) -> tuple[RoleHandle, str]:
         """(Off the loop.) A server process holding no partition, for a
-        recovery to restore a lost one's partitions onto (`spares.py`)."""
-        index = self.config.partitions + int(name.rsplit("s", 1)[1])
+        recovery to restore a lost one's partitions onto (`spares.py`); its
+        --partition, past the job's partitions, only names it."""
+        named = self.config.partitions + int(name.rsplit("s", 1)[1])
         proc, info = self._start_service(name, "keras_elastic.ps",
-                                         self._ps_args(index, partitions=[]))
+                                         self._ps_args(named, partitions=[]))
         return proc, self._advertised(info["address"])
 
     def _fill_spares(self) -> None:
@@ -236,13 +245,13 @@ class JobServices:
         services = [("master", "keras_elastic.master", self._master_args())]
         backups = self.config.ps_replicas > 1
         layout = placement.initial(self.config.partitions, self.config.num_ps)
-        for held in layout:
-            i = held[0]
+        for held in layout:  # each server process's partitions
+            first = held[0]
             for backup in (False, True) if backups else (False,):
-                args = self._ps_args(i, backup=backup, partitions=held)
+                args = self._ps_args(first, backup=backup, partitions=held)
                 if resume_from is not None:
                     args += [f"--restore_from={resume_from.path}", "--paused"]
-                services.append((f"ps-{i}" + ("b" if backup else ""),
+                services.append((f"ps-{first}" + ("b" if backup else ""),
                                  "keras_elastic.ps", args))
         # All at once: their start-ups (imports) overlap.
         (self.master_proc, info), *servers = start_services(
@@ -254,8 +263,8 @@ class JobServices:
         by_partition = {p: (proc, self._advertised(ps_info["address"]))
                         for held, (proc, ps_info) in zip(layout, servers[::step])
                         for p in held}
-        self.ps_procs = [by_partition[p][0] for p in sorted(by_partition)]
-        self.ps_addresses = [by_partition[p][1] for p in sorted(by_partition)]
+        self.partition_procs = [by_partition[p][0] for p in sorted(by_partition)]
+        self.partition_addresses = [by_partition[p][1] for p in sorted(by_partition)]
         if backups:
             self.backup_procs = [proc for proc, _ in servers[1::2]]
             self.backup_addresses = [self._advertised(ps_info["address"])
@@ -268,27 +277,27 @@ class JobServices:
         if self.config.resume:
             self.resumed_from = self.recovery.resume(resume_from)
         self.checkpointer = AutoCheckpointer(
-            self.ps_checkpoint_dir, self.ps_addresses, self.master,
+            self.ps_checkpoint_dir, self.partition_addresses, self.master,
             every_secs=self.config.ps_checkpoint_secs,
             every_versions=self.config.ps_checkpoint_versions,
             full_every=self.config.ps_checkpoint_full_every,
             keep=self.config.ps_checkpoints_to_keep)
         self.checkpointer.start()
         self.prober.set_targets({"master": self.master_address, **{
-            f"ps-{i}": a for i, a in enumerate(self.ps_addresses)}, **{
-            f"ps-{i}b": a for i, a in enumerate(self.backup_addresses) if a}})
+            f"ps-{p}": a for p, a in enumerate(self.partition_addresses)}, **{
+            f"ps-{p}b": a for p, a in enumerate(self.backup_addresses) if a}})
         self.prober.start()
         self.feed.start()
         logging.info("job dir %s: master %s, PS %s", self.job_dir, self.master_address,
-                     ", ".join(self.ps_addresses))
+                     ", ".join(self.partition_addresses))
 
     def _attach_backups(self) -> None:
         """Each server forwards its calls to its backup from now on (both
         started from the same state: new, or the same checkpoint)."""
-        client = PSClient(self.ps_addresses, worker_id=-1, connect_timeout=60)
+        client = PSClient(self.partition_addresses, worker_id=-1, connect_timeout=60)
         try:
-            for i, address in enumerate(self.backup_addresses):
-                client.attach_backup(i, address, same_start=True)
+            for partition, address in enumerate(self.backup_addresses):
+                client.attach_backup(partition, address, same_start=True)
         finally:
             client.close()
         logging.info("every parameter server has a backup: %s",
@@ -297,8 +306,8 @@ class JobServices:
     def hosts(self) -> list[tuple[RoleHandle, list[int]]]:
         """The server processes, each with the partitions it holds."""
         held: dict[int, tuple[RoleHandle, list[int]]] = {}
-        for p, proc in enumerate(self.ps_procs):
-            held.setdefault(id(proc), (proc, []))[1].append(p)
+        for partition, proc in enumerate(self.partition_procs):
+            held.setdefault(id(proc), (proc, []))[1].append(partition)
         return list(held.values())
 
     # -- cluster.json -----------------------------------------------------------
@@ -306,24 +315,25 @@ class JobServices:
         """JOB_DIR/cluster.json: where the services are (clients re-read it
         when a service they lost moved), pids and nodes of every role."""
         workers, pending_slots = self._workers()
-        roles = {"master": self.master_proc, **{f"ps-{i}": p for i, p in
-                                                 enumerate(self.ps_procs)},
-                 **{f"ps-{i}b": p for i, p in enumerate(self.backup_procs) if p},
-                 **{f"worker-{i}": p for i, p in workers.items()}}
+        roles = {"master": self.master_proc,
+                 **{f"ps-{p}": proc for p, proc in enumerate(self.partition_procs)},
+                 **{f"ps-{p}b": proc for p, proc in enumerate(self.backup_procs)
+                    if proc},
+                 **{f"worker-{i}": proc for i, proc in workers.items()}}
         self.artifacts.write("cluster.json", {
-            "master": self.master_address, "ps": self.ps_addresses,
+            "master": self.master_address, "ps": self.partition_addresses,
             "generation": self.generation,
             "seed": self.seed,
             # Lost workers whose replacement waits for room on the backend.
             "worker_slots_pending": pending_slots,
-            "ps_pids": [p.pid for p in self.ps_procs],
+            "ps_pids": [proc.pid for proc in self.partition_procs],  # per partition
             # The server processes and the partitions each holds.
             "ps_hosts": [{"name": proc.name, "pid": proc.pid,
-                          "address": self.ps_addresses[held[0]], "partitions": held}
+                          "address": self.partition_addresses[held[0]], "partitions": held}
                          for proc, held in self.hosts()],
             # --ps_replicas=2: each server's backup (None: it has none now).
             "ps_backups": self.backup_addresses,
-            "ps_backup_pids": [p.pid if p else None for p in self.backup_procs],
+            "ps_backup_pids": [proc.pid if proc else None for proc in self.backup_procs],
             "worker_pids": {str(i): p.pid for i, p in workers.items()},
             "master_pid": self.master_proc.pid,
             "launcher_pid": os.getpid(),
@@ -349,7 +359,7 @@ class JobServices:
         """Records where roles landed (a cluster places them some time after
         they are started) and rewrites cluster.json when one did."""
         workers, _ = self._workers()
-        roles = [self.master_proc, *self.ps_procs, *workers.values()]
+        roles = [self.master_proc, *self.partition_procs, *workers.values()]
         changed = False
         for role in roles:
             node = role.node
@@ -413,12 +423,12 @@ class JobServices:
         None otherwise."""
         self._fill_spares()
         self._adopt_backups()
-        for i, proc in enumerate(self.backup_procs):
+        for partition, proc in enumerate(self.backup_procs):
             if proc is not None:
-                exited = self._exit_or_lost(f"ps-{i}b", proc)
+                exited = self._exit_or_lost(f"ps-{partition}b", proc)
                 if exited is not None:
-                    self._backup_lost(i, exited[1])
-                    self._rebuild_backup(i)
+                    self._backup_lost(partition, exited[1])
+                    self._rebuild_backup(partition)
         for proc, held in self.hosts():
             exited = None
             for p in held:
@@ -433,39 +443,39 @@ class JobServices:
                     self._rebuild_backup(p)
         return None
 
-    def _rebuild_backup(self, i: int) -> None:
-        """With --ps_replicas=2: a new backup for server `i`, which lost its
-        own or was itself a backup promoted, so the job stays replicated
-        through further losses. Built off the loop (a process start and a
-        copy of the server's state, under its lock: its calls wait for the
-        copy; `_build_backup`), adopted by `_adopt_backups`. At most
-        --max_ps_restarts per server; a failure is logged and leaves the
-        server without a backup."""
-        if (self.config.ps_replicas < 2 or i >= len(self.backup_procs)
-                or self.backup_procs[i] is not None or i in self._building):
+    def _rebuild_backup(self, p: int) -> None:
+        """With --ps_replicas=2: a new backup for the server process of
+        partition `p`, which lost its own or was itself a backup promoted,
+        so the job stays replicated through further losses. Built off the
+        loop (a process start and a copy of the server's state, under its
+        lock: its calls wait for the copy; `_build_backup`), adopted by
+        `_adopt_backups`. At most --max_ps_restarts per server; a failure is
+        logged and leaves the server without a backup."""
+        if (self.config.ps_replicas < 2 or p >= len(self.backup_procs)
+                or self.backup_procs[p] is not None or p in self._building):
             return
-        tried = self._builds_tried.get(i, 0)
+        tried = self._builds_tried.get(p, 0)
         if tried >= self.config.max_ps_restarts + 1:
             logging.warning("parameter server %d: %d new backups tried "
-                            "(--max_ps_restarts + 1): it goes on without one", i, tried)
+                            "(--max_ps_restarts + 1): it goes on without one", p, tried)
             return
-        self._builds_tried[i] = tried + 1
+        self._builds_tried[p] = tried + 1
         build = self._builder.submit(
-            self._build_backup, i, self.ps_addresses[i], self._ps_args(i, backup=True),
-            os.path.join(self.job_dir, "backup_copies"))
-        self._building[i] = (build, self.ps_procs[i], time.time())
+            self._build_backup, p, self.partition_addresses[p],
+            self._ps_args(p, backup=True), os.path.join(self.job_dir, "backup_copies"))
+        self._building[p] = (build, self.partition_procs[p], time.time())
 
-    def _build_backup(self, i: int, primary: str, args: list[str], copy_dir: str
+    def _build_backup(self, p: int, primary: str, args: list[str], copy_dir: str
                       ) -> tuple[RoleHandle, str]:
-        """(Off the loop.) Starts a backup process and has the server at
-        `primary` attach it with a copy of its state."""
-        proc, info = self._start_service(f"ps-{i}b", "keras_elastic.ps", args)
+        """(Off the loop.) Starts a backup process and has the server process
+        of partition `p`, at `primary`, attach it with a copy of its state."""
+        proc, info = self._start_service(f"ps-{p}b", "keras_elastic.ps", args)
         address = self._advertised(info["address"])
         try:
             # The job's generation now (it may have moved since `args`): the
             # server's forwarded calls carry it (adopted, it is fenced along).
-            self.recovery.fence(address, self.generation, f"new backup of server {i}")
-            _attach(i, primary, address, copy_dir=copy_dir, connect_timeout=10,
+            self.recovery.fence(address, self.generation, f"new backup of server {p}")
+            _attach(p, primary, address, copy_dir=copy_dir, connect_timeout=10,
                     reconnect_timeout=5, timeout=120)
         except BaseException:
             proc.kill()
@@ -477,65 +487,67 @@ class JobServices:
         """The new backups built since the last round become their servers'
         (unless the server was replaced meanwhile: then the backup follows
         nobody, and the new server gets one of its own)."""
-        for i, (build, server, began) in list(self._building.items()):
+        for p, (build, server_proc, began) in list(self._building.items()):
             if not build.done():
                 continue
-            del self._building[i]
+            del self._building[p]
             try:
                 proc, address = build.result()
             except (ProcessStartError, ConnectionError, ValueError) as e:
-                logging.warning("no new backup for parameter server %d: %s", i, e)
-                self._rebuild_backup(i)  # (within its budget)
+                logging.warning("no new backup for parameter server %d: %s", p, e)
+                self._rebuild_backup(p)  # (within its budget)
                 continue
-            if self.ps_procs[i] is not server or self.backup_procs[i] is not None:
+            if (self.partition_procs[p] is not server_proc
+                    or self.backup_procs[p] is not None):
                 proc.kill()
                 proc.close()
-                self._rebuild_backup(i)
+                self._rebuild_backup(p)
                 continue
-            self.backup_procs[i], self.backup_addresses[i] = proc, address
+            self.backup_procs[p], self.backup_addresses[p] = proc, address
             # Into the generation of a recovery made while it was built.
-            self.recovery.fence(address, self.generation, f"new backup of server {i}")
-            self.prober.set_target(f"ps-{i}b", address)
-            record = {"ps": i, "backup": address,
+            self.recovery.fence(address, self.generation, f"new backup of server {p}")
+            self.prober.set_target(f"ps-{p}b", address)
+            record = {"ps": p, "backup": address,
                       "seconds": round(time.time() - began, 2), "at": time.time()}
             self.backup_rebuilds.append(record)
-            logging.warning("parameter server %d has a new backup at %s (%.1f s)", i,
+            logging.warning("parameter server %d has a new backup at %s (%.1f s)", p,
                             address, record["seconds"])
             self.write_cluster_file()
 
-    def _backup_lost(self, i: int, reason: str) -> None:
-        """Server `i`'s backup is gone (dead, or killed as lost): the server
-        is told to go on alone (off the loop: it would after its
+    def _backup_lost(self, p: int, reason: str) -> None:
+        """The backup of partition `p`'s server process is gone (dead, or
+        killed as lost): the server is told to go on alone (off the loop: it would after its
         backup_timeout anyway, and a frozen server must not hold up this
         loop). It has no backup from now on."""
-        proc = self.backup_procs[i]
+        proc = self.backup_procs[p]
         proc.close()
-        self.backup_procs[i] = self.backup_addresses[i] = None
-        self.prober.remove_target(f"ps-{i}b")
+        self.backup_procs[p] = self.backup_addresses[p] = None
+        self.prober.remove_target(f"ps-{p}b")
         logging.warning("the backup of parameter server %d %s: the server goes on "
-                        "without one", i, reason)
-        self._builder.submit(self._detach_backup, i, self.ps_addresses[i])
-        self.backup_losses.append({"ps": i, "reason": reason, "at": time.time()})
+                        "without one", p, reason)
+        self._builder.submit(self._detach_backup, p, self.partition_addresses[p])
+        self.backup_losses.append({"ps": p, "reason": reason, "at": time.time()})
         self.write_cluster_file()
 
     @staticmethod
-    def _detach_backup(i: int, primary: str) -> None:
-        """(Off the loop.) Tells server `i` its backup is gone: a call of
-        the server retrying it gives up now, not after its backup_timeout."""
+    def _detach_backup(p: int, primary: str) -> None:
+        """(Off the loop.) Tells the server process of partition `p`, at
+        `primary`, its backup is gone: a call of the server retrying it gives
+        up now, not after its backup_timeout."""
         try:
-            _attach(i, primary, "", connect_timeout=5, timeout=10)
+            _attach(p, primary, "", connect_timeout=5, timeout=10)
         except (ConnectionError, ValueError) as e:
             logging.warning("could not detach the backup of parameter server %d (it "
-                            "detaches it itself after its backup_timeout): %s", i, e)
+                            "detaches it itself after its backup_timeout): %s", p, e)
 
     def _recover_ps(self, held: list[int], reason: str) -> str | None:
         """Restarts the server process of partitions `held` on its address
         from the latest automatic checkpoint (or promotes its backup); the
         master goes back to it. Returns why the job fails, None otherwise."""
-        i = held[0]
-        proc = self.ps_procs[i]
+        first = held[0]
+        proc = self.partition_procs[first]
         proc.close()
-        building = self._building.get(i)
+        building = self._building.get(first)
         if building is not None:
             # A new backup the server took before it was lost holds every
             # call it answered since: adopted first, it can take its place.
@@ -543,30 +555,31 @@ class JobServices:
             futures.wait([building[0]], timeout=15)
         self._adopt_backups()
         if not self.policy.restart_service("ps", self.ps_restarts):
-            return (f"parameter server {i} {reason} and was already restarted "
+            return (f"parameter server {first} {reason} and was already restarted "
                     f"{self.ps_restarts} time(s) (--max_ps_restarts="
                     f"{self.config.max_ps_restarts}); its log ({proc.log_path}) "
                     f"ends with:\n{proc.tail()}")
         self.ps_restarts += 1
-        logging.warning("parameter server %d %s; restarting it (restart %d of %d)", i,
-                        reason, self.ps_restarts, self.config.max_ps_restarts)
+        logging.warning("parameter server %d %s; restarting it (restart %d of %d)",
+                        first, reason, self.ps_restarts, self.config.max_ps_restarts)
         try:
             record = self.recovery.recover_ps(held, reason)
         except RecoveryFailed as e:
             return str(e)
         for p in held:
-            self.prober.set_target(f"ps-{p}", self.ps_addresses[p])
+            self.prober.set_target(f"ps-{p}", self.partition_addresses[p])
         self.prober.recovered()  # (the other servers were paused meanwhile)
         if record is not None and record.get("failover"):
-            self.prober.remove_target(f"ps-{i}b")
+            self.prober.remove_target(f"ps-{first}b")
             self.recoveries.append(record)
             logging.warning("parameter server %d: its backup took its place in %.1f s; "
-                            "nothing is trained again", i, record["seconds"])
+                            "nothing is trained again", first, record["seconds"])
         elif record is not None:
             self.recoveries.append(record)
             logging.warning("parameter server %d is back from %s in %.1f s; tasks "
-                            "undone: %s", i, record["checkpoint"] or "nothing (it was "
-                            "never initialized)", record["seconds"],
+                            "undone: %s", first,
+                            record["checkpoint"] or "nothing (it was never initialized)",
+                            record["seconds"],
                             record["completions_undone"])
         return None
 
@@ -576,7 +589,7 @@ class JobServices:
         CPU seconds; the client is its own, made again when a partition
         moved)."""
         firsts = [held[0] for _, held in self.hosts()]
-        key = [(p, self.ps_addresses[p]) for p in firsts]
+        key = [(p, self.partition_addresses[p]) for p in firsts]
         if self._status_client is None or self._status_client[0] != key:
             if self._status_client is not None:
                 self._status_client[1].close()
@@ -589,7 +602,7 @@ class JobServices:
     def table_stats(self) -> dict[str, dict[str, int]]:
         """The embedding tables' counters summed over the servers (rows,
         admitted, evicted, dropped, bytes); {} without tables or servers."""
-        if self.checkpointer is None or not self.ps_addresses:
+        if self.checkpointer is None or not self.partition_addresses:
             return {}
         try:
             statuses = self.checkpointer.client().status_all(timeout=30)
@@ -630,19 +643,20 @@ class JobServices:
                     ConnectionError, ValueError):
                 pass
         for proc in [*(proc for proc, _ in self.hosts()),
-                     *(p for p in self.backup_procs if p)]:
+                     *(backup for backup in self.backup_procs if backup)]:
             proc.terminate()
         if self.master_proc is not None:
             self.master_proc.terminate()
 
 
-def _attach(i: int, primary: str, backup: str, copy_dir: str = "",
+def _attach(partition: int, primary: str, backup: str, copy_dir: str = "",
             connect_timeout: float = 10, reconnect_timeout: float = 0,
             timeout: float = 60) -> None:
-    """Server `i` at `primary` takes the server at `backup` as its backup
-    ("": it has none from now on; `copy_dir`: it copies its state first)."""
+    """The server process of partition `partition`, at `primary`, takes the
+    server at `backup` as its backup ("": it has none from now on;
+    `copy_dir`: it copies its state first)."""
     client = PSClient([primary], worker_id=-1, connect_timeout=connect_timeout,
-                      reconnect_timeout=reconnect_timeout, partitions=[i])
+                      reconnect_timeout=reconnect_timeout, partitions=[partition])
     try:
         client.attach_backup(0, backup, copy_dir=copy_dir, timeout=timeout)
     finally:

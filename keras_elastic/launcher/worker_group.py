@@ -103,7 +103,7 @@ class WorkerGroup:
         services = self.services
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines
-        env.update(cluster_env.to_env(services.master_address, services.ps_addresses,
+        env.update(cluster_env.to_env(services.master_address, services.partition_addresses,
                                       worker_id, self.job_dir, services.seed))
         env[cluster_env.CONNECT_TIMEOUT] = str(self.config.connect_timeout)
         env[cluster_env.LIVENESS_TIMEOUT] = str(self.config.liveness_timeout)

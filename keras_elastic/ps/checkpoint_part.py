@@ -113,13 +113,13 @@ def snapshot(store: ParameterStore, table_seqs: dict[str, int] | None = None
     return values, fields
 
 
-def _base_seqs(store: ParameterStore, ps_index: int, base: str) -> dict[str, int]:
+def _base_seqs(store: ParameterStore, partition: int, base: str) -> dict[str, int]:
     """The change numbers this server's part of checkpoint `base` recorded,
     checked to be of this server's current life (same incarnation: not
     restarted nor restored since) and of every table."""
     from keras_elastic.checkpoint.manifest import read_manifest
 
-    part = read_manifest(os.path.join(base, f"ps-{ps_index:03d}"))
+    part = read_manifest(os.path.join(base, f"ps-{partition:03d}"))
     seqs = part.extra.get("table_seqs")
     if part.extra.get("incarnation") != store.incarnation or seqs is None:
         raise ValueError(f"{base} is not of this server's state (restarted or "
@@ -142,17 +142,17 @@ def _required(value: str, what: str, method: str) -> str:
     return value
 
 
-def save_shard(store: ParameterStore, ps_index: int, num_ps: int, directory: str,
-               callback: str | None = None, extra: dict | None = None,
-               table_base: str = "") -> SaveInfo:
-    """Writes this server's part into the checkpoint directory `directory`
-    (through the sharding callback `callback`, as `encode_callback` gives it;
-    None: ShardByTaskPolicy); `extra`: what its manifest records of the save;
-    `table_base`: an earlier checkpoint of this server, whose tables this
-    part holds the changes after (incremental; "": every row). Returns the
-    part's manifest."""
+def save_shard(store: ParameterStore, partition: int, num_partitions: int,
+               directory: str, callback: str | None = None,
+               extra: dict | None = None, table_base: str = "") -> SaveInfo:
+    """Writes partition `partition`'s part (of the job's `num_partitions`)
+    into the checkpoint directory `directory` (through the sharding callback
+    `callback`, as `encode_callback` gives it; None: ShardByTaskPolicy);
+    `extra`: what its manifest records of the save; `table_base`: an earlier
+    checkpoint of this partition, whose tables this part holds the changes
+    after (incremental; "": every row). Returns the part's manifest."""
     directory = _required(directory, "checkpoint directory", "Save")
-    seqs = _base_seqs(store, ps_index, table_base) if table_base else None
+    seqs = _base_seqs(store, partition, table_base) if table_base else None
     values, fields = snapshot(store, seqs)
     if table_base:
         fields["table_base"] = os.path.basename(os.path.normpath(table_base))
@@ -161,19 +161,22 @@ def save_shard(store: ParameterStore, ps_index: int, num_ps: int, directory: str
         for name, value in values.items():
             setattr(module, name, tf.Variable(value, trainable=False))
     info = save_trackables(
-        directory, f"ps-{ps_index:03d}", {ps_layout.TRACKABLE: module},
+        directory, f"ps-{partition:03d}", {ps_layout.TRACKABLE: module},
         decode_callback(callback),
-        extra_manifest=dict(extra or {}, ps_index=ps_index, num_ps=num_ps, **fields))
+        # (The manifest's keys keep their names: "ps_index" is the partition,
+        # "num_ps" the job's number of partitions.)
+        extra_manifest=dict(extra or {}, ps_index=partition, num_ps=num_partitions,
+                            **fields))
     return info
 
 
-def _owned_log(info, ps_index: int, num_ps: int) -> tuple[TaskLog, int]:
+def _owned_log(info, partition: int, num_partitions: int) -> tuple[TaskLog, int]:
     """The task log this server takes from the checkpoint `info`."""
     parts = ps_layout.part_infos(info)
-    saved_num_ps = info.extra.get("num_ps", len(parts))
-    if saved_num_ps == num_ps:
+    saved_partitions = info.extra.get("num_ps", len(parts))
+    if saved_partitions == num_partitions:
         for part in parts:
-            if part.extra.get("ps_index") == ps_index:
+            if part.extra.get("ps_index") == partition:
                 return TaskLog.from_json(part.extra.get("task_log")), 0
     return TaskLog.intersection([TaskLog.from_json(p.extra.get("task_log"))
                                  for p in parts])
@@ -186,14 +189,15 @@ def _is_copy(info) -> bool:
     return any(p.extra.get("backup_copy") for p in ps_layout.part_infos(info))
 
 
-def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) -> dict:
+def restore_shard(store: ParameterStore, partition: int, num_partitions: int,
+                  path: str) -> dict:
     """Loads this server's variables, optimizer variables and task log from
     the checkpoint at `path`; returns what `RestoreResponse` says."""
     info = resolve(_required(path, "checkpoint path", "Restore"))
     if not ps_layout.is_ps_checkpoint(info):
         raise ValueError(f"{info.path} is not a parameter-server checkpoint")
     values = ps_layout.read_values(info, complete=not _is_copy(info))
-    log, differing = _owned_log(info, ps_index, num_ps)
+    log, differing = _owned_log(info, partition, num_partitions)
     groups: dict[str, dict] = {}
     for part in ps_layout.part_infos(info):
         for name, group in (part.extra.get("optimizer_groups") or {}).items():
@@ -218,7 +222,7 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) 
         if skipped:
             logging.warning("parameter server %d: %s has no value for optimizer "
                             "variables %s (another optimizer?): they start afresh",
-                            ps_index, info.path, skipped[:10])
+                            partition, info.path, skipped[:10])
         tables = {name: ps_layout.read_table(info, name, table.slot_names)
                   for name, table in store.tables.items()}
         absent = sorted(n for n, rows in tables.items() if rows is None)
@@ -236,7 +240,7 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) 
                                  "was saved from another model")
             variable.assign(fitted)
         for name, (ids, rows, slots) in tables.items():
-            owned = row_owner(ids, num_ps) == ps_index
+            owned = row_owner(ids, num_partitions) == partition
             store.reset_table(name).load(ids[owned], rows[owned],
                                          {s: a[owned] for s, a in slots.items()})
         store.log = log
@@ -246,13 +250,14 @@ def restore_shard(store: ParameterStore, ps_index: int, num_ps: int, path: str) 
             "parameter server %d: %s was saved by %s servers and is restored onto %d; "
             "%d element(s) of tasks in flight at the save were applied to some of its "
             "variables and not others, and may now be applied twice to some.",
-            ps_index, info.path, info.extra.get("num_ps"), num_ps, differing)
-    return {"ps_index": ps_index, "restored": len(named) - len(skipped),
+            partition, info.path, info.extra.get("num_ps"), num_partitions, differing)
+    # (RestoreResponse's fields: its ps_index is the partition.)
+    return {"ps_index": partition, "restored": len(named) - len(skipped),
             "path": info.path, "version": store.version,
             "incarnation": store.incarnation}
 
 
-def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
+def init_from_checkpoint(store: ParameterStore, partition: int, num_partitions: int,
                          path: str) -> dict:
     """Creates the variables of a server that has none from a checkpoint, then
     restores them (a server restarted after a crash, a new backup)."""
@@ -274,20 +279,20 @@ def init_from_checkpoint(store: ParameterStore, ps_index: int, num_ps: int,
         raise ValueError(f"{info.path} does not record its variables and optimizer "
                          "(saved by an older keras_elastic): it cannot start a server")
     parts = ps_layout.part_infos(info)
-    mine = [p for p in parts if p.extra.get("ps_index") == ps_index]
-    if info.extra.get("num_ps", len(parts)) == num_ps and mine:
+    mine = [p for p in parts if p.extra.get("ps_index") == partition]
+    if info.extra.get("num_ps", len(parts)) == num_partitions and mine:
         owned = sorted(mine[0].extra.get("variables") or {})  # what it held
     elif any(variable_slices.parse(k) for k in trainable):
         raise ValueError(
             f"{info.path} was saved by {info.extra.get('num_ps')} servers with "
-            f"variables split over them: a server {ps_index} of {num_ps} cannot be "
-            "created from it alone (the workers know the variables' shapes: their "
-            "Init restores it onto any number of servers, as --resume does)")
+            f"variables split over them: a server {partition} of {num_partitions} "
+            "cannot be created from it alone (the workers know the variables' shapes: "
+            "their Init restores it onto any number of servers, as --resume does)")
     else:
-        owned = sorted(k for k in trainable if ps_for(k, num_ps) == ps_index)
+        owned = sorted(k for k in trainable if ps_for(k, num_partitions) == partition)
     names = [ps_layout.variable_name(k) for k in owned]
     values = ps_layout.read_values(info, names, complete=not _is_copy(info))
     store.init({k: values[n] for k, n in zip(owned, names)},
                {k: trainable[k] for k in owned}, config, tables)
-    return restore_shard(store, ps_index, num_ps, info.path)
+    return restore_shard(store, partition, num_partitions, info.path)
 

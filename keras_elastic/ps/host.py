@@ -27,7 +27,7 @@ Example (one process holding partitions 0 and 1 of 2):
 >>> from keras_elastic.ps.store import ParameterStore
 >>> from keras_elastic.ps.servicer import ParameterServerServicer
 >>> host = PartitionHost(lambda p: ParameterServerServicer(
-...     ParameterStore(num_ps=2), p, 2), [0, 1])
+...     ParameterStore(num_partitions=2), p, 2), [0, 1])
 >>> host.held()
 [0, 1]
 """

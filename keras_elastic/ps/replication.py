@@ -65,15 +65,16 @@ def backup_timeout(liveness_timeout: float) -> float:
     return max(2.0, min(DEFAULT_TIMEOUT, liveness_timeout / 6))
 
 
-def marker_path(job_dir: str, ps_index: int) -> str:
-    """The file that says server `ps_index` answered calls its backup lacks."""
-    return os.path.join(job_dir, f"ps-{ps_index}.unreplicated")
+def marker_path(job_dir: str, partition: int) -> str:
+    """The file that says the server of partition `partition` answered calls
+    its backup lacks."""
+    return os.path.join(job_dir, f"ps-{partition}.unreplicated")
 
 
-def is_replicated(job_dir: str, ps_index: int) -> bool:
-    """Whether server `ps_index`'s backup (if it has one) holds every call the
-    server answered: no `marker_path` file."""
-    return not os.path.exists(marker_path(job_dir, ps_index))
+def is_replicated(job_dir: str, partition: int) -> bool:
+    """Whether the backup of partition `partition`'s server (if it has one)
+    holds every call the server answered: no `marker_path` file."""
+    return not os.path.exists(marker_path(job_dir, partition))
 
 
 class Backup:
@@ -82,11 +83,11 @@ class Backup:
     `timeout` seconds; False once the backup is detached (then the marker
     file exists)."""
 
-    def __init__(self, address: str, ps_index: int, marker: str,
+    def __init__(self, address: str, partition: int, marker: str,
                  timeout: float = DEFAULT_TIMEOUT,
                  generation: Callable[[], int] | None = None) -> None:
         self.address = address
-        self.ps_index = ps_index
+        self.partition = partition
         self.marker = marker
         self.timeout = timeout
         self._cancelled = threading.Event()
@@ -95,7 +96,7 @@ class Backup:
         # fenced into the next one and refuses the old server, were it to
         # wake up (common/fencing.py).
         self._channel = rpc.make_channel(address, resolver=None, generation=generation,
-                                         partition=ps_index)
+                                         partition=partition)
         raw = {"request_serializer": None, "response_deserializer": None}
         self._calls: dict[str, Callable] = {
             "Init": self._channel.stream_unary(_SERVICE + "Init", **raw),
@@ -158,7 +159,7 @@ class Backup:
         os.replace(tmp, self.marker)
         logging.warning("parameter server %d: backup %s detached: %s; this server "
                         "goes on alone (a loss of it is now recovered from its "
-                        "checkpoint, not by its backup)", self.ps_index, self.address,
+                        "checkpoint, not by its backup)", self.partition, self.address,
                         why)
         self.close()
 
@@ -166,8 +167,8 @@ class Backup:
         self._channel.close()
 
 
-def copy_state(store, ps_index: int, num_ps: int, directory: str, backup: Backup,
-               paused: bool) -> bool:
+def copy_state(store, partition: int, num_partitions: int, directory: str,
+               backup: Backup, paused: bool) -> bool:
     """Gives a new backup this server's state (call it under the store's
     lock: no call changes it meanwhile): this server's part of a checkpoint
     in `directory` (every table row, the task log), which the backup
@@ -180,12 +181,13 @@ def copy_state(store, ps_index: int, num_ps: int, directory: str, backup: Backup
     from keras_elastic.ps.checkpoint_part import save_shard
 
     os.makedirs(directory, exist_ok=True)
-    final = os.path.join(directory, f"ps-{ps_index}-copy")
-    temp = temp_dir_for(directory, f"ps-{ps_index}-copy")
+    final = os.path.join(directory, f"ps-{partition}-copy")
+    temp = temp_dir_for(directory, f"ps-{partition}-copy")
     shutil.rmtree(final, ignore_errors=True)
     try:
-        part = save_shard(store, ps_index, num_ps, temp, extra={"backup_copy": True})
-        write_ps_manifest(temp, final, [part], progress=None, num_ps=num_ps,
+        part = save_shard(store, partition, num_partitions, temp,
+                          extra={"backup_copy": True})
+        write_ps_manifest(temp, final, [part], progress=None, num_ps=num_partitions,
                           sequence=0)
         taken = backup.forward("Restore", ps_pb2.RestoreRequest(path=final))
         if taken and paused:

@@ -1,7 +1,7 @@
 """Runs a parameter server, in this process or as its own process.
 
 A server process holds one or more of the job's partitions (`ps/host.py`):
-partition `--ps_index` by default, `--partitions` to hold several (after
+partition `--partition` by default, `--partitions` to hold several (after
 a scale-in, one process holds what several did).
 
 Example:
@@ -35,23 +35,23 @@ from keras_elastic.ps.store import ParameterStore
 
 
 class ParameterServer:
-    """A gRPC server holding partitions `partitions` (default: `ps_index`) of
-    `num_ps`, each a `ParameterStore`; `store` and `servicer` are the first
-    one's."""
+    """A gRPC server process holding partitions `partitions` (default:
+    `partition` alone) of the job's `num_partitions`, each a `ParameterStore`;
+    `store` and `servicer` are the first one's."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, ps_index: int = 0,
-                 num_ps: int = 1, grads_to_wait: int = 1,
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, partition: int = 0,
+                 num_partitions: int = 1, grads_to_wait: int = 1,
                  max_staleness: int = 0, restore_from: str | None = None,
                  init_checkpoint_dir: str | None = None, paused: bool = False,
                  generation: int | None = None,
                  partitions: list[int] | None = None) -> None:
         # (No partition: a process that waits for partitions to move in.)
-        partitions = [ps_index] if partitions is None else list(partitions)
-        bad = [p for p in partitions if not 0 <= p < num_ps]
+        partitions = [partition] if partitions is None else list(partitions)
+        bad = [p for p in partitions if not 0 <= p < num_partitions]
         if bad or len(set(partitions)) != len(partitions):
             raise ValueError(f"partitions {partitions}: each must be one of "
-                             f"0..{num_ps - 1} (--num_ps partitions), once")
-        self.num_ps = num_ps
+                             f"0..{num_partitions - 1} (--num_partitions), once")
+        self.num_partitions = num_partitions
         self._settings = (grads_to_wait, max_staleness, init_checkpoint_dir)
         # Set on every partition's servicer, those made later too (`configure`).
         self.job_dir: str | None = None
@@ -62,13 +62,13 @@ class ParameterServer:
         self.generation = None if generation is None else fencing.Generation(generation)
         stores = {}
         for p in partitions:
-            stores[p] = ParameterStore(grads_to_wait, max_staleness, num_ps)
+            stores[p] = ParameterStore(grads_to_wait, max_staleness, num_partitions)
             if restore_from:
                 # A server restarted after a crash: its state comes back before
                 # it serves anybody.
                 from keras_elastic.ps.checkpoint_part import init_from_checkpoint
 
-                info = init_from_checkpoint(stores[p], p, num_ps, restore_from)
+                info = init_from_checkpoint(stores[p], p, num_partitions, restore_from)
                 logging.info("parameter-server partition %d restored %d variables "
                              "from %s", p, info["restored"], info["path"])
         self.host = PartitionHost(
@@ -87,8 +87,9 @@ class ParameterServer:
         a partition that comes here later: a move's target)."""
         grads_to_wait, max_staleness, init_checkpoint_dir = self._settings
         if store is None:
-            store, paused = ParameterStore(grads_to_wait, max_staleness, self.num_ps), False
-        servicer = ParameterServerServicer(store, partition, self.num_ps,
+            store = ParameterStore(grads_to_wait, max_staleness, self.num_partitions)
+            paused = False
+        servicer = ParameterServerServicer(store, partition, self.num_partitions,
                                            init_checkpoint_dir, paused)
         if self.generation is not None:
             servicer.generation = lambda: self.generation.value
@@ -130,12 +131,16 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind.")
     flags.DEFINE_integer("port", 0, "Port to bind; 0 picks a free one.")
-    flags.DEFINE_integer("ps_index", 0, "Index of this parameter server (the "
-                         "partition it holds, without --partitions).")
-    flags.DEFINE_list("partitions", None, "The partitions this server holds (of "
-                      "--num_ps); default: --ps_index alone; `none`: it waits for "
-                      "partitions to move in (keras-elastic scale --num_ps).")
-    flags.DEFINE_integer("num_ps", 1, "Number of parameter servers in the job.")
+    flags.DEFINE_integer("partition", 0, "The partition this server process is "
+                         "started for: the one it holds without --partitions (with "
+                         "--backup: the one whose server it backs up); it names the "
+                         "process in fault points (ps<P>) and logs.")
+    flags.DEFINE_list("partitions", None, "The partitions this server process holds "
+                      "(of --num_partitions); default: --partition alone; `none`: it "
+                      "waits for partitions to move in (keras-elastic scale --num_ps).")
+    flags.DEFINE_integer("num_partitions", 1, "Number of partitions of the job's "
+                         "variables (--ps_partitions; not the number of server "
+                         "processes, which may each hold several).")
     flags.DEFINE_integer("grads_to_wait", 1,
                          "Gradients averaged per update (1: asynchronous SGD).")
     flags.DEFINE_integer("max_staleness", 0,
@@ -154,9 +159,9 @@ def define_flags() -> None:
                          "The job's generation this server belongs to (fencing).")
     flags.DEFINE_string("init_checkpoint_dir", None, "Save this server's share of "
                         "the initial model here when a worker initializes it.")
-    flags.DEFINE_bool("backup", False, "This server is the backup of server "
-                      "--ps_index (ps/replication.py): its primary forwards it every "
-                      "call; fault points name it ps<I>b.")
+    flags.DEFINE_bool("backup", False, "This server is the backup of the server of "
+                      "partition --partition (ps/replication.py): its primary forwards "
+                      "it every call; fault points name it ps<P>b.")
     flags.DEFINE_float("backup_timeout", 10.0, "Seconds this server, as a primary, "
                        "retries its backup before detaching it and going on alone.")
 
@@ -175,7 +180,7 @@ def keep_buffers_for(store: ParameterStore) -> None:
 
 def main(argv) -> None:
     del argv
-    faults.set_role(f"ps{FLAGS.ps_index}" + ("b" if FLAGS.backup else ""))
+    faults.set_role(f"ps{FLAGS.partition}" + ("b" if FLAGS.backup else ""))
     stacks.enable_stack_dumps()  # kill -USR1: every thread's stack in the log
     try:
         partitions = (None if not FLAGS.partitions
@@ -185,9 +190,10 @@ def main(argv) -> None:
         raise app.UsageError(f"--partitions={','.join(FLAGS.partitions)}: give "
                              "partition numbers, e.g. --partitions=0,2") from None
     try:
-        server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.ps_index, FLAGS.num_ps,
-                                 FLAGS.grads_to_wait, FLAGS.max_staleness,
-                                 FLAGS.restore_from, FLAGS.init_checkpoint_dir,
+        server = ParameterServer(FLAGS.host, FLAGS.port, FLAGS.partition,
+                                 FLAGS.num_partitions, FLAGS.grads_to_wait,
+                                 FLAGS.max_staleness, FLAGS.restore_from,
+                                 FLAGS.init_checkpoint_dir,
                                  FLAGS.paused, FLAGS.generation, partitions)
     except ValueError as e:
         if partitions is None:
@@ -202,7 +208,8 @@ def main(argv) -> None:
         if servicer.store.initialized:  # restored from a checkpoint
             keep_buffers_for(servicer.store)
     logging.info("parameter server %d/%d%s serving at %s (partitions %s)",
-                 FLAGS.ps_index, FLAGS.num_ps, " (a backup)" if FLAGS.backup else "",
+                 FLAGS.partition, FLAGS.num_partitions,
+                 " (a backup)" if FLAGS.backup else "",
                  server.address, server.host.held())
     # The objects made so far (TensorFlow's and Keras' modules: several hundred
     # thousand) live as long as the process: kept out of the garbage
@@ -211,5 +218,5 @@ def main(argv) -> None:
     # costs about 4% less server CPU, within this machine's noise).
     gc.freeze()
     if FLAGS.job_dir:
-        job_end.watch_service(FLAGS.job_dir, f"parameter server {FLAGS.ps_index}")
+        job_end.watch_service(FLAGS.job_dir, f"parameter server {FLAGS.partition}")
     rpc.serve_until_signal(server, FLAGS.ready_file)

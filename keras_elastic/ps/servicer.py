@@ -83,11 +83,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     RAW_REQUESTS = {"Push": FrameParser(ps_pb2.PushHeader),
                     "PushSmall": BundleParser(ps_pb2.PushHeader)}
 
-    def __init__(self, store: ParameterStore, ps_index: int = 0, num_ps: int = 1,
-                 init_checkpoint_dir: str | None = None, paused: bool = False) -> None:
+    def __init__(self, store: ParameterStore, partition: int = 0,
+                 num_partitions: int = 1, init_checkpoint_dir: str | None = None,
+                 paused: bool = False) -> None:
         self.store = store
-        self.ps_index = ps_index
-        self.num_ps = num_ps
+        # The partition this servicer serves, of the job's `num_partitions`
+        # (a server process may hold several: ps/host.py).
+        self.partition = partition
+        self.num_partitions = num_partitions
         # Where the server saves its share of the initial model when a worker
         # initializes it (the job's first recovery point).
         self.init_checkpoint_dir = init_checkpoint_dir
@@ -144,45 +147,45 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 return ps_pb2.AttachBackupResponse(backup="")
             if not self.job_dir:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"parameter server {self.ps_index} has no job directory "
+                              f"parameter server {self.partition} has no job directory "
                               "to write its replication marker in (--job_dir)")
             if (self.store.initialized and not request.same_start
                     and not request.copy_dir):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"parameter server {self.ps_index} already holds a "
+                              f"parameter server {self.partition} already holds a "
                               "model: a backup attached now needs a copy of it "
                               "(copy_dir), unless both were started from the same "
                               "checkpoint (same_start)")
-            backup = Backup(request.address, self.ps_index,
-                            marker_path(self.job_dir, self.ps_index),
+            backup = Backup(request.address, self.partition,
+                            marker_path(self.job_dir, self.partition),
                             self.backup_timeout, self.generation)
             if request.copy_dir and self.store.initialized:
                 try:
-                    copied = copy_state(self.store, self.ps_index, self.num_ps,
+                    copied = copy_state(self.store, self.partition, self.num_partitions,
                                         request.copy_dir, backup, self.paused)
                 except (errors.KerasElasticError, ValueError, OSError) as e:
                     backup.close()
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"parameter server {self.ps_index} could not copy its "
+                                  f"parameter server {self.partition} could not copy its "
                                   f"state for its backup: {e}")
                 if not copied:
                     context.abort(grpc.StatusCode.UNAVAILABLE,
-                                  f"parameter server {self.ps_index}: the new backup "
+                                  f"parameter server {self.partition}: the new backup "
                                   f"{request.address} did not take the copy")
             self.backup = backup
             # Every call answered so far is the backup's too.
             try:
-                os.remove(marker_path(self.job_dir, self.ps_index))
+                os.remove(marker_path(self.job_dir, self.partition))
             except FileNotFoundError:
                 pass
-            logging.info("parameter server %d: backup %s attached", self.ps_index,
+            logging.info("parameter server %d: backup %s attached", self.partition,
                          request.address)
             return ps_pb2.AttachBackupResponse(backup=request.address)
 
     def _refuse_if_paused(self, context) -> None:
         if self.paused:
             context.abort(grpc.StatusCode.UNAVAILABLE,
-                          f"parameter server {self.ps_index} is paused while the job "
+                          f"parameter server {self.partition} is paused while the job "
                           "rolls back to a checkpoint; retry")
 
     def Pause(self, request, context):
@@ -210,13 +213,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         hold, FAILED_PRECONDITION before init, INVALID_ARGUMENT for a
         malformed request, INTERNAL for a bug); the message names this server,
         the method and why."""
-        where = f"parameter server {self.ps_index} (of {self.num_ps}), {method}"
+        where = f"parameter server {self.partition} (of {self.num_partitions}), {method}"
         code = errors.status_code(error)
         if isinstance(error, UnknownVariableError):
-            owners = {n: ps_for(n, self.num_ps) for n in error.names
+            owners = {n: ps_for(n, self.num_partitions) for n in error.names
                       if variable_slices.parse(n) is None}
             elsewhere = [f"'{n}' belongs to parameter server {i}"
-                         for n, i in owners.items() if i != self.ps_index]
+                         for n, i in owners.items() if i != self.partition]
             context.abort(code, f"{where}: {error}" + (
                 f" ({'; '.join(elsewhere)})" if elsewhere
                 else ": not a variable of the model it holds"))
@@ -264,8 +267,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                                  f"{list(v.shape)}")
             # (A slice's server is the layout's, from the whole model: the
             # workers' Inits must agree on it, `ParameterStore._check_same`.)
-            owner = ps_for(v.name, self.num_ps)
-            if owner != self.ps_index and variable_slices.parse(v.name) is None:
+            owner = ps_for(v.name, self.num_partitions)
+            if owner != self.partition and variable_slices.parse(v.name) is None:
                 raise ValueError(f"variable '{v.name}' belongs to parameter server "
                                  f"{owner}, not to this one")
             specs[v.name] = (dtype, tuple(v.shape), v.trainable)
@@ -361,14 +364,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 if created and header.restore_from:
                     from keras_elastic.ps.checkpoint_part import restore_shard
 
-                    restore_shard(self.store, self.ps_index, self.num_ps,
+                    restore_shard(self.store, self.partition, self.num_partitions,
                                   header.restore_from)
                 if created and self.after_init is not None:
                     self.after_init(self.store)
                 if created and self.init_checkpoint_dir:
                     from keras_elastic.ps.checkpoint_part import save_shard
 
-                    save_shard(self.store, self.ps_index, self.num_ps,
+                    save_shard(self.store, self.partition, self.num_partitions,
                                self.init_checkpoint_dir, extra={"initial": True})
                 if created:
                     self._forward("Init", lambda: [
@@ -465,15 +468,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return sparse
 
     def _check_owned(self, table: str, ids: np.ndarray) -> None:
-        if self.num_ps == 1:
+        if self.num_partitions == 1:
             return  # (every row is this server's)
-        owners = row_owner(ids, self.num_ps)
-        wrong = np.flatnonzero(owners != self.ps_index)
+        owners = row_owner(ids, self.num_partitions)
+        wrong = np.flatnonzero(owners != self.partition)
         if wrong.size:
             i = wrong[0]
             raise ValueError(f"row {int(ids[i])} of embedding table '{table}' belongs to "
                              f"parameter server {int(owners[i])}, not to this one "
-                             f"({self.ps_index})")
+                             f"({self.partition})")
 
     def Lookup(self, request, context):
         # (The request parsed by protobuf: for a step's few thousand ids its C
@@ -504,7 +507,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Claim(self, request, context):
         if not self.store.initialized:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"parameter server {self.ps_index} is not initialized")
+                          f"parameter server {self.partition} is not initialized")
         try:
             with self.store.lock:
                 self._refuse_if_paused(context)
@@ -535,7 +538,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pull(self, request, context):
         if not self.store.initialized:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"parameter server {self.ps_index} is not initialized")
+                          f"parameter server {self.partition} is not initialized")
         with self.store.lock:
             self._refuse_if_paused(context)
             version = self.store.version
@@ -557,7 +560,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Status(self, request, context):
         store = self.store
         return ps_pb2.PSStatusResponse(
-            ps_index=self.ps_index, num_ps=self.num_ps,
+            ps_index=self.partition, num_ps=self.num_partitions,  # (the proto's names)
             initialized=store.initialized, version=store.version,
             variables=sorted(store.variables), pushes=store.pushes,
             tables={n: len(t) for n, t in store.tables.items()},
@@ -579,20 +582,20 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if request.automatic:
             extra["automatic"] = True
         try:
-            info = save_shard(self.store, self.ps_index, self.num_ps, request.directory,
-                              request.sharding_callback or None, extra,
+            info = save_shard(self.store, self.partition, self.num_partitions,
+                              request.directory, request.sharding_callback or None, extra,
                               table_base=request.table_base)
             return ps_pb2.SaveResponse(name=info.name, path=info.path,
                                        model_version=info.extra["model_version"])
         except Exception as e:  # noqa: BLE001 - TensorFlow's write errors too
             if disk.is_disk_condition(e):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"parameter server {self.ps_index} could not save: "
+                              f"parameter server {self.partition} could not save: "
                               f"{disk.describe_write_error(request.directory, e)}")
             if not isinstance(e, (errors.KerasElasticError, ValueError, OSError)):
                 raise
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"parameter server {self.ps_index} could not save: {e}")
+                          f"parameter server {self.partition} could not save: {e}")
 
     def Restore(self, request, context):
         """Replaces the state with the checkpoint's; a server that holds no
@@ -603,12 +606,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             with self.store.lock:
                 restore = restore_shard if self.store.initialized else (
                     init_from_checkpoint)
-                answer = restore(self.store, self.ps_index, self.num_ps, request.path)
+                answer = restore(self.store, self.partition, self.num_partitions,
+                                 request.path)
                 self._forward("Restore", lambda: request)
             return ps_pb2.RestoreResponse(**answer)
         except (errors.KerasElasticError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"parameter server {self.ps_index} could not restore: {e}")
+                          f"parameter server {self.partition} could not restore: {e}")
 
 
 def _sparse_name(name: str) -> tuple[str, str]:

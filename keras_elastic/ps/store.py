@@ -154,13 +154,13 @@ def new_incarnation() -> int:
 
 
 class ParameterStore:
-    """Variables, optimizer and version of one parameter server."""
+    """Variables, optimizer and version of one parameter-server partition."""
 
     def __init__(self, grads_to_wait: int = 1, max_staleness: int = 0,
-                 num_ps: int = 1) -> None:
+                 num_partitions: int = 1) -> None:
         self.grads_to_wait = max(1, grads_to_wait)
-        # The job's servers: an embedding table's max_rows is shared by them.
-        self.num_ps = max(1, num_ps)
+        # The job's partitions: an embedding table's max_rows is shared by them.
+        self.num_partitions = max(1, num_partitions)
         self.max_staleness = max_staleness or 4 * self.grads_to_wait
         self._lock = threading.RLock()
         self.variables: dict[str, keras.Variable] = {}
@@ -549,13 +549,13 @@ class ParameterStore:
             return self.tables[name]
 
     def _make_table(self, name: str, spec: dict, optimizer) -> EmbeddingTable:
-        """An empty table of `spec`; its `max_rows` (over all servers) becomes
-        this server's share."""
+        """An empty table of `spec`; its `max_rows` (over all partitions)
+        becomes this partition's share."""
         max_rows = spec.get("max_rows")
         return EmbeddingTable(
             name, spec["dim"], spec["dtype"], spec["input_dim"], spec["initializer"],
             optimizer, admit_after=spec.get("admit_after") or 0,
-            max_rows=None if not max_rows else -(-max_rows // self.num_ps),
+            max_rows=None if not max_rows else -(-max_rows // self.num_partitions),
             ttl_versions=spec.get("ttl_versions"))
 
     def lookup(self, ids: dict[str, np.ndarray], create: bool = True

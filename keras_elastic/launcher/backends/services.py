@@ -27,7 +27,7 @@ def start_service(name: str, module: str, args: Sequence[str], job_dir: str,
     this machine); waits until it serves; returns its handle and the ready
     file's content (`{"address": ..., "pid": ...}`).
 
-    >>> os.makedirs("job")
+    >>> os.makedirs("job", exist_ok=True)
     >>> handle, info = start_service("master", "keras_elastic.master", [], "job")
     >>> info["address"]
     '127.0.0.1:...'
@@ -45,7 +45,7 @@ def start_services(services: Sequence[tuple[str, str, Sequence[str]]], job_dir: 
     then all are waited for (their start-ups overlap). If one fails, the others
     are killed and ProcessStartError names the first that failed.
 
-    >>> os.makedirs("job")
+    >>> os.makedirs("job", exist_ok=True)
     >>> started = start_services([("master", "keras_elastic.master", []),
     ...                           ("master-b", "keras_elastic.master", [])], "job")
     >>> [info["address"] for _, info in started]

@@ -83,7 +83,7 @@ def test_a_server_the_workers_are_cut_off_from_is_replaced(tmp_path, data):
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["ps_restarts"] == 1, summary
     assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, (
-        lost_workers(tmp_path / "job"), summary)  # the why first
+        f"{lost_workers(tmp_path / 'job')}\n{summary}")  # the why first
     reason = summary["ps_recoveries"][0]["reason"]
     assert re.search(r"answers health checks, but (every worker \(0, 1\) has waited "
                      r"\d+ s for it|worker\(s\) \d waited \d+ s for it and worker\(s\) "
@@ -108,7 +108,7 @@ def test_a_server_cut_off_at_an_epochs_end_is_replaced_not_a_waiting_worker(
     assert result.returncode == 0, output[-4000:]
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, (
-        lost_workers(tmp_path / "job"), summary)  # the why first
+        f"{lost_workers(tmp_path / 'job')}\n{summary}")  # the why first
     assert summary["ps_restarts"] == 1, summary
     assert "the workers are cut off from it" in summary["ps_recoveries"][0]["reason"]
     check_exact(tmp_path, out, output)
@@ -125,7 +125,7 @@ def test_the_master_frozen_for_good_is_killed_and_restarted(tmp_path, data):
     assert "answered no health check" in summary["master_recoveries"][0]["reason"]
     # The workers waited for the new master: none was lost for its fault.
     assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, (
-        lost_workers(tmp_path / "job"), summary)  # the why first
+        f"{lost_workers(tmp_path / 'job')}\n{summary}")  # the why first
     check_exact(tmp_path, out, output)
     assert_gone(frozen_pid(tmp_path / "job" / "master.log"))
 

@@ -77,7 +77,7 @@ def test_a_service_frozen_with_default_flags_is_replaced_within_the_timeout(
         replaced_after, recovery)
     # No worker died of a call to the frozen service, none was declared lost.
     assert summary["workers_lost"] == 0 and summary["worker_restarts"] == 0, (
-        lost_workers(tmp_path / "job"), summary)  # the why first
+        f"{lost_workers(tmp_path / 'job')}\n{summary}")  # the why first
     check_exact(tmp_path, out, output)
     assert_gone(pid)
 

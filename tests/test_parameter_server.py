@@ -448,3 +448,31 @@ def test_a_connection_that_could_not_be_opened_is_unreachable_whatever_its_code(
     refused = _refused("FAILED_PRECONDITION",
                        "worker 3 does not hold task 7 of 'train' (epoch 0)")
     assert not rpc.is_unreachable(refused)
+
+
+def test_an_idle_worker_asks_the_servers_it_has_not_heard_from():
+    """`PSClient.probe_idle`: the evidence an idle worker gives the launcher
+    (an answer within the last seconds), and none from a server gone."""
+    import time
+
+    servers = [ParameterServer(partition=i, num_partitions=2) for i in range(2)]
+    client = PSClient([s.address for s in servers], reconnect_timeout=1.0)
+    try:
+        client.init({"w": (np.ones(2, np.float32), True)}, SGD)
+        before = client.reached()
+        assert set(before) == {"ps-0", "ps-1"}, before  # init reached both
+        client.probe_idle(older_than=3600.0)  # heard from both just now
+        assert client._probing == set()
+        servers[1].stop(0)
+        time.sleep(1.0)
+        client.probe_idle(older_than=0.5)
+        deadline = time.monotonic() + 30
+        while client._probing and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = client.reached()
+        assert after["ps-0"] < 1.0  # answered the probe
+        assert after["ps-1"] >= 1.0  # no answer: heard from at init only
+        assert client.waits(at_least=0.0) == ({}, {})  # a probe is no wait
+    finally:
+        client.close()
+        servers[0].stop(0)

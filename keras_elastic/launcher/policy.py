@@ -240,8 +240,8 @@ class ServiceLiveness:
       for it, and no other live worker reached it meanwhile (`reported`'s
       `reached`: an answer more than `interval` seconds after the wait
       began, not a call that crossed the cut nor the mere absence of a
-      wait; a worker idle at its epoch's end, waiting for the tasks the
-      waiting worker holds, is no evidence): the workers are cut off from it (a network
+      wait; a worker idle at its epoch's end asks the servers it has not
+      heard from, `PSClient.probe_idle`): the workers are cut off from it (a network
       partition, a wedged servicer behind a live health service), and the
       job cannot go on with it. Unless the same workers, and not all of
       them, waited on it before it was last replaced for that: then they

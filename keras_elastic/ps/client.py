@@ -266,8 +266,11 @@ class PSClient:
         # The calls in flight: id -> [server, when it began, when it first
         # found the server unreachable or None, whether _WATCHED]; see `waits`.
         self._in_flight: dict[int, list] = {}
-        # Server -> when a call to it last got its answer (`reached`).
+        # Server -> when a call to it last got its answer (`reached`), and
+        # the servers asked by `probe_idle` now (off the caller's thread).
         self._answered: dict[int, float] = {}
+        self._probing: set[int] = set()
+        self._prober: futures.ThreadPoolExecutor | None = None
         self._flight_lock = threading.Lock()
         # Variables split over servers (`init`'s layout): key -> its pieces
         # and shape; slice name -> piece; the newest value of each slice.
@@ -396,6 +399,40 @@ class PSClient:
         """
         now = time.monotonic()
         return {f"ps-{i}": now - t for i, t in sorted(self._answered.items())}
+
+    def probe_idle(self, older_than: float) -> None:
+        """Asks each server that has not answered this worker for
+        `older_than` seconds, and that no call of it waits on, whether it
+        is there (a Status call, once, off the caller's thread): its answer
+        is the evidence `reached` reports. A worker that trains reaches
+        every server at each step; one idle at its epoch's end (waiting for
+        another worker's tasks) would otherwise say nothing of a server
+        that the other worker cannot reach, and the launcher could not tell
+        that worker's partition from the server's (launcher/policy.py). A
+        failed probe is not a wait: the worker does not depend on it."""
+        now = time.monotonic()
+        with self._flight_lock:
+            busy = {flight[0] for flight in self._in_flight.values()}
+            due = [i for i in range(self.num_ps)
+                   if i not in busy and i not in self._probing
+                   and now - self._answered.get(i, float("-inf")) >= older_than]
+            self._probing.update(due)
+            if due and self._prober is None:
+                self._prober = futures.ThreadPoolExecutor(1, "ke-ps-probe")
+        for i in due:
+            self._prober.submit(self._probe, i, max(1.0, min(5.0, older_than)))
+
+    def _probe(self, index: int, timeout: float) -> None:
+        try:
+            self._stubs[index].Status(ps_pb2.PSStatusRequest(), timeout=timeout)
+            self._answered[index] = time.monotonic()
+        except grpc.RpcError:
+            pass
+        except ValueError:
+            pass  # the channel was closed meanwhile
+        finally:
+            with self._flight_lock:
+                self._probing.discard(index)
 
     def _call(self, index: int, method: str, call, retry: bool = True):
         """`call()` against server `index`, retried while it is unreachable."""
@@ -870,3 +907,5 @@ class PSClient:
             channel.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        if self._prober is not None:
+            self._prober.shutdown(wait=False)

@@ -55,8 +55,13 @@ class Cluster:
             replaces=None if self.embedded else cluster_env.replaces())
         self.ps = PSClient(self.ps_addresses, worker_id=self.worker_id,
                            connect_timeout=timeout)
+        def reached() -> dict[str, float]:
+            # Servers idle for a heartbeat are asked (the next beat says).
+            self.ps.probe_idle(older_than=heartbeat_interval)
+            return self.ps.reached()
+
         self.master.start_heartbeats(heartbeat_interval, self.timer.snapshot,
-                                     self.ps.waits, self.ps.reached)
+                                     self.ps.waits, reached)
         self._closed = False
 
     @property

@@ -33,9 +33,12 @@ COSTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_cost
 MULTIPROCESS_SECONDS = 40
 # The README test command's budget on the 2-core machine: the recorded costs,
 # shared by the two xdist workers, must fit in it (test_ci_order.py; how a
-# test is priced: tests/README.md). 47 minutes: the suite's 45 (2,688 s per
-# worker recorded on 2026-12-07) and a little room; issue 49 aims at 30.
-TEST_BUDGET_SECONDS = 47 * 60
+# test is priced: tests/README.md). 50 minutes: the suite's 48 (2,888 s per
+# worker recorded on 2026-12-08; 2,688 s on 2026-12-07, when the job tests
+# ran 30-60% faster and a bench smoke waited 283 s more: the difference is
+# not explained yet, see issue 49's note) and a little room; issue 49 aims
+# at 30.
+TEST_BUDGET_SECONDS = 50 * 60
 
 
 def pytest_configure(config):

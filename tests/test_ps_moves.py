@@ -120,7 +120,8 @@ def test_a_partition_moves_while_a_worker_pushes_and_nothing_is_lost_or_doubled(
     assert a.host.held() == [0] and b.host.held() == [1]
     # Every push exactly once on both partitions, wherever it was applied.
     values = client.pull()
-    assert all((values[n] == count).all() for n in NAMES), (count, values)
+    wrong = {n: values[n] for n in NAMES if not (values[n] == count).all()}
+    assert not wrong, f"{count} pushes; wrong: {wrong}; moved: {moved_names}"
     moved = b.host.servicer(1).store
     assert sorted(moved.variables) == sorted(moved_names)
     assert moved.log.applied(("train", 0, 7)) == [(0, count)]

@@ -349,12 +349,24 @@ def test_a_call_a_stopping_server_cancels_is_retried_one_we_cancel_is_not():
         server.stop(None)
 
 
+def _first_unreachable(client, timeout: float = 30.0):
+    """`client.waits(at_least=0.5)` once it names an unreachable server (one
+    snapshot: the call may end between two)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    waiting, unreachable = client.waits(at_least=0.5)
+    while time.monotonic() < deadline and not unreachable:
+        time.sleep(0.05)
+        waiting, unreachable = client.waits(at_least=0.5)
+    return waiting, unreachable
+
+
 def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
     """`PSClient.waits`: what a worker's heartbeats tell the launcher's
     liveness policy. A server gone: its pull is retried (UNAVAILABLE) and
     shows as waiting and unreachable until the call gives up."""
     import threading
-    import time
 
     server = ParameterServer()
     client = PSClient([server.address], reconnect_timeout=4.0)
@@ -365,11 +377,7 @@ def test_a_client_reports_the_server_it_waits_on_and_cannot_reach():
     puller = threading.Thread(target=lambda: failed.append(
         pytest.raises(ConnectionError, client.pull)))
     puller.start()
-    deadline = time.monotonic() + 30
-    waiting, unreachable = client.waits(at_least=0.5)  # one snapshot: the
-    while time.monotonic() < deadline and not unreachable:  # call may end
-        time.sleep(0.05)
-        waiting, unreachable = client.waits(at_least=0.5)
+    waiting, unreachable = _first_unreachable(client)
     assert set(waiting) == set(unreachable) == {"ps-0"}, (waiting, unreachable)
     assert waiting["ps-0"] >= unreachable["ps-0"] >= 0.5
     puller.join(timeout=60)
@@ -384,7 +392,6 @@ def test_a_worker_stuck_in_any_call_to_a_server_it_cannot_reach_reports_it(metho
     off). A call that may take long on a live server (status, save) is a
     wait once it failed to reach it."""
     import threading
-    import time
 
     server = ParameterServer()
     client = PSClient([server.address], reconnect_timeout=3.0)
@@ -395,11 +402,7 @@ def test_a_worker_stuck_in_any_call_to_a_server_it_cannot_reach_reports_it(metho
         pytest.raises(ConnectionError, getattr(client, method), *(
             (0,) if method == "status" else ()))))
     caller.start()
-    deadline = time.monotonic() + 30
-    waiting, unreachable = client.waits(at_least=0.5)  # one snapshot: the
-    while time.monotonic() < deadline and not unreachable:  # call may end
-        time.sleep(0.05)
-        waiting, unreachable = client.waits(at_least=0.5)
+    waiting, unreachable = _first_unreachable(client)
     assert set(waiting) == set(unreachable) == {"ps-0"}, (waiting, unreachable)
     caller.join(timeout=60)
     assert failed and client.waits(at_least=0.0) == ({}, {})

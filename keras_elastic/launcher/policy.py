@@ -460,9 +460,10 @@ class ServiceLiveness:
         """The services lost (see the class doc), by name. The caller
         replaces them: one lost because its waiting workers were cut off
         from it is remembered with those workers."""
-        lost = sorted(r for r in self._last_ok if self.why(r, now) is not None)
+        reasons = {r: self.why(r, now) for r in self._last_ok}
+        lost = sorted(r for r, why in reasons.items() if why is not None)
         for role in lost:
-            if "cut off from it" in (self.why(role, now) or ""):
+            if "cut off from it" in reasons[role]:
                 self._replaced_for[role] = frozenset(self._waited[role][1])
         return lost
 

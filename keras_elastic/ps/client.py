@@ -426,10 +426,8 @@ class PSClient:
         try:
             self._stubs[index].Status(ps_pb2.PSStatusRequest(), timeout=timeout)
             self._answered[index] = time.monotonic()
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # (ValueError: the channel closed)
             pass
-        except ValueError:
-            pass  # the channel was closed meanwhile
         finally:
             with self._flight_lock:
                 self._probing.discard(index)
